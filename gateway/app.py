@@ -1,0 +1,98 @@
+"""create_app(settings) -> Starlette: routes, the store, and a lifespan that runs the background loops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+
+from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from gateway.flow.controller import AdmissionController
+from gateway.http.kserve import kserve_routes
+from gateway.http.openai import openai_routes
+from gateway.http.ops import ops_routes
+from gateway.http.proxy import Proxy
+from gateway.http.request_meta import RequestClassifier
+from gateway.queues.memory import MemoryQueue
+from gateway.runtime import Runtime
+from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.upstream.backends import ModelPool
+from gateway.upstream.client import create_session
+from gateway.upstream.health import HealthChecker
+
+
+def build_runtime(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    jitter: Callable[[], float] = random.random,
+) -> Runtime:
+    pools = {model.name: ModelPool.from_settings(model) for model in settings.models}
+    store = MemoryQueue(pools.values(), len(settings.priorities), settings.estimation)
+    metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
+    metrics.watch_pools(list(pools.values()), [p.name for p in settings.priorities], store.stats)
+    controller = AdmissionController(
+        store,
+        settings.priorities,
+        metrics,
+        ordering=settings.ordering,
+        retry=settings.retry_after.policy(),
+        clock=clock,
+        jitter=jitter,
+    )
+    return Runtime(
+        settings=settings,
+        pools=pools,
+        store=store,
+        controller=controller,
+        metrics=metrics,
+        classifier=RequestClassifier(settings),
+        clock=clock,
+    )
+
+
+def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlette:
+    rt = runtime if runtime is not None else build_runtime(settings)
+    proxy = Proxy(rt)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        rt.session = create_session()
+        rt.health = HealthChecker(
+            rt.session,
+            list(rt.pools.values()),
+            rt.store.backends_changed,
+            interval_s=settings.health.interval_ms / 1000,
+            timeout_s=settings.health.timeout_ms / 1000,
+        )
+        await rt.health.check_all()
+        health_loop = asyncio.create_task(rt.health.run())
+        try:
+            yield
+        finally:
+            health_loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await health_loop
+            await rt.session.close()
+
+    async def not_found(request: Request, exc: Exception) -> JSONResponse:
+        status = exc.status_code if isinstance(exc, HTTPException) else 404
+        message = f"no route for {request.method} {request.url.path}"
+        return JSONResponse({"error": message}, status_code=status)
+
+    app = Starlette(
+        routes=[*kserve_routes(rt, proxy), *openai_routes(rt, proxy), *ops_routes(rt)],
+        lifespan=lifespan,
+        exception_handlers={404: not_found, 405: not_found},
+    )
+    app.state.runtime = rt
+    return app

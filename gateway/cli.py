@@ -1,0 +1,158 @@
+"""`inference-gateway serve | sim | demo`: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.app import build_runtime, create_app
+from gateway.serving import DrainingServer, bind, run, url_of, uvicorn_config
+from gateway.settings import ConfigError, Settings, load_settings, parse_settings
+from gateway.sim.server import SimOptions, build_sim
+
+log = logging.getLogger("gateway")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=args.log_level.upper(), format=log_format)
+    try:
+        return int(args.command(args))
+    except ConfigError as error:
+        print(f"inference-gateway: invalid config {error.source}:", file=sys.stderr)
+        for problem in error.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inference-gateway", description=__doc__)
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the gateway from a YAML config")
+    serve.add_argument("--config", required=True, help="path to the YAML config")
+    serve.add_argument("--host", help="override listen.host")
+    serve.add_argument("--port", type=int, help="override listen.port (0 picks a free port)")
+    serve.set_defaults(command=_serve)
+
+    sim = commands.add_parser("sim", help="run the simulated GPU model server")
+    sim.add_argument("--host", default="127.0.0.1")
+    sim.add_argument("--port", type=int, default=8000)
+    sim.add_argument("--metrics-port", type=int, default=8002, help="-1 serves metrics on --port only")
+    sim.add_argument("--slots", type=int, default=8, help="execution slots; the FIFO behind is unbounded")
+    sim.add_argument("--base-ms", type=float, default=40.0, help="service time of a batch of one")
+    sim.add_argument("--per-item-ms", type=float, default=0.0, help="added per item of a batch")
+    sim.add_argument("--token-ms", type=float, default=0.0, help="delay per generated token (OpenAI routes)")
+    sim.add_argument("--tokens", type=int, default=16, help="tokens generated when max_tokens is not sent")
+    sim.set_defaults(command=_sim)
+
+    demo = commands.add_parser("demo", help="run the simulator and the gateway in front of it")
+    demo.add_argument("--port", type=int, default=8080)
+    demo.set_defaults(command=_demo)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    listen = settings.listen.model_copy(
+        update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    )
+    settings = settings.model_copy(update={"listen": listen})
+    sock = bind(settings.listen.host, settings.listen.port)
+    runtime = build_runtime(settings)
+    server = DrainingServer(
+        uvicorn_config(create_app(settings, runtime=runtime), log_level=args.log_level),
+        runtime,
+        drain_timeout_s=settings.shutdown.drain_timeout_ms / 1000,
+    )
+    log.info("inference-gateway listening on %s", url_of(sock))
+
+    async def main() -> None:
+        await server.serve([sock])
+
+    run(main)
+    return 0
+
+
+def _sim(args: argparse.Namespace) -> int:
+    options = SimOptions(
+        host=args.host,
+        port=args.port,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        slots=args.slots,
+        base_ms=args.base_ms,
+        per_item_ms=args.per_item_ms,
+        token_ms=args.token_ms,
+        default_tokens=args.tokens,
+    )
+    sim = build_sim(options)
+    log.info("sim listening on %s (metrics %s), %d slots", sim.url, sim.metrics_url, options.slots)
+    run(sim.serve)
+    return 0
+
+
+def demo_settings(backend_url: str, metrics_url: str | None, port: int, slots: int) -> Settings:
+    config: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "priorities": [{"name": "high", "max_wait_ms": 250}, {"name": "low", "max_wait_ms": 1000}],
+        "default_priority": "low",
+        "models": [
+            {
+                "name": "sim",
+                "expected_service_ms": 40,
+                "backends": [{"url": backend_url, "max_concurrency": slots, "metrics_url": metrics_url}],
+            }
+        ],
+    }
+    return parse_settings(config, "demo defaults")
+
+
+_DEMO_INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+_DEMO_CHAT = {
+    "model": "sim",
+    "stream": True,
+    "max_tokens": 8,
+    "messages": [{"role": "user", "content": "hi"}],
+}
+
+
+def _demo(args: argparse.Namespace) -> int:
+    sim = build_sim(SimOptions(port=0, metrics_port=0, slots=8, base_ms=40, token_ms=20), quiet=True)
+    settings = demo_settings(sim.url, sim.metrics_url, args.port, slots=8)
+    sock = bind(settings.listen.host, settings.listen.port)
+    runtime = build_runtime(settings)
+    gateway = DrainingServer(
+        uvicorn_config(create_app(settings, runtime=runtime), log_level=args.log_level),
+        runtime,
+        drain_timeout_s=5.0,
+    )
+    url = url_of(sock)
+    print(
+        f"\ninference-gateway demo: {url} -> simulated GPU server {sim.url} (8 slots x 40 ms)\n\n"
+        f"  curl -s {url}/v2/models/sim/infer -H 'X-Priority: high' \\\n"
+        f"    -d '{json.dumps(_DEMO_INFER)}'\n\n"
+        f"  curl -sN {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+        f"    -d '{json.dumps(_DEMO_CHAT)}'\n\n"
+        f"  metrics: {url}/metrics    stop: Ctrl-C\n",
+        flush=True,
+    )
+
+    async def main() -> None:
+        sim_serving = asyncio.ensure_future(sim.serve())
+        try:
+            await gateway.serve([sock])
+        finally:
+            sim.stop()
+            await sim_serving
+
+    run(main)
+    return 0

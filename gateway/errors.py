@@ -1,0 +1,70 @@
+"""Outcome -> HTTP status and error body, in one table, rendered in the style of the route."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+
+from policies.outcomes import Outcome
+from policies.retry_after import header_values
+
+
+class ErrorStyle(Enum):
+    KSERVE = "kserve"
+    """`{"error": "<message>", "reason": "<outcome>"}`: tritonclient reads `error`."""
+    OPENAI = "openai"
+    """`{"error": {"message", "type", "code"}}`, as OpenAI clients expect."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSpec:
+    status: int
+    openai_type: str
+    message: str
+
+
+_RATE = "rate_limit_error"
+_INVALID = "invalid_request_error"
+_SERVER = "server_error"
+
+ERRORS: dict[Outcome, ErrorSpec] = {
+    Outcome.QUEUE_FULL: ErrorSpec(429, _RATE, "the queue for this priority class is full"),
+    Outcome.DEADLINE_UNMEETABLE: ErrorSpec(429, _RATE, "the request cannot be served within its deadline"),
+    Outcome.DEADLINE_EXPIRED_IN_QUEUE: ErrorSpec(429, _RATE, "the deadline ran out while queued"),
+    Outcome.NO_BACKEND: ErrorSpec(503, _SERVER, "no backend of this model is ready"),
+    Outcome.DRAINING: ErrorSpec(503, _SERVER, "the gateway is shutting down"),
+    Outcome.UPSTREAM_ERROR: ErrorSpec(502, _SERVER, "the backend failed to answer"),
+    Outcome.UPSTREAM_TIMEOUT: ErrorSpec(504, _SERVER, "the backend did not answer in time"),
+    Outcome.BAD_REQUEST: ErrorSpec(400, _INVALID, "malformed request"),
+    Outcome.UNKNOWN_PRIORITY: ErrorSpec(400, _INVALID, "unknown priority class"),
+    Outcome.UNAUTHORIZED: ErrorSpec(401, "authentication_error", "missing or unknown API key"),
+    Outcome.UNKNOWN_MODEL: ErrorSpec(404, _INVALID, "unknown model"),
+    Outcome.BODY_TOO_LARGE: ErrorSpec(413, _INVALID, "request body too large"),
+    # Never sent (the client is gone); 499 is the status proxies log for it.
+    Outcome.CLIENT_DISCONNECTED: ErrorSpec(499, _INVALID, "client closed the request"),
+}
+
+
+def error_response(
+    outcome: Outcome,
+    style: ErrorStyle,
+    *,
+    detail: str | None = None,
+    retry_after_s: float | None = None,
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, headers and JSON body for a request that ends with `outcome`."""
+    spec = ERRORS[outcome]
+    message = f"{spec.message}: {detail}" if detail else spec.message
+    if style is ErrorStyle.OPENAI:
+        payload: dict[str, object] = {
+            "error": {"message": message, "type": spec.openai_type, "code": outcome.value}
+        }
+    else:
+        payload = {"error": message, "reason": outcome.value}
+    body = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if retry_after_s is not None:
+        seconds, millis = header_values(retry_after_s)
+        headers += [(b"retry-after", seconds.encode()), (b"retry-after-ms", millis.encode())]
+    return spec.status, headers, body

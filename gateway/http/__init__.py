@@ -1,0 +1,1 @@
+"""The HTTP edge: routes, request parsing and the ASGI plumbing they share."""

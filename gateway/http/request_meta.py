@@ -1,0 +1,100 @@
+"""Who is asking, how urgently, and with what budget: the gateway's request headers, checked.
+
+- `Authorization: Bearer <key>` names the tenant when keys are configured (else `X-Tenant`);
+- `X-Priority: <class>` picks the class, capped by the tenant's `max_priority`;
+- `X-Request-Timeout-Ms: <int>` is the client's whole budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.settings import Settings, Tenant, key_digest
+from policies.outcomes import Outcome
+
+MAX_BUDGET_MS = 86_400_000
+MAX_TENANT_BYTES = 128
+MAX_AUTHORIZATION_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMeta:
+    priority: str
+    band: int
+    tenant: str | None
+    budget_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    outcome: Outcome
+    detail: str
+
+
+class RequestClassifier:
+    def __init__(self, settings: Settings) -> None:
+        self._class_names = [p.name for p in settings.priorities]
+        self._bands = {name.encode(): band for band, name in enumerate(self._class_names)}
+        self._default_band = self._class_names.index(settings.default_priority)
+        self._tenants_by_digest = settings.api_key_digests()
+        self._priority_limit = settings.limits.max_priority_header_bytes
+
+    def classify(self, headers: list[tuple[bytes, bytes]]) -> RequestMeta | Problem:
+        priority = authorization = tenant_name = timeout = None
+        for key, value in headers:
+            if key == b"x-priority":
+                priority = value
+            elif key == b"authorization":
+                authorization = value
+            elif key == b"x-tenant":
+                tenant_name = value
+            elif key == b"x-request-timeout-ms":
+                timeout = value
+
+        cap_band = 0
+        tenant: str | None = None
+        if self._tenants_by_digest:
+            found = self._tenant_for(authorization)
+            if found is None:
+                return Problem(Outcome.UNAUTHORIZED, "send Authorization: Bearer <key>")
+            tenant = found.name
+            if found.max_priority is not None:
+                cap_band = self._class_names.index(found.max_priority)
+        elif tenant_name is not None:
+            if len(tenant_name) > MAX_TENANT_BYTES or not tenant_name.isascii():
+                detail = f"X-Tenant must be ASCII of at most {MAX_TENANT_BYTES} bytes"
+                return Problem(Outcome.BAD_REQUEST, detail)
+            tenant = tenant_name.decode()
+
+        band = self._default_band
+        if priority is not None:
+            if len(priority) > self._priority_limit:
+                return Problem(
+                    Outcome.UNKNOWN_PRIORITY, f"X-Priority is longer than {self._priority_limit} bytes"
+                )
+            found_band = self._bands.get(priority.strip())
+            if found_band is None:
+                shown = priority.decode("ascii", "replace")
+                expected = ", ".join(self._class_names)
+                return Problem(Outcome.UNKNOWN_PRIORITY, f"{shown!r}; expected one of {expected}")
+            band = found_band
+        band = max(band, cap_band)
+
+        budget_s: float | None = None
+        if timeout is not None:
+            text = timeout.strip()
+            if not text.isdigit() or len(text) > 9 or not 0 < int(text) <= MAX_BUDGET_MS:
+                return Problem(
+                    Outcome.BAD_REQUEST,
+                    f"X-Request-Timeout-Ms must be an integer from 1 to {MAX_BUDGET_MS}",
+                )
+            budget_s = int(text) / 1000
+        return RequestMeta(self._class_names[band], band, tenant, budget_s)
+
+    def _tenant_for(self, authorization: bytes | None) -> Tenant | None:
+        if authorization is None or len(authorization) > MAX_AUTHORIZATION_BYTES:
+            return None
+        scheme, _, key = authorization.strip().partition(b" ")
+        if scheme.lower() != b"bearer" or not key:
+            return None
+        return self._tenants_by_digest.get(key_digest(key.strip()))

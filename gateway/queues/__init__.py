@@ -1,0 +1,1 @@
+"""Where waiting requests are held: the RequestQueue protocol and its stores."""

@@ -1,0 +1,96 @@
+"""The RequestQueue protocol that every store (memory, Redis) implements, and its values.
+
+A store holds, per model, the waiting requests (metadata only, never bodies) in per-band queues
+and the count of backend slots in use. Its rules:
+- `offer` checks the admission limit and inserts (or grants a free slot) in one atomic step;
+- a slot that frees is handed to the head of the most urgent non-empty band;
+- `withdraw` and `release` are idempotent, so cleanup paths may call them without bookkeeping,
+  and they run to completion even when their caller is cancelled (a store that does I/O shields
+  it), so cleanup in a `finally` never leaks a slot;
+- a ticket's `wakeup` is resolved exactly once: with a Slot (granted) or an Outcome (it left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.upstream.backends import BackendState
+from policies.outcomes import Outcome
+from policies.wait import QueueStats, Throughput
+
+
+@dataclass(slots=True, eq=False)
+class Slot:
+    """One backend slot held by one request; released exactly once."""
+
+    model: str
+    backend: BackendState
+    released: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """A request waiting for a slot."""
+
+    model: str
+    band: int
+    score: float
+    wakeup: asyncio.Future[Slot | Outcome] = field(repr=False)
+
+    def interrupt(self, outcome: Outcome) -> None:
+        """End the wait with `outcome` unless a slot or another outcome came first."""
+        if not self.wakeup.done():
+            self.wakeup.set_result(outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    slot: Slot
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    ticket: Ticket
+
+
+@dataclass(frozen=True, slots=True)
+class Full:
+    """The admission limit was exceeded; `stats` is the state the check saw."""
+
+    stats: QueueStats
+
+
+Offer = Granted | Queued | Full
+
+
+class RequestQueue(Protocol):
+    def stats(self, model: str) -> QueueStats: ...
+
+    def throughput(self, model: str, now: float) -> Throughput:
+        """The pool's measured speeds; `now` is on the store's clock."""
+        ...
+
+    async def offer(self, model: str, band: int, score: float, max_positions: int, now: float) -> Offer:
+        """Grant a free slot, queue, or refuse when more than `max_positions` hand-overs are ahead."""
+        ...
+
+    async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
+        """End the ticket's wait with `outcome` and take it out of its queue (idempotent).
+
+        A slot it was granted in the meantime goes back to the pool.
+        """
+        ...
+
+    async def release(self, slot: Slot, now: float) -> None:
+        """Give the slot back, handing it to the next waiter (idempotent)."""
+        ...
+
+    def record_service(self, model: str, service_s: float) -> None:
+        """Feed one measured service time into the model's estimate."""
+        ...
+
+    def backends_changed(self, model: str) -> None:
+        """Readiness changed: dispatch into newly ready slots, fail waiters when none is left."""
+        ...

@@ -1,0 +1,59 @@
+"""Runtime: the gateway's live parts, assembled once and shared by every route."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from gateway.flow.controller import AdmissionController
+from gateway.http.request_meta import RequestClassifier
+from gateway.queues.base import RequestQueue
+from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.upstream.backends import ModelPool
+from gateway.upstream.health import HealthChecker
+
+
+@dataclass(eq=False)
+class Runtime:
+    settings: Settings
+    pools: dict[str, ModelPool]
+    store: RequestQueue
+    controller: AdmissionController
+    metrics: GatewayMetrics
+    classifier: RequestClassifier
+    clock: Callable[[], float] = time.monotonic
+    session: aiohttp.ClientSession | None = None
+    health: HealthChecker | None = None
+    draining: bool = False
+    active_requests: int = 0
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+
+    @property
+    def ready(self) -> bool:
+        return not self.draining and all(pool.any_ready for pool in self.pools.values())
+
+    def request_started(self) -> None:
+        self.active_requests += 1
+        self._idle.clear()
+
+    def request_finished(self) -> None:
+        self.active_requests -= 1
+        if self.active_requests == 0:
+            self._idle.set()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop admitting and wait for in-flight and queued requests to finish; False on timeout."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True

@@ -1,0 +1,209 @@
+"""Load and validate the YAML config into frozen settings, with errors that name the field."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from policies.ordering import Ordering
+from policies.retry_after import RetryAfterConfig
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")]
+PositiveMs = Annotated[float, Field(gt=0)]
+
+
+class ConfigError(Exception):
+    """The config cannot be used; `problems` lists one line per field."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        super().__init__(f"{source}: " + "; ".join(problems))
+        self.source = source
+        self.problems = problems
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    return value.rstrip("/")
+
+
+class Listen(_Frozen):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class Store(_Frozen):
+    kind: Literal["memory"] = "memory"
+
+
+class PriorityClass(_Frozen):
+    name: Name
+    max_wait_ms: PositiveMs
+
+
+class Backend(_Frozen):
+    url: str
+    max_concurrency: int = Field(ge=1, le=100_000)
+    metrics_url: str | None = None
+    health_path: str = "/v2/health/ready"
+
+    _check_url = field_validator("url")(_http_url)
+
+    @field_validator("metrics_url")
+    @classmethod
+    def _check_metrics_url(cls, value: str | None) -> str | None:
+        return None if value is None else _http_url(value)
+
+    @field_validator("health_path")
+    @classmethod
+    def _check_health_path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with /")
+        return value
+
+
+class Model(_Frozen):
+    name: Name
+    backends: list[Backend] = Field(min_length=1)
+    expected_service_ms: PositiveMs = 100.0
+    """The service time assumed until one is measured."""
+    upstream_timeout_ms: PositiveMs = 300_000.0
+
+
+class Tenant(_Frozen):
+    name: Name
+    api_keys: list[Annotated[str, Field(min_length=8, max_length=512)]] = Field(min_length=1)
+    max_priority: str | None = None
+    """The most urgent class this tenant may ask for; None allows every class."""
+
+
+class Limits(_Frozen):
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1)
+    max_priority_header_bytes: int = Field(64, ge=1)
+
+
+class RetryAfter(_Frozen):
+    min_ms: PositiveMs = 10.0
+    max_ms: PositiveMs = 60_000.0
+    jitter: float = Field(0.1, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> RetryAfter:
+        if self.min_ms > self.max_ms:
+            raise ValueError("min_ms must not exceed max_ms")
+        return self
+
+    def policy(self) -> RetryAfterConfig:
+        return RetryAfterConfig(min_s=self.min_ms / 1000, max_s=self.max_ms / 1000, jitter=self.jitter)
+
+
+class Health(_Frozen):
+    interval_ms: PositiveMs = 1000.0
+    timeout_ms: PositiveMs = 1000.0
+
+
+class Estimation(_Frozen):
+    service_time_weight: float = Field(0.1, gt=0, le=1)
+    """EWMA weight of each new service-time sample."""
+    drain_weight: float = Field(0.05, gt=0, le=1)
+    """EWMA weight of each new gap between slot hand-overs under backlog."""
+    rate_window_s: float = Field(2.0, gt=0)
+    """Time constant of the arrival-rate estimates."""
+    drain_stale_after_s: float = Field(10.0, gt=0)
+    """A drain rate measured longer ago than this falls back to slots / service time."""
+
+
+class Shutdown(_Frozen):
+    drain_timeout_ms: PositiveMs = 30_000.0
+
+
+class Settings(_Frozen):
+    listen: Listen = Listen()
+    store: Store = Store()
+    priorities: list[PriorityClass] = Field(min_length=1)
+    default_priority: str
+    ordering: Ordering = Ordering.FIFO
+    models: list[Model] = Field(min_length=1)
+    tenants: list[Tenant] = []
+    limits: Limits = Limits()
+    retry_after: RetryAfter = RetryAfter()
+    health: Health = Health()
+    estimation: Estimation = Estimation()
+    shutdown: Shutdown = Shutdown()
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> Settings:
+        class_names = [p.name for p in self.priorities]
+        _unique("priorities", class_names)
+        _unique("models", [m.name for m in self.models])
+        _unique("tenants", [t.name for t in self.tenants])
+        _unique("tenants api_keys", [key for t in self.tenants for key in t.api_keys])
+        if self.default_priority not in class_names:
+            raise ValueError(f"default_priority {self.default_priority!r} is not one of {class_names}")
+        for tenant in self.tenants:
+            if tenant.max_priority is not None and tenant.max_priority not in class_names:
+                problem = f"max_priority {tenant.max_priority!r} is not one of {class_names}"
+                raise ValueError(f"tenant {tenant.name!r}: {problem}")
+        return self
+
+    def band_of(self, class_name: str) -> int | None:
+        for band, priority in enumerate(self.priorities):
+            if priority.name == class_name:
+                return band
+        return None
+
+    def api_key_digests(self) -> dict[bytes, Tenant]:
+        """Tenants by the SHA-256 of their keys, so lookups never compare secrets directly."""
+        return {key_digest(key): t for t in self.tenants for key in t.api_keys}
+
+
+def key_digest(key: str | bytes) -> bytes:
+    return hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
+
+
+def _unique(what: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{what}: {name!r} appears twice")
+        seen.add(name)
+
+
+def parse_settings(data: Any, source: str = "config") -> Settings:
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(source, [_describe(e) for e in error.errors()]) from None
+
+
+def load_settings(path: str | Path) -> Settings:
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ConfigError(source, [f"cannot read: {error.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(source, [f"not valid YAML: {error}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["the top level must be a mapping of keys"])
+    return parse_settings(data, source)
+
+
+def _describe(error: Any) -> str:
+    path = ""
+    for part in error["loc"]:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{path}: {message}" if path else message

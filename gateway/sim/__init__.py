@@ -1,0 +1,1 @@
+"""The simulated GPU model server: few slots, an unbounded FIFO behind them, no admission control."""

@@ -1,0 +1,270 @@
+"""SimApp: the simulated model server's HTTP surface, as a bare ASGI app (it must never be the bottleneck).
+
+KServe v2 (JSON and binary tensors), OpenAI chat/completions/embeddings (SSE streaming with a
+per-token delay), health, Triton/vLLM metrics, and /sim/stats, /sim/reset for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from gateway.sim.engine import SimEngine
+from gateway.sim.exposition import render
+from gateway.sim.tensors import TensorError, infer_response, parse_infer
+
+_JSON = b"application/json"
+
+
+async def _body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _reply(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = _JSON,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _json(send: Send, status: int, payload: Any) -> None:
+    await _reply(send, status, json.dumps(payload).encode())
+
+
+class SimApp:
+    def __init__(self, engine: SimEngine, *, default_tokens: int = 16) -> None:
+        self.engine = engine
+        self.default_tokens = default_tokens
+        self._ids = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if path.startswith("/v2/models/"):
+            await self._v2_model(scope, receive, send, path.removeprefix("/v2/models/").split("/"), method)
+        elif path in ("/v2/health/ready", "/v2/health/live", "/health"):
+            await _reply(send, 200, b"")
+        elif path == "/v2":
+            await _json(send, 200, {"name": "sim", "version": "2.51.0", "extensions": ["binary_tensor_data"]})
+        elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+            await self._generate(receive, send, chat=path == "/v1/chat/completions")
+        elif method == "POST" and path == "/v1/embeddings":
+            await self._embeddings(receive, send)
+        elif path == "/metrics":
+            await _reply(send, 200, render(self.engine), b"text/plain; version=0.0.4")
+        elif path == "/sim/stats":
+            await _json(send, 200, self._stats())
+        elif path == "/sim/reset" and method == "POST":
+            self.engine.reset_peak()
+            await _json(send, 200, self._stats())
+        else:
+            await _json(send, 404, {"error": f"no route for {method} {path}"})
+
+    def _stats(self) -> dict[str, Any]:
+        stats = self.engine.stats
+        return {
+            "slots": self.engine.slots,
+            "inflight": stats.inflight,
+            "peak_inflight": stats.peak_inflight,
+            "running": stats.running,
+            "completed": stats.completed,
+            "busy_slot_s": stats.busy_slot_s,
+        }
+
+    async def _v2_model(
+        self, scope: Scope, receive: Receive, send: Send, parts: list[str], method: str
+    ) -> None:
+        model, rest, version = parts[0], parts[1:], "1"
+        if rest[:1] == ["versions"] and len(rest) >= 2:
+            version, rest = rest[1], rest[2:]
+        if rest == ["infer"] and method == "POST":
+            await self._infer(scope, receive, send, model, version)
+        elif rest == [] and method == "GET":
+            tensor = {"datatype": "FP32", "shape": [-1, -1]}
+            await _json(
+                send,
+                200,
+                {
+                    "name": model,
+                    "versions": ["1"],
+                    "platform": "sim",
+                    "inputs": [{"name": "INPUT0", **tensor}],
+                    "outputs": [{"name": "OUTPUT0", **tensor}],
+                },
+            )
+        elif rest == ["ready"] and method == "GET":
+            await _reply(send, 200, b"")
+        elif rest == ["config"] and method == "GET":
+            await _json(
+                send,
+                200,
+                {
+                    "name": model,
+                    "platform": "sim",
+                    "max_batch_size": 0,
+                    "instance_group": [{"count": self.engine.slots, "kind": "KIND_CPU"}],
+                },
+            )
+        else:
+            await _json(send, 404, {"error": f"no route for {method} {scope['path']}"})
+
+    async def _infer(self, scope: Scope, receive: Receive, send: Send, model: str, version: str) -> None:
+        body = await _body(receive)
+        header_length = None
+        for key, value in scope["headers"]:
+            if key == b"inference-header-content-length":
+                header_length = int(value) if value.isdigit() else -1
+        try:
+            request = parse_infer(body, header_length)
+        except TensorError as error:
+            await _json(send, 400, {"error": str(error)})
+            return
+        await self.engine.compute(model, self.engine.service.batch_s(request.batch), request.batch)
+        answer, json_length = infer_response(model, version, request)
+        if json_length is None:
+            await _reply(send, 200, answer)
+        else:
+            await _reply(
+                send,
+                200,
+                answer,
+                b"application/octet-stream",
+                [(b"inference-header-content-length", str(json_length).encode())],
+            )
+
+    async def _generate(self, receive: Receive, send: Send, *, chat: bool) -> None:
+        try:
+            request = json.loads(await _body(receive))
+            model = request["model"]
+            tokens = int(
+                request.get("max_completion_tokens") or request.get("max_tokens") or self.default_tokens
+            )
+        except (ValueError, KeyError, TypeError):
+            await _json(
+                send,
+                400,
+                {"error": {"message": "need a JSON body with 'model'", "type": "invalid_request_error"}},
+            )
+            return
+        tokens = max(1, min(tokens, 4096))
+        self._ids += 1
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-sim-{self._ids}"
+        service = self.engine.service
+        if request.get("stream") is True:
+            await self._stream(send, model, ident, tokens, chat=chat)
+            return
+        await self.engine.compute(model, (service.base_ms + tokens * service.token_ms) / 1000, 1)
+        text = " ".join(f"tok{i}" for i in range(tokens))
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        await _json(
+            send,
+            200,
+            {
+                "id": ident,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [choice],
+                "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1},
+            },
+        )
+
+    async def _stream(self, send: Send, model: str, ident: str, tokens: int, *, chat: bool) -> None:
+        engine = self.engine
+        service = engine.service
+        arrived_at = await engine.acquire(model)
+        started_at = time.monotonic()
+        created = int(time.time())
+        try:
+            await _sleep_ms(service.base_ms)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+                }
+            )
+            for i in range(tokens):
+                if i:
+                    await _sleep_ms(service.token_ms)
+                last = i == tokens - 1
+                piece = f"tok{i}" + ("" if last else " ")
+                choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if last else None}
+                if chat:
+                    choice["delta"] = {"content": piece}
+                else:
+                    choice["text"] = piece
+                chunk = {
+                    "id": ident,
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [choice],
+                }
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + json.dumps(chunk).encode() + b"\n\n",
+                        "more_body": True,
+                    }
+                )
+        finally:
+            engine.release(model, arrived_at, started_at, 1)
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    async def _embeddings(self, receive: Receive, send: Send) -> None:
+        try:
+            request = json.loads(await _body(receive))
+            model = request["model"]
+            items = request["input"] if isinstance(request["input"], list) else [request["input"]]
+        except (ValueError, KeyError, TypeError):
+            await _json(
+                send, 400, {"error": {"message": "need 'model' and 'input'", "type": "invalid_request_error"}}
+            )
+            return
+        await self.engine.compute(model, self.engine.service.batch_s(len(items)), len(items))
+        data = [
+            {"object": "embedding", "index": i, "embedding": _vector(str(item))}
+            for i, item in enumerate(items)
+        ]
+        await _json(
+            send,
+            200,
+            {
+                "object": "list",
+                "data": data,
+                "model": model,
+                "usage": {"prompt_tokens": len(items), "total_tokens": len(items)},
+            },
+        )
+
+
+def _vector(text: str) -> list[float]:
+    digest = hashlib.sha256(text.encode()).digest()
+    return [round(b / 255.0, 4) for b in digest[:8]]
+
+
+async def _sleep_ms(ms: float) -> None:
+    if ms > 0:
+        await asyncio.sleep(ms / 1000)

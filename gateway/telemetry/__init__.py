@@ -1,0 +1,1 @@
+"""Everything the gateway exports, built in one place against an injected registry."""

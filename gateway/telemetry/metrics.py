@@ -1,0 +1,105 @@
+"""GatewayMetrics: every exported metric, built against an injected CollectorRegistry.
+
+Labels come from closed sets only: configured model and class names and the Outcome enum (an
+unconfigured model is counted as model=""). Queue depth and in-flight counts are read from the
+store at scrape time by a collector, so the request path never updates a gauge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.upstream.backends import ModelPool
+from policies.outcomes import Outcome
+from policies.wait import QueueStats
+
+# `*_created` series double the exposition for no use here (Prometheus handles counter resets).
+disable_created_metrics()
+
+_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_RETRY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "gateway_requests",
+            "Requests by how they ended.",
+            ["model", "priority", "outcome"],
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "gateway_queue_wait_seconds",
+            "Time from arrival until a backend slot was granted, for requests that got one.",
+            ["model", "priority"],
+            buckets=_WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.upstream_latency = Histogram(
+            "gateway_upstream_latency_seconds",
+            "Time from sending a request to a backend until its answer was complete.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.retry_after = Histogram(
+            "gateway_retry_after_seconds",
+            "Retry-After advice given with 429 and 503 answers.",
+            ["model", "priority"],
+            buckets=_RETRY_BUCKETS,
+            registry=registry,
+        )
+
+    def count(self, model: str, priority: str, outcome: Outcome) -> None:
+        self.requests.labels(model, priority, outcome.value).inc()
+
+    def watch_pools(
+        self,
+        pools: Sequence[ModelPool],
+        priorities: Sequence[str],
+        stats: Callable[[str], QueueStats],
+    ) -> None:
+        """Export queue depth and slots in use, read from the store at each scrape."""
+        self.registry.register(_PoolCollector(pools, priorities, stats))
+
+
+class _PoolCollector(Collector):
+    def __init__(
+        self,
+        pools: Sequence[ModelPool],
+        priorities: Sequence[str],
+        stats: Callable[[str], QueueStats],
+    ) -> None:
+        self._pools = pools
+        self._priorities = priorities
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "gateway_queue_depth", "Requests waiting for a slot.", labels=["model", "priority"]
+        )
+        inflight = GaugeMetricFamily(
+            "gateway_inflight_requests", "Backend slots this gateway holds.", labels=["model"]
+        )
+        ready = GaugeMetricFamily(
+            "gateway_backend_ready",
+            "1 when the backend passed its last health check.",
+            labels=["model", "backend"],
+        )
+        for pool in self._pools:
+            stats = self._stats(pool.name)
+            for priority, queued in zip(self._priorities, stats.queued_by_band, strict=True):
+                depth.add_metric([pool.name, priority], queued)
+            inflight.add_metric([pool.name], sum(b.inflight for b in pool.backends))
+            for backend in pool.backends:
+                ready.add_metric([pool.name, backend.url], 1.0 if backend.ready else 0.0)
+        yield from (depth, inflight, ready)
+
+    def describe(self) -> Iterable[Metric]:
+        return []

@@ -1,0 +1,1 @@
+"""Talking to model servers: backend state, the proxy client and health checks."""

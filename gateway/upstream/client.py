@@ -1,0 +1,65 @@
+"""The proxy client: one pooled aiohttp session, and the header rules of RFC 9110 for a proxy.
+
+Bodies pass byte for byte: no automatic decompression, no default headers the client did not
+send, no cookie jar shared between clients.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+RawHeaders = list[tuple[bytes, bytes]]
+
+# RFC 9110 section 7.6.1: connection-specific fields a proxy must not forward.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+# Set again by the client library for the upstream hop.
+_REQUEST_REWRITTEN = frozenset({b"host", b"content-length", b"expect"})
+# Set again by the gateway's server for the downstream hop (it may re-frame the body, and it
+# stamps its own Date).
+_RESPONSE_REWRITTEN = frozenset({b"content-length", b"date"})
+
+
+def _connection_tokens(headers: RawHeaders) -> frozenset[bytes]:
+    """Fields named by Connection, which are hop-by-hop too."""
+    tokens: set[bytes] = set()
+    for key, value in headers:
+        if key.lower() == b"connection":
+            tokens.update(t.strip().lower() for t in value.split(b","))
+    return frozenset(tokens)
+
+
+def upstream_request_headers(headers: RawHeaders) -> list[tuple[str, str]]:
+    """The client's headers as the backend should see them."""
+    drop = HOP_BY_HOP | _REQUEST_REWRITTEN | _connection_tokens(headers)
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers if k not in drop]
+
+
+def downstream_response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> RawHeaders:
+    """The backend's response headers as the client should see them (names lower-cased)."""
+    headers = [(k.lower(), v) for k, v in raw]
+    drop = HOP_BY_HOP | _RESPONSE_REWRITTEN | _connection_tokens(headers)
+    return [(k, v) for k, v in headers if k not in drop]
+
+
+def create_session() -> aiohttp.ClientSession:
+    """A session for proxying: unlimited pooled keep-alive connections, nothing added or decoded."""
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        timeout=aiohttp.ClientTimeout(total=None),
+    )

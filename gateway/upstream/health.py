@@ -1,0 +1,61 @@
+"""Health checks: poll each backend's readiness path and tell the store when readiness changes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+import aiohttp
+
+from gateway.upstream.backends import BackendState, ModelPool
+
+log = logging.getLogger("gateway.health")
+
+
+class HealthChecker:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        pools: Sequence[ModelPool],
+        on_change: Callable[[str], None],
+        *,
+        interval_s: float,
+        timeout_s: float,
+    ) -> None:
+        self._session = session
+        self._pools = pools
+        self._on_change = on_change
+        self._interval_s = interval_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def check_all(self) -> None:
+        """Probe every backend once, concurrently."""
+        await asyncio.gather(*(self._check(pool, b) for pool in self._pools for b in pool.backends))
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            await self.check_all()
+
+    def mark_unreachable(self, pool: ModelPool, backend: BackendState) -> None:
+        """Passive check: a connection to the backend failed, so stop dispatching to it now."""
+        self._set(pool, backend, ready=False)
+
+    async def _check(self, pool: ModelPool, backend: BackendState) -> None:
+        try:
+            async with self._session.get(backend.url + backend.health_path, timeout=self._timeout) as reply:
+                ready = reply.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            ready = False
+        self._set(pool, backend, ready)
+
+    def _set(self, pool: ModelPool, backend: BackendState, ready: bool) -> None:
+        if backend.ready == ready:
+            return
+        backend.ready = ready
+        if ready:
+            log.info("backend %s of model %s is ready", backend.url, pool.name)
+        else:
+            log.warning("backend %s of model %s is NOT ready", backend.url, pool.name)
+        self._on_change(pool.name)

@@ -1,0 +1,37 @@
+"""Which backend gets the next request? The least loaded ready backend with a free slot.
+
+Load is the share of a backend's slots in use, so that a backend with more slots takes
+proportionally more work; ties go to the first backend listed, which keeps dispatch deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class SlotView(Protocol):
+    @property
+    def inflight(self) -> int: ...
+    @property
+    def max_concurrency(self) -> int: ...
+    @property
+    def ready(self) -> bool: ...
+
+
+def pick_backend(backends: Sequence[SlotView]) -> int | None:
+    """The index of the backend to send to, or None when no ready backend has a free slot."""
+    best: int | None = None
+    best_load = 1.0
+    for index, backend in enumerate(backends):
+        if not backend.ready or backend.inflight >= backend.max_concurrency:
+            continue
+        load = backend.inflight / backend.max_concurrency
+        if best is None or load < best_load:
+            best, best_load = index, load
+    return best
+
+
+def free_slots(backends: Sequence[SlotView]) -> int:
+    """Slots free on ready backends."""
+    return sum(max(0, backend.max_concurrency - backend.inflight) for backend in backends if backend.ready)

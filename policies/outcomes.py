@@ -1,0 +1,31 @@
+"""What can happen to a request? The closed set of outcomes, used as metric labels and error reasons."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    OK = "ok"
+    # Load shedding: always 429 with Retry-After.
+    QUEUE_FULL = "queue_full"
+    DEADLINE_UNMEETABLE = "deadline_unmeetable"
+    DEADLINE_EXPIRED_IN_QUEUE = "deadline_expired_in_queue"
+    # The pool cannot serve at all: 503 with Retry-After.
+    NO_BACKEND = "no_backend"
+    DRAINING = "draining"
+    # The backend failed once the request was sent.
+    UPSTREAM_ERROR = "upstream_error"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    # The client's fault.
+    BAD_REQUEST = "bad_request"
+    UNKNOWN_PRIORITY = "unknown_priority"
+    UNAUTHORIZED = "unauthorized"
+    UNKNOWN_MODEL = "unknown_model"
+    BODY_TOO_LARGE = "body_too_large"
+    CLIENT_DISCONNECTED = "client_disconnected"
+
+
+SHED_OUTCOMES = frozenset(
+    {Outcome.QUEUE_FULL, Outcome.DEADLINE_UNMEETABLE, Outcome.DEADLINE_EXPIRED_IN_QUEUE}
+)

@@ -1,0 +1,46 @@
+"""When should a refused client come back? Retry-After from the queue's drain rate.
+
+The advice is the time the queue needs to drain far enough for a request like this one to fit
+(`excess_wait_s`), never less than one slot turnover of its band. When arrivals for the band and
+the bands above it outrun the drain rate, the queue refills as fast as it empties, so the advice
+grows by that overload factor: clients that all come back at once would only be refused again.
+Jitter spreads the returns; the clamp keeps the advice useful.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RetryAfterConfig:
+    min_s: float = 0.01
+    max_s: float = 60.0
+    jitter: float = 0.1
+    """Relative spread: the advice is scaled by a factor in [1 - jitter, 1 + jitter]."""
+
+
+def retry_after_s(
+    excess_wait_s: float,
+    band_drain_rate_per_s: float,
+    offered_load: float,
+    jitter_u: float,
+    config: RetryAfterConfig,
+) -> float:
+    """Seconds a refused client should wait before trying again.
+
+    `excess_wait_s`: how much longer than allowed the request would have waited.
+    `band_drain_rate_per_s`: the rate at which slots reach its band.
+    `offered_load`: arrivals for its band and above divided by the pool's drain rate.
+    `jitter_u`: a uniform sample in [0, 1), drawn by the caller.
+    """
+    turnover_s = 1.0 / band_drain_rate_per_s if band_drain_rate_per_s > 0 else config.max_s
+    base_s = max(excess_wait_s, turnover_s) * max(1.0, offered_load)
+    spread = 1.0 + config.jitter * (2.0 * jitter_u - 1.0)
+    return min(config.max_s, max(config.min_s, base_s * spread))
+
+
+def header_values(advice_s: float) -> tuple[str, str]:
+    """`Retry-After` in whole seconds (at least 1, rounded up) and `retry-after-ms` (precise)."""
+    whole_s = max(1, -int(-advice_s // 1))
+    return str(whole_s), str(max(1, round(advice_s * 1000)))

@@ -1,0 +1,70 @@
+"""How long will a request wait for a slot? Predicted queue wait under strict priority.
+
+A request of band b waits until every request queued ahead of it (in bands 0..b, most urgent
+first) and itself have been handed a slot. Slots hand over at the pool's drain rate, but requests
+of more urgent bands that arrive meanwhile jump ahead, so band b only sees what the urgent bands
+leave over: mu_b = mu - sum(admitted rate of bands < b), floored so that an estimate never says
+"never" while the urgent bands are merely busy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The least share of the drain rate a band is assumed to keep, so that noisy rate estimates of the
+# urgent bands cannot drive the prediction to infinity.
+MIN_DRAIN_SHARE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """What the queue holds right now for one model."""
+
+    queued_by_band: tuple[int, ...]
+    free_slots: int
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """Measured speeds of one model's pool."""
+
+    service_time_s: float
+    """Expected time a backend takes for one request."""
+    drain_rate_per_s: float
+    """Requests per second handed a slot while every slot is busy."""
+    admitted_rate_by_band: tuple[float, ...]
+    """Admitted arrivals per second, per band."""
+    offered_rate_by_band: tuple[float, ...]
+    """All arrivals per second (admitted or not), per band."""
+
+
+def positions_to_drain(stats: QueueStats, band: int) -> int:
+    """How many slot hand-overs must happen before a new request of `band` gets one (0: a slot is free)."""
+    ahead = sum(stats.queued_by_band[: band + 1])
+    return max(0, ahead + 1 - stats.free_slots)
+
+
+def band_drain_rate_per_s(throughput: Throughput, band: int) -> float:
+    """The rate at which slots reach `band`: the pool's drain rate less what more urgent bands take."""
+    urgent_rate = sum(throughput.admitted_rate_by_band[:band])
+    floor = throughput.drain_rate_per_s * MIN_DRAIN_SHARE
+    return max(throughput.drain_rate_per_s - urgent_rate, floor)
+
+
+def predicted_wait_s(stats: QueueStats, throughput: Throughput, band: int) -> float:
+    """Expected seconds in the queue for a request of `band` arriving now."""
+    positions = positions_to_drain(stats, band)
+    if positions == 0:
+        return 0.0
+    return positions / band_drain_rate_per_s(throughput, band)
+
+
+def offered_load(throughput: Throughput, band: int) -> float:
+    """Arrivals competing for `band`'s slots per unit of drain: above 1 the queue cannot shrink."""
+    offered = sum(throughput.offered_rate_by_band[: band + 1])
+    return offered / throughput.drain_rate_per_s
+
+
+def drain_rate_from_slots(slots: int, service_time_s: float) -> float:
+    """The drain rate implied by the slot count and service time, used until one is measured."""
+    return max(slots, 1) / service_time_s

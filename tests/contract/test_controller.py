@@ -1,0 +1,101 @@
+"""The admission controller over every store: leaving the queue, by any door, leaks nothing."""
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.flow.controller import AdmissionController, Lease, Refusal
+from gateway.settings import PriorityClass
+from gateway.telemetry.metrics import GatewayMetrics
+from policies.outcomes import Outcome
+from policies.retry_after import RetryAfterConfig
+from tests.contract.conftest import MODEL
+
+pytestmark = pytest.mark.anyio
+CLASSES = [PriorityClass(name="high", max_wait_ms=100), PriorityClass(name="low", max_wait_ms=1000)]
+
+
+def controller_for(sut) -> AdmissionController:
+    return AdmissionController(
+        sut.store, CLASSES, GatewayMetrics(CollectorRegistry()), retry=RetryAfterConfig(jitter=0.0)
+    )
+
+
+async def never() -> None:
+    await asyncio.Event().wait()
+
+
+async def test_granted_at_once_when_a_slot_is_free(make_store):
+    sut = make_store(slots=(1,))
+    lease = await controller_for(sut).acquire(MODEL, 1, None, never)
+    assert isinstance(lease, Lease) and lease.queue_wait_s == 0.0
+
+
+async def test_queued_request_leaves_when_its_wait_limit_passes(make_store):
+    sut = make_store(slots=(1,))
+    controller = controller_for(sut)
+    held = await controller.acquire(MODEL, 0, None, never)
+    # Budget 0.12 s less the 0.04 s expected service: it may wait 0.08 s, and the slot never frees.
+    refusal = await controller.acquire(MODEL, 0, 0.12, never)
+    assert isinstance(refusal, Refusal)
+    assert refusal.outcome is Outcome.DEADLINE_EXPIRED_IN_QUEUE
+    assert refusal.retry_after_s is not None and refusal.retry_after_s > 0
+    assert sut.store.stats(MODEL).queued_by_band == (0, 0)
+    await controller.release(held)
+    assert sut.store.stats(MODEL).free_slots == 1
+
+
+async def test_disconnect_while_queued_leaves_the_queue_and_takes_no_slot(make_store):
+    sut = make_store(slots=(1,))
+    controller = controller_for(sut)
+    held = await controller.acquire(MODEL, 1, None, never)
+    gone = asyncio.Event()
+    waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, gone.wait))
+    await asyncio.sleep(0.01)
+    assert sut.store.stats(MODEL).queued_by_band == (0, 1)
+    gone.set()
+    assert await waiting == Refusal(Outcome.CLIENT_DISCONNECTED)
+    assert sut.store.stats(MODEL).queued_by_band == (0, 0)
+    await controller.release(held)
+    assert sut.backend().inflight == 0
+
+
+async def test_cancelled_waiter_leaks_no_slot_even_when_granted_meanwhile(make_store):
+    sut = make_store(slots=(1,))
+    controller = controller_for(sut)
+    held = await controller.acquire(MODEL, 1, None, never)
+    waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, never))
+    await asyncio.sleep(0.01)
+    await sut.store.release(held.slot, now=1.0)  # the slot goes to the waiter...
+    waiting.cancel()  # ...which is cancelled before it runs again
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await asyncio.sleep(0.01)
+    assert sut.backend().inflight == 0
+    assert sut.store.stats(MODEL).free_slots == 1
+
+
+async def test_release_counts_once(make_store):
+    sut = make_store(slots=(2,))
+    controller = controller_for(sut)
+    lease = await controller.acquire(MODEL, 1, None, never)
+    await controller.acquire(MODEL, 1, None, never)
+    await controller.release(lease, service_s=0.05)
+    await controller.release(lease, service_s=0.05)
+    assert sut.store.stats(MODEL).free_slots == 1
+
+
+async def test_overload_is_refused_at_arrival_with_a_computed_retry_after(make_store):
+    sut = make_store(slots=(1,))
+    controller = controller_for(sut)
+    await controller.acquire(MODEL, 0, None, never)
+    # One slot at 0.04 s drains 25/s; high may wait 0.1 s: 2 positions. The third waiter is refused.
+    waiters = [asyncio.ensure_future(controller.acquire(MODEL, 0, None, never)) for _ in range(2)]
+    await asyncio.sleep(0)
+    refusal = await controller.acquire(MODEL, 0, None, never)
+    assert isinstance(refusal, Refusal) and refusal.outcome is Outcome.QUEUE_FULL
+    # It would wait 3/25 s, 0.02 s too long; advice is never below one slot turnover, 1/25 s.
+    assert refusal.retry_after_s == pytest.approx(1 / 25)
+    for waiter in waiters:
+        waiter.cancel()

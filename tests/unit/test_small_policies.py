@@ -1,0 +1,71 @@
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies.balancing import free_slots, pick_backend
+from policies.dispatch import next_band
+from policies.estimators import DecayingRate, ewma
+from policies.ordering import Ordering, score
+
+
+@dataclass
+class Slots:
+    inflight: int
+    max_concurrency: int
+    ready: bool = True
+
+
+@pytest.mark.parametrize(
+    ("depths", "band"), [((0, 0, 0), None), ((0, 3, 1), 1), ((2, 0, 9), 0), ((0, 0, 1), 2), ((), None)]
+)
+def test_next_band_is_the_most_urgent_non_empty(depths, band):
+    assert next_band(depths) == band
+
+
+@given(st.lists(st.integers(0, 5), max_size=6))
+def test_next_band_never_skips_waiting_work(depths):
+    band = next_band(depths)
+    if band is None:
+        assert all(d == 0 for d in depths)
+    else:
+        assert depths[band] > 0 and all(d == 0 for d in depths[:band])
+
+
+@pytest.mark.parametrize(
+    ("backends", "chosen"),
+    [
+        ([Slots(2, 4), Slots(1, 4)], 1),
+        ([Slots(4, 4), Slots(3, 4)], 1),
+        ([Slots(4, 4), Slots(8, 8)], None),
+        ([Slots(0, 4, ready=False), Slots(3, 4)], 1),
+        ([Slots(4, 8), Slots(1, 2)], 0),  # equal share: the first listed
+        ([Slots(1, 8), Slots(0, 1)], 1),
+        ([], None),
+    ],
+)
+def test_pick_backend_takes_the_least_loaded_ready_one(backends, chosen):
+    assert pick_backend(backends) == chosen
+
+
+def test_free_slots_ignore_unready_backends():
+    assert free_slots([Slots(1, 4), Slots(0, 8, ready=False), Slots(2, 2)]) == 3
+
+
+def test_fifo_orders_by_arrival_and_edf_by_leave_by_time():
+    assert score(Ordering.FIFO, arrival_at=5.0, leave_by_at=9.0) == 5.0
+    assert score(Ordering.EDF, arrival_at=5.0, leave_by_at=9.0) == 9.0
+
+
+def test_ewma_seeds_with_first_sample_then_moves_by_its_weight():
+    assert ewma(None, 10.0, 0.1) == 10.0
+    assert ewma(10.0, 20.0, 0.1) == pytest.approx(11.0)
+
+
+def test_decaying_rate_converges_to_a_steady_rate_and_decays_when_idle():
+    rate = DecayingRate(tau_s=1.0)
+    for i in range(1000):  # 100 events per second for 10 s
+        rate = rate.record(i / 100)
+    assert rate.at(9.99) == pytest.approx(100.0, rel=0.02)
+    assert rate.at(9.99 + 5.0) < 1.0

@@ -1,0 +1,94 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies.wait import (
+    MIN_DRAIN_SHARE,
+    QueueStats,
+    Throughput,
+    band_drain_rate_per_s,
+    drain_rate_from_slots,
+    offered_load,
+    positions_to_drain,
+    predicted_wait_s,
+)
+
+
+def throughput(drain: float = 100.0, admitted: tuple[float, ...] = (0.0, 0.0), offered=None) -> Throughput:
+    return Throughput(
+        service_time_s=0.04,
+        drain_rate_per_s=drain,
+        admitted_rate_by_band=admitted,
+        offered_rate_by_band=offered if offered is not None else admitted,
+    )
+
+
+@pytest.mark.parametrize(
+    ("queued", "free", "band", "positions"),
+    [
+        ((0, 0), 3, 1, 0),  # a slot is free: no wait
+        ((0, 0), 0, 0, 1),  # all busy, nobody ahead: one hand-over
+        ((2, 5), 0, 0, 3),  # high only counts high ahead
+        ((2, 5), 0, 1, 8),  # low counts high and low ahead
+        ((2, 5), 1, 1, 7),
+    ],
+)
+def test_positions_count_more_urgent_and_own_band_less_free_slots(queued, free, band, positions):
+    assert positions_to_drain(QueueStats(queued, free), band) == positions
+
+
+def test_wait_is_zero_when_a_slot_is_free():
+    assert predicted_wait_s(QueueStats((0, 0), 1), throughput(), 1) == 0.0
+
+
+def test_wait_is_positions_over_drain_rate():
+    assert predicted_wait_s(QueueStats((0, 9), 0), throughput(drain=50.0), 1) == pytest.approx(10 / 50)
+
+
+def test_urgent_arrivals_slow_the_drain_seen_by_lower_bands():
+    flow = throughput(drain=200.0, admitted=(120.0, 60.0))
+    assert band_drain_rate_per_s(flow, 0) == 200.0
+    assert band_drain_rate_per_s(flow, 1) == pytest.approx(80.0)
+
+
+def test_band_drain_rate_never_falls_below_its_floor():
+    flow = throughput(drain=100.0, admitted=(500.0, 0.0))
+    assert band_drain_rate_per_s(flow, 1) == pytest.approx(100.0 * MIN_DRAIN_SHARE)
+
+
+def test_offered_load_sums_own_and_more_urgent_bands():
+    flow = throughput(drain=100.0, admitted=(0.0, 0.0), offered=(50.0, 250.0))
+    assert offered_load(flow, 0) == pytest.approx(0.5)
+    assert offered_load(flow, 1) == pytest.approx(3.0)
+
+
+def test_drain_rate_from_slots_is_slots_over_service_time():
+    assert drain_rate_from_slots(8, 0.04) == pytest.approx(200.0)
+
+
+stats_strategy = st.builds(
+    QueueStats,
+    queued_by_band=st.tuples(*[st.integers(0, 1000)] * 3),
+    free_slots=st.integers(0, 16),
+)
+flow_strategy = st.builds(
+    Throughput,
+    service_time_s=st.floats(0.001, 10),
+    drain_rate_per_s=st.floats(0.1, 10_000),
+    admitted_rate_by_band=st.tuples(*[st.floats(0, 10_000)] * 3),
+    offered_rate_by_band=st.tuples(*[st.floats(0, 10_000)] * 3),
+)
+
+
+@given(stats_strategy, flow_strategy, st.integers(0, 2), st.integers(1, 50))
+def test_wait_is_monotone_in_queue_position(stats, flow, band, extra):
+    deeper = list(stats.queued_by_band)
+    deeper[band] += extra
+    longer = QueueStats(tuple(deeper), stats.free_slots)
+    assert predicted_wait_s(longer, flow, band) >= predicted_wait_s(stats, flow, band)
+
+
+@given(stats_strategy, flow_strategy)
+def test_more_urgent_band_never_predicts_a_longer_wait(stats, flow):
+    waits = [predicted_wait_s(stats, flow, band) for band in range(3)]
+    assert waits == sorted(waits)

@@ -10,9 +10,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.app import build_runtime, create_app
-from gateway.serving import DrainingServer, bind, run, url_of, uvicorn_config
-from gateway.settings import ConfigError, Settings, load_settings, parse_settings
+import uvicorn
+
+from gateway.serving import bind, run, url_of
+from gateway.settings import ConfigError, Settings, parse_settings
 from gateway.sim.server import SimOptions, build_sim
 
 log = logging.getLogger("gateway")
@@ -61,19 +62,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _gateway_server(settings: Settings, log_level: str, drain_timeout_s: float) -> uvicorn.Server:
+    # Imported here so that `sim` starts without loading the gateway.
+    from gateway.app import build_runtime, create_app
+    from gateway.serving import DrainingServer, uvicorn_config
+
+    runtime = build_runtime(settings)
+    config = uvicorn_config(create_app(settings, runtime=runtime), log_level=log_level)
+    return DrainingServer(config, runtime, drain_timeout_s)
+
+
 def _serve(args: argparse.Namespace) -> int:
+    from gateway.settings import load_settings
+
     settings = load_settings(args.config)
     listen = settings.listen.model_copy(
         update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     )
     settings = settings.model_copy(update={"listen": listen})
     sock = bind(settings.listen.host, settings.listen.port)
-    runtime = build_runtime(settings)
-    server = DrainingServer(
-        uvicorn_config(create_app(settings, runtime=runtime), log_level=args.log_level),
-        runtime,
-        drain_timeout_s=settings.shutdown.drain_timeout_ms / 1000,
-    )
+    server = _gateway_server(settings, args.log_level, settings.shutdown.drain_timeout_ms / 1000)
     log.info("inference-gateway listening on %s", url_of(sock))
 
     async def main() -> None:
@@ -129,12 +137,7 @@ def _demo(args: argparse.Namespace) -> int:
     sim = build_sim(SimOptions(port=0, metrics_port=0, slots=8, base_ms=40, token_ms=20), quiet=True)
     settings = demo_settings(sim.url, sim.metrics_url, args.port, slots=8)
     sock = bind(settings.listen.host, settings.listen.port)
-    runtime = build_runtime(settings)
-    gateway = DrainingServer(
-        uvicorn_config(create_app(settings, runtime=runtime), log_level=args.log_level),
-        runtime,
-        drain_timeout_s=5.0,
-    )
+    gateway = _gateway_server(settings, args.log_level, drain_timeout_s=5.0)
     url = url_of(sock)
     print(
         f"\ninference-gateway demo: {url} -> simulated GPU server {sim.url} (8 slots x 40 ms)\n\n"

@@ -11,15 +11,17 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import signal
 import socket
 from collections.abc import Callable, Coroutine, Generator
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.types import ASGIApp
 
-from gateway.runtime import Runtime
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.serving")
 
@@ -63,6 +65,15 @@ class QuietServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+
+class StoppingServer(uvicorn.Server):
+    """A uvicorn server that stops on SIGTERM/SIGINT and exits 0 rather than re-raising the signal."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        self.should_exit = True
 
 
 class DrainingServer(uvicorn.Server):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from gateway.serving import QuietServer, bind, url_of, uvicorn_config
+from gateway.serving import QuietServer, StoppingServer, bind, url_of, uvicorn_config
 from gateway.sim.app import SimApp
 from gateway.sim.engine import ServiceModel, SimEngine
 
@@ -67,5 +67,5 @@ def build_sim(options: SimOptions, *, quiet: bool = False) -> SimServers:
     for index in range(len(sockets)):
         config = uvicorn_config(app, lifespan="off")
         # Only the first server of a standalone sim handles signals; the others follow it.
-        servers.append(uvicorn.Server(config) if index == 0 and not quiet else QuietServer(config))
+        servers.append(StoppingServer(config) if index == 0 and not quiet else QuietServer(config))
     return SimServers(app, servers, sockets)

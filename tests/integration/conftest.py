@@ -1,0 +1,55 @@
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.servers import Gateway, ServerProcess, Sim
+
+
+class Launcher:
+    """Starts servers and stops every one of them at teardown."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.started: list[ServerProcess] = []
+
+    def sim(self, **options: Any) -> Sim:
+        sim = Sim(self.log_dir, **options)
+        self.started.append(sim)
+        return sim
+
+    def gateway(self, config: dict[str, Any], *, wait_ready: bool = True) -> Gateway:
+        gateway = Gateway(self.log_dir, config)
+        self.started.append(gateway)
+        if wait_ready:
+            gateway.wait_ready()
+        return gateway
+
+    def stop_all(self) -> None:
+        for server in reversed(self.started):
+            server.stop()
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[Launcher]:
+    launched = Launcher(tmp_path)
+    yield launched
+    launched.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    launched = Launcher(tmp_path_factory.mktemp("servers"))
+    yield launched
+    launched.stop_all()
+
+
+@pytest.fixture
+def start_sim(launcher: Launcher) -> Callable[..., Sim]:
+    return launcher.sim
+
+
+@pytest.fixture
+def start_gateway(launcher: Launcher) -> Callable[..., Gateway]:
+    return launcher.gateway

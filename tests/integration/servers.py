@@ -1,0 +1,185 @@
+"""Real servers for integration tests: the simulator and the gateway as subprocesses on ephemeral ports."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+_LISTENING = re.compile(r"listening on (http://[0-9.:\[\]]+)(?: \(metrics (http://\S+)\))?")
+
+
+def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+    try:
+        connection.request("GET", parts.path or "/")
+        reply = connection.getresponse()
+        return reply.status, reply.read()
+    finally:
+        connection.close()
+
+
+def http_post(url: str, body: bytes = b"", timeout_s: float = 5.0) -> tuple[int, bytes]:
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+    try:
+        connection.request("POST", parts.path, body=body)
+        reply = connection.getresponse()
+        return reply.status, reply.read()
+    finally:
+        connection.close()
+
+
+class ServerProcess:
+    """`python -m gateway <args>`, logging to a file; `url` once it listens and answers."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path, ready_path: str) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gateway", "--log-level", "info", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        self.url, self.metrics_url = self._wait_listening()
+        self._wait_answering(ready_path)
+
+    def _wait_listening(self, timeout_s: float = 30.0) -> tuple[str, str | None]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if (match := _LISTENING.search(self.log())) is not None:
+                return match.group(1), match.group(2)
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
+            time.sleep(0.02)
+        self.kill()
+        raise RuntimeError(f"{self.name} did not start in {timeout_s} s:\n{self.log()}")
+
+    def _wait_answering(self, path: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if http_get(self.url + path)[0] < 500:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        self.kill()
+        raise RuntimeError(f"{self.name} did not answer {path}:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def wait(self, timeout_s: float = 30.0) -> int:
+        return self.process.wait(timeout_s)
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+class Sim(ServerProcess):
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        slots: int = 8,
+        base_ms: float = 40,
+        token_ms: float = 0,
+        per_item_ms: float = 0,
+        port: int = 0,
+    ) -> None:
+        args = [
+            "sim",
+            "--port",
+            str(port),
+            "--metrics-port",
+            "0",
+            "--slots",
+            str(slots),
+            "--base-ms",
+            str(base_ms),
+            "--token-ms",
+            str(token_ms),
+            "--per-item-ms",
+            str(per_item_ms),
+        ]
+        super().__init__("sim", args, log_dir, "/v2/health/ready")
+
+    def stats(self) -> dict[str, Any]:
+        return json.loads(http_get(self.url + "/sim/stats")[1])
+
+    def reset(self) -> dict[str, Any]:
+        return json.loads(http_post(self.url + "/sim/reset")[1])
+
+
+def gateway_config(backends: list[tuple[str, int]], **overrides: Any) -> dict[str, Any]:
+    """A config for one model `sim` over `backends` [(url, max_concurrency)]."""
+    model: dict[str, Any] = {
+        "name": "sim",
+        "expected_service_ms": overrides.pop("expected_service_ms", 40),
+        "backends": [{"url": url, "max_concurrency": slots} for url, slots in backends],
+    }
+    config: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "priorities": [{"name": "high", "max_wait_ms": 250}, {"name": "low", "max_wait_ms": 1000}],
+        "default_priority": "low",
+        "models": [model],
+        "health": {"interval_ms": 200, "timeout_ms": 500},
+        "shutdown": {"drain_timeout_ms": 10_000},
+    }
+    config.update(overrides)
+    return config
+
+
+class Gateway(ServerProcess):
+    def __init__(self, log_dir: Path, config: dict[str, Any]) -> None:
+        self.config_path = log_dir / f"gateway-{time.monotonic_ns()}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        super().__init__("gateway", ["serve", "--config", str(self.config_path)], log_dir, "/healthz")
+
+    def metrics(self) -> str:
+        return http_get(self.url + "/metrics")[1].decode()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of one sample from /metrics, parsed by prometheus-client (0.0 when absent)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        for family in text_string_to_metric_families(self.metrics()):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return float(sample.value)
+        return 0.0
+
+    def wait_ready(self, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while http_get(self.url + "/readyz")[0] != 200:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"gateway not ready:\n{self.log()}")
+            time.sleep(0.02)

@@ -1,0 +1,157 @@
+"""Admission and queueing against a real simulated backend: priority, 429s, expiry, disconnects, caps."""
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from tests.integration.servers import gateway_config
+
+pytestmark = pytest.mark.anyio
+INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+PATH = "/v2/models/sim/infer"
+
+
+def session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+
+async def infer(http, gateway, priority="low", **headers):
+    reply = await http.post(gateway.url + PATH, json=INFER, headers={"X-Priority": priority, **headers})
+    return reply.status, dict(reply.headers), await reply.json()
+
+
+async def wait_for_metric(gateway, name, value, timeout_s=5.0, **labels):
+    deadline = time.monotonic() + timeout_s
+    while (current := gateway.metric(name, **labels)) != value:
+        assert time.monotonic() < deadline, f"{name}{labels} stayed {current}, expected {value}"
+        await asyncio.sleep(0.02)
+
+
+async def test_high_priority_overtakes_earlier_low_priority_work(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=300)
+    classes = [{"name": "high", "max_wait_ms": 5000}, {"name": "low", "max_wait_ms": 5000}]
+    gateway = start_gateway(gateway_config([(sim.url, 1)], priorities=classes, expected_service_ms=300))
+    finished: list[str] = []
+
+    async def tracked(name, priority):
+        status, _, _ = await infer(http, gateway, priority)
+        assert status == 200
+        finished.append(name)
+
+    async with session() as http:
+        tasks = [asyncio.ensure_future(tracked("low-running", "low"))]
+        await wait_for_metric(gateway, "gateway_inflight_requests", 1.0, model="sim")
+        for i in range(3):  # one at a time, so that their arrival order is known
+            tasks.append(asyncio.ensure_future(tracked(f"low-{i}", "low")))
+            await wait_for_metric(gateway, "gateway_queue_depth", i + 1.0, priority="low")
+        tasks.append(asyncio.ensure_future(tracked("high", "high")))
+        await asyncio.gather(*tasks)
+    assert finished == ["low-running", "high", "low-0", "low-1", "low-2"]
+
+
+async def test_overload_gets_429_with_computed_retry_after_at_once(start_sim, start_gateway):
+    sim = start_sim(slots=2, base_ms=100)
+    classes = [{"name": "high", "max_wait_ms": 340}, {"name": "low", "max_wait_ms": 340}]
+    gateway = start_gateway(gateway_config([(sim.url, 2)], priorities=classes, expected_service_ms=100))
+    async with session() as http:
+        started = time.monotonic()
+        results = await asyncio.gather(*(infer(http, gateway) for _ in range(30)))
+    statuses = sorted(status for status, _, _ in results)
+    refused = [(headers, body) for status, headers, body in results if status == 429]
+    # 2 slots x 100 ms drain 20/s; 340 ms of queue is 6 positions: 2 run, 6 wait, 22 are refused.
+    assert statuses.count(200) == 8 and statuses.count(429) == 22
+    for headers, body in refused:
+        assert body["reason"] == "queue_full"
+        assert int(headers["Retry-After"]) >= 1
+        # Never less than one hand-over of the pool (50 ms), less the 10% jitter.
+        assert 45 <= int(headers["retry-after-ms"]) <= 60_000
+    assert gateway.metric("gateway_requests_total", outcome="queue_full") == 22
+    assert time.monotonic() - started < 5.0  # sanity only: the refusals did not wait for the queue
+    assert sim.stats()["completed"] == 8
+
+
+async def test_retry_after_grows_with_the_urgent_backlog(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=50)
+    classes = [{"name": "high", "max_wait_ms": 60_000}, {"name": "low", "max_wait_ms": 100}]
+    config = gateway_config([(sim.url, 1)], priorities=classes, expected_service_ms=50)
+    gateway = start_gateway({**config, "retry_after": {"jitter": 0.0}})
+
+    async def advice_behind(backlog: int) -> int:
+        async with session() as http:
+            urgent = [asyncio.ensure_future(infer(http, gateway, "high")) for _ in range(backlog)]
+            await wait_for_metric(gateway, "gateway_queue_depth", backlog - 1.0, priority="high")
+            status, headers, body = await infer(http, gateway, "low")
+            await asyncio.gather(*urgent)
+        assert status == 429 and body["reason"] == "queue_full"
+        return int(headers["retry-after-ms"])
+
+    assert await advice_behind(12) > await advice_behind(4)
+
+
+@pytest.mark.parametrize(
+    ("headers", "max_wait_ms"),
+    [({"X-Request-Timeout-Ms": "250"}, 5000), ({}, 200)],
+    ids=["client-budget", "class-max-wait"],
+)
+async def test_request_leaves_the_queue_with_429_when_its_time_runs_out(
+    start_sim, start_gateway, headers, max_wait_ms
+):
+    sim = start_sim(slots=1, base_ms=600)
+    classes = [{"name": "high", "max_wait_ms": 5000}, {"name": "low", "max_wait_ms": max_wait_ms}]
+    # The gateway believes service takes 10 ms, so it admits a wait the slot will not meet.
+    gateway = start_gateway(gateway_config([(sim.url, 1)], priorities=classes, expected_service_ms=10))
+    async with session() as http:
+        running = asyncio.ensure_future(infer(http, gateway))
+        await wait_for_metric(gateway, "gateway_inflight_requests", 1.0, model="sim")
+        started = time.monotonic()
+        status, reply_headers, body = await infer(http, gateway, **headers)
+        waited = time.monotonic() - started
+        assert (await running)[0] == 200
+    assert status == 429 and body["reason"] == "deadline_expired_in_queue"
+    assert int(reply_headers["Retry-After"]) >= 1 and int(reply_headers["retry-after-ms"]) > 0
+    assert 0.15 < waited < 0.55  # it left near its limit, not when the slot freed at 600 ms
+    assert gateway.metric("gateway_queue_depth", priority="low") == 0
+    assert sim.stats()["completed"] == 1
+
+
+async def test_unmeetable_budget_is_refused_at_arrival(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=40)
+    gateway = start_gateway(gateway_config([(sim.url, 1)], expected_service_ms=40))
+    async with session() as http:
+        status, headers, body = await infer(http, gateway, **{"X-Request-Timeout-Ms": "10"})
+    assert status == 429 and body["reason"] == "deadline_unmeetable"
+    assert "Retry-After" in headers and "retry-after-ms" in headers
+    assert sim.stats()["completed"] == 0
+
+
+async def test_client_disconnect_while_queued_frees_everything(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=500)
+    gateway = start_gateway(gateway_config([(sim.url, 1)], expected_service_ms=500))
+    async with session() as http:
+        running = asyncio.ensure_future(infer(http, gateway))
+        await wait_for_metric(gateway, "gateway_inflight_requests", 1.0, model="sim")
+        with pytest.raises(TimeoutError):
+            await http.post(gateway.url + PATH, json=INFER, timeout=aiohttp.ClientTimeout(total=0.15))
+        await wait_for_metric(gateway, "gateway_queue_depth", 0.0, priority="low")
+        await wait_for_metric(gateway, "gateway_requests_total", 1.0, outcome="client_disconnected")
+        assert (await running)[0] == 200
+    await wait_for_metric(gateway, "gateway_inflight_requests", 0.0, model="sim")
+    assert sim.stats()["completed"] == 1  # the one that left never reached the backend
+    assert sim.stats()["inflight"] == 0
+
+
+async def test_backend_never_sees_more_than_max_concurrency(start_sim, start_gateway):
+    sim = start_sim(slots=16, base_ms=20)
+    classes = [{"name": "high", "max_wait_ms": 30_000}, {"name": "low", "max_wait_ms": 30_000}]
+    gateway = start_gateway(gateway_config([(sim.url, 4)], priorities=classes, expected_service_ms=20))
+    sim.reset()
+    async with session() as http:
+        results = await asyncio.gather(
+            *(infer(http, gateway, "high" if i % 3 == 0 else "low") for i in range(120))
+        )
+    assert [status for status, _, _ in results] == [200] * 120
+    stats = sim.stats()
+    assert stats["peak_inflight"] == 4
+    assert stats["completed"] == 120

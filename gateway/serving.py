@@ -51,6 +51,7 @@ def uvicorn_config(app: ASGIApp, *, lifespan: str = "on", log_level: str = "warn
         lifespan=lifespan,  # type: ignore[arg-type]
         log_level=log_level,
         access_log=False,
+        proxy_headers=False,  # the gateway is the edge: X-Forwarded-* from clients is not trusted
         server_header=False,
         loop="uvloop" if HAS_UVLOOP else "asyncio",
         http="httptools" if HAS_HTTPTOOLS else "h11",

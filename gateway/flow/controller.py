@@ -82,7 +82,7 @@ class AdmissionController:
             arrived_at,
         )
         if isinstance(offer, Granted):
-            self._metrics.queue_wait.labels(model, self._class_names[band]).observe(0.0)
+            self._metrics.observe_queue_wait(model, self._class_names[band], 0.0)
             return Lease(offer.slot, 0.0)
         if isinstance(offer, Full):
             reject = refuse(request, offer.stats, throughput, self._jitter(), self._retry)
@@ -91,7 +91,7 @@ class AdmissionController:
         result = await self._wait(offer.ticket, leave_by_at - arrived_at, until_disconnect)
         waited_s = self._clock() - arrived_at
         if isinstance(result, Slot):
-            self._metrics.queue_wait.labels(model, self._class_names[band]).observe(waited_s)
+            self._metrics.observe_queue_wait(model, self._class_names[band], waited_s)
             return Lease(result, waited_s)
         if result is Outcome.DEADLINE_EXPIRED_IN_QUEUE:
             now = self._clock()
@@ -115,7 +115,7 @@ class AdmissionController:
         await self._store.release(lease.slot, self._clock())
 
     def _refusal(self, model: str, band: int, outcome: Outcome, retry_after_s: float) -> Refusal:
-        self._metrics.retry_after.labels(model, self._class_names[band]).observe(retry_after_s)
+        self._metrics.observe_retry_after(model, self._class_names[band], retry_after_s)
         return Refusal(outcome, retry_after_s)
 
     async def _wait(

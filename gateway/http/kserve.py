@@ -54,7 +54,7 @@ class ModelPassthrough:
 
 
 def kserve_routes(runtime: Runtime, proxy: Proxy) -> list[BaseRoute]:
-    infer = InferEndpoint(runtime, proxy)
+    """The control-plane routes; inference itself is routed by `InferenceRoutes`."""
     passthrough = ModelPassthrough(runtime, proxy)
 
     async def live(request: Request) -> JSONResponse:
@@ -68,8 +68,6 @@ def kserve_routes(runtime: Runtime, proxy: Proxy) -> list[BaseRoute]:
 
     model_paths = ["/v2/models/{model}", "/v2/models/{model}/versions/{version}"]
     return [
-        Route("/v2/models/{model}/infer", infer, methods=["POST"]),
-        Route("/v2/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
         *(
             Route(base + suffix, passthrough, methods=["GET"])
             for base in model_paths

@@ -11,7 +11,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.errors import ErrorStyle
 from gateway.http.exchange import read_body
-from gateway.http.proxy import AdmittedEndpoint, Exchange, Proxy
+from gateway.http.proxy import AdmittedEndpoint, Exchange
 from gateway.http.request_meta import Problem
 from gateway.runtime import Runtime
 from policies.outcomes import Outcome
@@ -57,8 +57,8 @@ def _model_of(body: bytes) -> str | Problem:
     return model
 
 
-def openai_routes(runtime: Runtime, proxy: Proxy) -> list[BaseRoute]:
-    endpoint = OpenAIEndpoint(runtime, proxy)
+def openai_routes(runtime: Runtime) -> list[BaseRoute]:
+    """/v1/models; the inference routes are routed by `InferenceRoutes`."""
     listing = {
         "object": "list",
         "data": [
@@ -70,9 +70,4 @@ def openai_routes(runtime: Runtime, proxy: Proxy) -> list[BaseRoute]:
     async def models(request: Request) -> JSONResponse:
         return JSONResponse(listing)
 
-    return [
-        Route("/v1/chat/completions", endpoint, methods=["POST"]),
-        Route("/v1/completions", endpoint, methods=["POST"]),
-        Route("/v1/embeddings", endpoint, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-    ]
+    return [Route("/v1/models", models, methods=["GET"])]

@@ -238,7 +238,7 @@ class Proxy:
 
     def _finished(self, pool: ModelPool, started_at: float) -> float:
         upstream_s = self._rt.clock() - started_at
-        self._rt.metrics.upstream_latency.labels(pool.name).observe(upstream_s)
+        self._rt.metrics.observe_upstream(pool.name, upstream_s)
         return upstream_s
 
 

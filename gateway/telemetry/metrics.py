@@ -8,6 +8,7 @@ store at scrape time by a collector, so the request path never updates a gauge.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -56,8 +57,27 @@ class GatewayMetrics:
             registry=registry,
         )
 
+        # Label children by label values: `.labels()` takes a lock and validates on every call.
+        self._children: dict[tuple[object, ...], Any] = {}
+
+    def _child(self, metric: Counter | Histogram, *values: str) -> Any:
+        key = (metric, *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def count(self, model: str, priority: str, outcome: Outcome) -> None:
-        self.requests.labels(model, priority, outcome.value).inc()
+        self._child(self.requests, model, priority, outcome.value).inc()
+
+    def observe_queue_wait(self, model: str, priority: str, seconds: float) -> None:
+        self._child(self.queue_wait, model, priority).observe(seconds)
+
+    def observe_upstream(self, model: str, seconds: float) -> None:
+        self._child(self.upstream_latency, model).observe(seconds)
+
+    def observe_retry_after(self, model: str, priority: str, seconds: float) -> None:
+        self._child(self.retry_after, model, priority).observe(seconds)
 
     def watch_pools(
         self,

@@ -1,0 +1,211 @@
+"""The core benchmark: one arrival sequence, one run, three targets side by side.
+
+    python -m loadtests.bench                      # light, saturate, overload: direct, HAProxy, gateway
+    python -m loadtests.bench --scenarios overload --targets haproxy,gateway,floor
+
+Every target sits in front of a fresh simulated backend of 8 slots x 40 ms (capacity 200 rps):
+- direct: clients talk to the backend itself (its unbounded FIFO is the only queue);
+- haproxy: HAProxy as a priority queue, the peer to beat: one server with maxconn = slots,
+  `http-request set-priority-class` from X-Priority, `timeout queue` = the low class's budget
+  (HAProxy has one queue timeout per backend), one thread like the gateway's one process;
+- gateway: this project, in-memory store;
+- floor: HAProxy answering an instant 429 to everything: this machine's floor for refusal latency.
+Results print as a table (per class: goodput overall and over the steady window, latency,
+refusals by status and their latency, the share of refusals with Retry-After, backend busy, the
+proxy's CPU per request) and are saved as JSON under loadtests/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from loadtests.openloop import ClassSummary, poisson_schedule, run, summarize
+from tests.integration.servers import Gateway, Sim, gateway_config
+
+SLOTS, SERVICE_MS = 8, 40
+CAPACITY_RPS = SLOTS * 1000 / SERVICE_MS
+WARMUP_S, COOLDOWN_S = 5.0, 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    load: float  # x capacity
+    duration_s: float
+
+
+SCENARIOS = {
+    "light": Scenario("light", 0.3, 20.0),
+    "saturate": Scenario("saturate", 1.0, 20.0),
+    "overload": Scenario("overload", 3.0, 30.0),
+}
+
+HAPROXY_CONFIG = """
+global
+    maxconn 8000
+    nbthread 1
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 60s
+    timeout server 60s
+    timeout queue 1000ms
+    option http-keep-alive
+frontend fe
+    bind 127.0.0.1:{port}
+    {frontend_rule}
+backend be
+    http-reuse always
+    server sim {backend} maxconn {slots}
+"""
+PRIORITY_RULES = (
+    "http-request set-priority-class int(0) if { req.hdr(x-priority) -m str high }\n"
+    "    http-request set-priority-class int(1) unless { req.hdr(x-priority) -m str high }\n"
+    "    default_backend be"
+)
+INSTANT_429 = 'http-request return status 429 content-type text/plain string "busy" hdr retry-after 1'
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class HAProxy:
+    def __init__(self, log_dir: Path, backend_url: str, *, instant_429: bool = False) -> None:
+        self.port = free_port()
+        config = HAPROXY_CONFIG.format(
+            port=self.port,
+            backend=backend_url.removeprefix("http://"),
+            slots=SLOTS,
+            frontend_rule=INSTANT_429 if instant_429 else PRIORITY_RULES,
+        )
+        path = log_dir / f"haproxy-{self.port}.cfg"
+        path.write_text(config)
+        self.process = subprocess.Popen(
+            ["haproxy", "-db", "-f", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError("haproxy did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+def start_target(target: str, log_dir: Path, sim: Sim) -> tuple[str, Any]:
+    """The URL to load and the process to stop (None for direct)."""
+    if target == "direct":
+        return sim.url, None
+    if target in ("haproxy", "floor"):
+        proxy = HAProxy(log_dir, sim.url, instant_429=target == "floor")
+        return proxy.url, proxy
+    config = gateway_config([(sim.url, SLOTS)], expected_service_ms=SERVICE_MS, health={"interval_ms": 1000})
+    gateway = Gateway(log_dir, config)
+    gateway.wait_ready()
+    return gateway.url, gateway
+
+
+def run_one(scenario: Scenario, target: str, log_dir: Path, seed: int) -> dict[str, Any]:
+    sim = Sim(log_dir, slots=SLOTS, base_ms=SERVICE_MS)
+    url, server = start_target(target, log_dir, sim)
+    try:
+        schedule = poisson_schedule(CAPACITY_RPS * scenario.load, scenario.duration_s, seed=seed)
+        asyncio.run(run(url, poisson_schedule(50, 0.5, seed=seed + 1)))  # warm the connections
+        pid = server.process.pid if server is not None else sim.process.pid
+        before_cpu, before_busy = cpu_seconds(pid), sim.stats()["busy_slot_s"]
+        started = time.monotonic()
+        outcomes = asyncio.run(run(url, schedule))
+        cpu_s = cpu_seconds(pid) - before_cpu
+        elapsed_s = time.monotonic() - started
+        busy_slot_s = sim.stats()["busy_slot_s"] - before_busy
+    finally:
+        if server is not None:
+            server.stop()
+        sim.stop()
+    summary = summarize(outcomes, scenario.duration_s, WARMUP_S, COOLDOWN_S)
+    return {
+        "target": target,
+        "classes": {k: asdict(v) for k, v in summary.items()},
+        "requests": len(outcomes),
+        "cpu_ms_per_request": cpu_s * 1000 / len(outcomes) if server is not None else None,
+        "backend_busy": busy_slot_s / (SLOTS * elapsed_s),
+    }
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def table(scenario: Scenario, results: list[dict[str, Any]]) -> str:
+    rows = [
+        f"### {scenario.name}: {scenario.load:g}x capacity ({CAPACITY_RPS * scenario.load:.0f} rps) for "
+        f"{scenario.duration_s:g} s",
+        "",
+        "| target | class | sent | goodput/s | steady goodput/s | p50 ms | p99 ms | refusals "
+        "| refusal p50 ms | refusal p99 ms | with Retry-After | backend busy | CPU ms/req |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        for priority, raw in result["classes"].items():
+            c = ClassSummary(**raw)
+            refusals = ", ".join(f"{k}: {v}" for k, v in sorted(c.rejections.items())) or "-"
+            share = "-" if c.retry_after_share is None else f"{c.retry_after_share:.0%}"
+            cpu = result["cpu_ms_per_request"]
+            rows.append(
+                f"| {result['target']} | {priority} | {c.sent} | {c.goodput_rps:.1f} "
+                f"| {c.steady_goodput_rps:.1f} "
+                f"| {_ms(c.p50_ms)} | {_ms(c.p99_ms)} | {refusals} | {_ms(c.rejection_p50_ms)} "
+                f"| {_ms(c.rejection_p99_ms)} | {share} | {result['backend_busy']:.1%} "
+                f"| {'-' if cpu is None else f'{cpu:.2f}'} |"
+            )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--scenarios", default="light,saturate,overload")
+    parser.add_argument("--targets", default="direct,haproxy,gateway")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-"))
+    report: dict[str, Any] = {"machine": f"{os.cpu_count()} cores", "seed": args.seed, "scenarios": {}}
+    for name in args.scenarios.split(","):
+        scenario = SCENARIOS[name]
+        results = [run_one(scenario, target, log_dir, args.seed) for target in args.targets.split(",")]
+        report["scenarios"][name] = results
+        print(table(scenario, results), "\n", flush=True)
+    out = Path(__file__).parent / "results" / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"saved {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Open-loop Poisson load: requests leave on a fixed schedule whatever the answers do.
+
+Latency is measured from each request's scheduled time, not from when it was actually sent, so a
+slow client or server cannot hide queueing (no coordinated omission). The same seed gives the
+same arrival sequence for every target, so targets are compared on identical load.
+
+    python -m loadtests.openloop --url http://127.0.0.1:8080 --rate 200 --duration 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import aiohttp
+
+INFER_PATH = "/v2/models/sim/infer"
+INFER_BODY = json.dumps(
+    {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficClass:
+    priority: str
+    share: float
+    deadline_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    at_s: float
+    priority: str
+    deadline_ms: int
+
+
+@dataclass(slots=True)
+class Outcome:
+    arrival: Arrival
+    status: int | None  # None: no answer (timeout or connection error)
+    latency_s: float
+    retry_after: bool = False
+    error: str | None = None
+
+
+MIX = (TrafficClass("high", 0.2, 250), TrafficClass("low", 0.8, 1000))
+
+
+def poisson_schedule(
+    rate_rps: float, duration_s: float, mix: Sequence[TrafficClass] = MIX, seed: int = 1
+) -> list[Arrival]:
+    """Arrival times of a Poisson process at `rate_rps` for `duration_s`, each tagged with a class."""
+    rng = random.Random(seed)
+    arrivals, now = [], 0.0
+    weights = [c.share for c in mix]
+    while True:
+        now += rng.expovariate(rate_rps)
+        if now >= duration_s:
+            return arrivals
+        chosen = rng.choices(mix, weights)[0]
+        arrivals.append(Arrival(now, chosen.priority, chosen.deadline_ms))
+
+
+async def run(
+    url: str,
+    schedule: Sequence[Arrival],
+    *,
+    path: str = INFER_PATH,
+    body: bytes = INFER_BODY,
+    timeout_factor: float = 3.0,
+) -> list[Outcome]:
+    """Send `schedule` to `url + path`; a request gives up after `timeout_factor` x its deadline + 1 s."""
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    outcomes: list[Outcome] = []
+    async with aiohttp.ClientSession(connector=connector) as session:
+        started = time.monotonic()
+
+        async def one(arrival: Arrival) -> None:
+            headers = {
+                "Content-Type": "application/json",
+                "X-Priority": arrival.priority,
+                "X-Request-Timeout-Ms": str(arrival.deadline_ms),
+            }
+            timeout = aiohttp.ClientTimeout(total=arrival.deadline_ms / 1000 * timeout_factor + 1)
+            scheduled = started + arrival.at_s
+            try:
+                async with session.post(url + path, data=body, headers=headers, timeout=timeout) as reply:
+                    await reply.read()
+                    outcomes.append(
+                        Outcome(
+                            arrival,
+                            reply.status,
+                            time.monotonic() - scheduled,
+                            "Retry-After" in reply.headers,
+                        )
+                    )
+            except (aiohttp.ClientError, TimeoutError) as error:
+                outcomes.append(
+                    Outcome(arrival, None, time.monotonic() - scheduled, error=type(error).__name__)
+                )
+
+        tasks = []
+        for arrival in schedule:
+            delay = started + arrival.at_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(arrival)))
+        await asyncio.gather(*tasks)
+    return outcomes
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass(slots=True)
+class ClassSummary:
+    sent: int
+    good: int
+    goodput_rps: float
+    steady_goodput_rps: float
+    p50_ms: float | None
+    p99_ms: float | None
+    rejections: dict[str, int] = field(default_factory=dict)
+    rejection_p50_ms: float | None = None
+    rejection_p99_ms: float | None = None
+    retry_after_share: float | None = None
+
+
+def summarize(
+    outcomes: Sequence[Outcome], duration_s: float, warmup_s: float, cooldown_s: float
+) -> dict[str, ClassSummary]:
+    """Per class: goodput (200s within deadline) overall and over the steady window, latencies, refusals.
+
+    Overall goodput divides by the time from the first arrival to the last answer (the drain after
+    arrivals stop included); steady goodput counts arrivals in [warmup, duration - cooldown] only.
+    """
+    span_s = max(duration_s, max((o.arrival.at_s + o.latency_s for o in outcomes), default=duration_s))
+    steady_s = duration_s - warmup_s - cooldown_s
+    summary: dict[str, ClassSummary] = {}
+    for priority in sorted({o.arrival.priority for o in outcomes}):
+        mine = [o for o in outcomes if o.arrival.priority == priority]
+        ok = [o for o in mine if o.status == 200]
+        good = [o for o in ok if o.latency_s * 1000 <= o.arrival.deadline_ms]
+        steady_good = [o for o in good if warmup_s <= o.arrival.at_s < duration_s - cooldown_s]
+        refused = [o for o in mine if o.status != 200]
+        rejections: dict[str, int] = {}
+        for o in refused:
+            key = str(o.status) if o.status is not None else (o.error or "error")
+            rejections[key] = rejections.get(key, 0) + 1
+        answered = [o for o in refused if o.status is not None]
+        ok_ms = [o.latency_s * 1000 for o in ok]
+        refused_ms = [o.latency_s * 1000 for o in answered]
+        summary[priority] = ClassSummary(
+            sent=len(mine),
+            good=len(good),
+            goodput_rps=len(good) / span_s,
+            steady_goodput_rps=len(steady_good) / steady_s if steady_s > 0 else 0.0,
+            p50_ms=percentile(ok_ms, 0.5),
+            p99_ms=percentile(ok_ms, 0.99),
+            rejections=rejections,
+            rejection_p50_ms=percentile(refused_ms, 0.5),
+            rejection_p99_ms=percentile(refused_ms, 0.99),
+            retry_after_share=(sum(o.retry_after for o in answered) / len(answered)) if answered else None,
+        )
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--rate", type=float, required=True, help="arrivals per second")
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    schedule = poisson_schedule(args.rate, args.duration, seed=args.seed)
+    outcomes = asyncio.run(run(args.url, schedule))
+    for priority, stats in summarize(outcomes, args.duration, min(5.0, args.duration / 4), 1.0).items():
+        print(priority, json.dumps(asdict(stats)))
+    print(f"mean latency {statistics.mean(o.latency_s for o in outcomes) * 1000:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

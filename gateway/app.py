@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Callable
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp
 
 from gateway.flow.controller import AdmissionController
 from gateway.http.hot_routes import InferenceRoutes
@@ -42,13 +42,13 @@ def build_runtime(
     pools = {model.name: ModelPool.from_settings(model) for model in settings.models}
     store = MemoryQueue(pools.values(), len(settings.priorities), settings.estimation)
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
-    metrics.watch_pools(list(pools.values()), [p.name for p in settings.priorities], store.stats)
+    metrics.watch_pools(list(pools.values()), [p.name for p in settings.priorities], store, clock)
     controller = AdmissionController(
         store,
         settings.priorities,
         metrics,
         ordering=settings.ordering,
-        retry=settings.retry_after.policy(),
+        admission=settings.admission_policy(),
         clock=clock,
         jitter=jitter,
     )
@@ -95,14 +95,25 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
         message = f"no route for {request.method} {request.url.path}"
         return JSONResponse({"error": message}, status_code=status)
 
-    inference = Middleware(
-        InferenceRoutes, kserve_infer=InferEndpoint(rt, proxy), openai=OpenAIEndpoint(rt, proxy)
-    )
-    app = Starlette(
+    app = _GatewayApp(
         routes=[*kserve_routes(rt, proxy), *openai_routes(rt), *ops_routes(rt)],
-        middleware=[inference],
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: not_found},
     )
+    app.inference = (InferEndpoint(rt, proxy), OpenAIEndpoint(rt, proxy))
     app.state.runtime = rt
     return app
+
+
+class _GatewayApp(Starlette):
+    """Starlette with the inference routes in front of its whole middleware stack.
+
+    Inference requests skip Starlette's error and exception layers (an unhandled exception there
+    still gets a 500 from the server); everything else is plain Starlette.
+    """
+
+    inference: tuple[ASGIApp, ASGIApp]
+
+    def build_middleware_stack(self) -> ASGIApp:
+        kserve_infer, openai = self.inference
+        return InferenceRoutes(super().build_middleware_stack(), kserve_infer=kserve_infer, openai=openai)

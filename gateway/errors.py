@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from enum import Enum
@@ -54,6 +55,17 @@ def error_response(
     retry_after_s: float | None = None,
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """Status, headers and JSON body for a request that ends with `outcome`."""
+    status, body = _error_body(outcome, style, detail)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if retry_after_s is not None:
+        seconds, millis = header_values(retry_after_s)
+        headers += [(b"retry-after", seconds.encode()), (b"retry-after-ms", millis.encode())]
+    return status, headers, body
+
+
+@functools.lru_cache(maxsize=256)
+def _error_body(outcome: Outcome, style: ErrorStyle, detail: str | None) -> tuple[int, bytes]:
+    # Cached: under overload the same few refusals are rendered thousands of times a second.
     spec = ERRORS[outcome]
     message = f"{spec.message}: {detail}" if detail else spec.message
     if style is ErrorStyle.OPENAI:
@@ -62,9 +74,4 @@ def error_response(
         }
     else:
         payload = {"error": message, "reason": outcome.value}
-    body = json.dumps(payload).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if retry_after_s is not None:
-        seconds, millis = header_values(retry_after_s)
-        headers += [(b"retry-after", seconds.encode()), (b"retry-after-ms", millis.encode())]
-    return spec.status, headers, body
+    return spec.status, json.dumps(payload).encode()

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from policies.admission import AdmissionConfig
 from policies.ordering import Ordering
 from policies.retry_after import RetryAfterConfig
 
@@ -107,6 +108,11 @@ class RetryAfter(_Frozen):
         return RetryAfterConfig(min_s=self.min_ms / 1000, max_s=self.max_ms / 1000, jitter=self.jitter)
 
 
+class Admission(_Frozen):
+    safety_sigmas: float = Field(2.0, ge=0.0, le=10.0)
+    """Standard deviations of margin on the predicted queue wait and on the service time."""
+
+
 class Health(_Frozen):
     interval_ms: PositiveMs = 1000.0
     timeout_ms: PositiveMs = 1000.0
@@ -115,8 +121,8 @@ class Health(_Frozen):
 class Estimation(_Frozen):
     service_time_weight: float = Field(0.1, gt=0, le=1)
     """EWMA weight of each new service-time sample."""
-    drain_weight: float = Field(0.05, gt=0, le=1)
-    """EWMA weight of each new gap between slot hand-overs under backlog."""
+    drain_window_s: float = Field(2.0, gt=0)
+    """Seconds of backlog over which the drain rate is averaged (exponentially forgotten)."""
     rate_window_s: float = Field(2.0, gt=0)
     """Time constant of the arrival-rate estimates."""
     drain_stale_after_s: float = Field(10.0, gt=0)
@@ -136,6 +142,7 @@ class Settings(_Frozen):
     models: list[Model] = Field(min_length=1)
     tenants: list[Tenant] = []
     limits: Limits = Limits()
+    admission: Admission = Admission()
     retry_after: RetryAfter = RetryAfter()
     health: Health = Health()
     estimation: Estimation = Estimation()
@@ -161,6 +168,9 @@ class Settings(_Frozen):
             if priority.name == class_name:
                 return band
         return None
+
+    def admission_policy(self) -> AdmissionConfig:
+        return AdmissionConfig(safety_sigmas=self.admission.safety_sigmas, retry=self.retry_after.policy())
 
     def api_key_digests(self) -> dict[bytes, Tenant]:
         """Tenants by the SHA-256 of their keys, so lookups never compare secrets directly."""

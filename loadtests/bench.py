@@ -7,7 +7,8 @@ Every target sits in front of a fresh simulated backend of 8 slots x 40 ms (capa
 - direct: clients talk to the backend itself (its unbounded FIFO is the only queue);
 - haproxy: HAProxy as a priority queue, the peer to beat: one server with maxconn = slots,
   `http-request set-priority-class` from X-Priority, `timeout queue` = the low class's budget
-  (HAProxy has one queue timeout per backend), one thread like the gateway's one process;
+  less the service time, 960 ms (HAProxy has one queue timeout per backend, so the high class
+  relies on its priority), one thread like the gateway's one process;
 - gateway: this project, in-memory store;
 - floor: HAProxy answering an instant 429 to everything: this machine's floor for refusal latency.
 Results print as a table (per class: goodput overall and over the steady window, latency,
@@ -18,7 +19,6 @@ proxy's CPU per request) and are saved as JSON under loadtests/results/.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import socket
@@ -29,7 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtests.openloop import ClassSummary, poisson_schedule, run, summarize
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtests.openloop import ClassSummary, poisson_schedule, run, run_fast, summarize
 from tests.integration.servers import Gateway, Sim, gateway_config
 
 SLOTS, SERVICE_MS = 8, 40
@@ -59,7 +61,7 @@ defaults
     timeout connect 1s
     timeout client 60s
     timeout server 60s
-    timeout queue 1000ms
+    timeout queue {queue_timeout_ms}ms
     option http-keep-alive
 frontend fe
     bind 127.0.0.1:{port}
@@ -94,6 +96,7 @@ class HAProxy:
             port=self.port,
             backend=backend_url.removeprefix("http://"),
             slots=SLOTS,
+            queue_timeout_ms=1000 - SERVICE_MS,
             frontend_rule=INSTANT_429 if instant_429 else PRIORITY_RULES,
         )
         path = log_dir / f"haproxy-{self.port}.cfg"
@@ -135,14 +138,16 @@ def run_one(scenario: Scenario, target: str, log_dir: Path, seed: int) -> dict[s
     url, server = start_target(target, log_dir, sim)
     try:
         schedule = poisson_schedule(CAPACITY_RPS * scenario.load, scenario.duration_s, seed=seed)
-        asyncio.run(run(url, poisson_schedule(50, 0.5, seed=seed + 1)))  # warm the connections
+        run_fast(run(url, poisson_schedule(50, 0.5, seed=seed + 1)))  # warm the connections
         pid = server.process.pid if server is not None else sim.process.pid
-        before_cpu, before_busy = cpu_seconds(pid), sim.stats()["busy_slot_s"]
+        before_cpu, before_busy = cpu_seconds(pid), sim.reset()["busy_slot_s"]
         started = time.monotonic()
-        outcomes = asyncio.run(run(url, schedule))
+        outcomes = run_fast(run(url, schedule))
         cpu_s = cpu_seconds(pid) - before_cpu
         elapsed_s = time.monotonic() - started
-        busy_slot_s = sim.stats()["busy_slot_s"] - before_busy
+        after = sim.stats()
+        busy_slot_s = after["busy_slot_s"] - before_busy
+        outcomes_seen = gateway_outcomes(server) if isinstance(server, Gateway) else None
     finally:
         if server is not None:
             server.stop()
@@ -154,7 +159,20 @@ def run_one(scenario: Scenario, target: str, log_dir: Path, seed: int) -> dict[s
         "requests": len(outcomes),
         "cpu_ms_per_request": cpu_s * 1000 / len(outcomes) if server is not None else None,
         "backend_busy": busy_slot_s / (SLOTS * elapsed_s),
+        "idle_gap_ms": after["idle_gap_ms"],
+        "gateway_outcomes": outcomes_seen,
     }
+
+
+def gateway_outcomes(gateway: Gateway) -> dict[str, float]:
+    """gateway_requests_total by priority and outcome, as the gateway counted them."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(gateway.metrics()):
+        for sample in family.samples:
+            if sample.name == "gateway_requests_total":
+                key = f"{sample.labels['priority']}/{sample.labels['outcome']}"
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return counts
 
 
 def _ms(value: float | None) -> str:
@@ -167,8 +185,9 @@ def table(scenario: Scenario, results: list[dict[str, Any]]) -> str:
         f"{scenario.duration_s:g} s",
         "",
         "| target | class | sent | goodput/s | steady goodput/s | p50 ms | p99 ms | refusals "
-        "| refusal p50 ms | refusal p99 ms | with Retry-After | backend busy | CPU ms/req |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| refusal p50 ms | refusal p99 ms | with Retry-After | backend busy | slot idle gap p50/p99 ms "
+        "| CPU ms/req |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         for priority, raw in result["classes"].items():
@@ -176,13 +195,19 @@ def table(scenario: Scenario, results: list[dict[str, Any]]) -> str:
             refusals = ", ".join(f"{k}: {v}" for k, v in sorted(c.rejections.items())) or "-"
             share = "-" if c.retry_after_share is None else f"{c.retry_after_share:.0%}"
             cpu = result["cpu_ms_per_request"]
+            gap = result["idle_gap_ms"]
             rows.append(
                 f"| {result['target']} | {priority} | {c.sent} | {c.goodput_rps:.1f} "
                 f"| {c.steady_goodput_rps:.1f} "
                 f"| {_ms(c.p50_ms)} | {_ms(c.p99_ms)} | {refusals} | {_ms(c.rejection_p50_ms)} "
                 f"| {_ms(c.rejection_p99_ms)} | {share} | {result['backend_busy']:.1%} "
-                f"| {'-' if cpu is None else f'{cpu:.2f}'} |"
+                f"| {_ms(gap['p50'])}/{_ms(gap['p99'])} | {'-' if cpu is None else f'{cpu:.2f}'} |"
             )
+    rows += [
+        f"\n{result['target']} outcomes: {json.dumps(result['gateway_outcomes'])}"
+        for result in results
+        if result.get("gateway_outcomes")
+    ]
     return "\n".join(rows)
 
 

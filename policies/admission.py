@@ -1,18 +1,28 @@
 """Accept this request now? Deadline-aware admission against the predicted queue wait.
 
 A request may wait in the queue at most its class's `max_queue_wait_s`, and, when the client sent
-a budget, at most that budget less the expected service time (a request that starts later cannot
-finish in time, so a slot spent on it is wasted). Admission refuses at arrival when the predicted
-wait exceeds that allowance. The same allowance sets when a queued request must leave the queue.
+a budget, at most that budget less the time a slot takes to produce its answer (a request that
+starts later cannot finish in time, so a slot spent on it is wasted). Admission refuses at arrival
+when the wait it predicts exceeds that allowance. The same allowance sets when a queued request
+must leave the queue.
+
+Both sides are taken with a safety margin of `safety_sigmas` (z) standard deviations, because a
+request admitted exactly at its limit would miss it half the time. The service time is taken as
+its mean plus z deviations. The wait for n hand-overs to its band, which receives mu_b of the
+pool's mu hand-overs per second, is taken as (n + z * sqrt(n * mu / mu_b)) / mu_b: reaching the
+n-th hand-over of band b takes about n * mu / mu_b hand-overs of the pool (the urgent bands take
+the rest), and a count of hand-overs that arrive like a Poisson stream has a variance equal to
+its mean.
 
 The check is also expressed as a position limit (`max_positions`), so that a store can make the
-check and the insert it guards one atomic operation: wait <= allowed  <=>  positions <= limit.
+check and the insert it guards one atomic operation: the admitted positions are exactly those
+with n + z * sqrt(n * mu / mu_b) <= allowed * mu_b.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policies.outcomes import Outcome
 from policies.retry_after import RetryAfterConfig, retry_after_s
@@ -23,6 +33,13 @@ from policies.wait import (
     offered_load,
     positions_to_drain,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    safety_sigmas: float = 2.0
+    """Standard deviations of margin on the predicted wait and the service time."""
+    retry: RetryAfterConfig = field(default_factory=RetryAfterConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +55,7 @@ class AdmissionRequest:
 @dataclass(frozen=True, slots=True)
 class Admit:
     predicted_wait_s: float
+    """The mean predicted wait."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,25 +65,43 @@ class Reject:
     predicted_wait_s: float
 
 
-def allowed_wait_s(request: AdmissionRequest, service_time_s: float) -> float:
+def service_allowance_s(throughput: Throughput, safety_sigmas: float) -> float:
+    """The time to set aside for service: its mean plus `safety_sigmas` deviations."""
+    return throughput.service_time_s + safety_sigmas * throughput.service_spread_s
+
+
+def allowed_wait_s(request: AdmissionRequest, throughput: Throughput, safety_sigmas: float) -> float:
     """The longest this request may wait for a slot; negative when even an idle pool is too slow."""
     allowed = request.max_queue_wait_s
     if request.budget_s is not None:
-        allowed = min(allowed, request.budget_s - service_time_s)
+        allowed = min(allowed, request.budget_s - service_allowance_s(throughput, safety_sigmas))
     return allowed
 
 
-def budget_binds(request: AdmissionRequest, service_time_s: float) -> bool:
-    """Whether the client's budget, rather than the class limit, bounds the wait."""
-    return request.budget_s is not None and request.budget_s - service_time_s < request.max_queue_wait_s
+def cautious_wait_s(positions: int, throughput: Throughput, band: int, safety_sigmas: float) -> float:
+    """The wait for `positions` hand-overs to `band`, `safety_sigmas` deviations above its mean."""
+    band_drain = band_drain_rate_per_s(throughput, band)
+    spread = math.sqrt(positions * throughput.drain_rate_per_s / band_drain)
+    return (positions + safety_sigmas * spread) / band_drain
 
 
-def max_positions(request: AdmissionRequest, throughput: Throughput) -> int:
-    """The most slot hand-overs the request may wait for; -1 when it cannot be served in time at all."""
-    allowed = allowed_wait_s(request, throughput.service_time_s)
+def max_positions(request: AdmissionRequest, throughput: Throughput, config: AdmissionConfig) -> int:
+    """The most hand-overs the request may wait for; -1 when it cannot be served in time at all."""
+    allowed = allowed_wait_s(request, throughput, config.safety_sigmas)
     if allowed < 0:
         return -1
-    return math.floor(allowed * band_drain_rate_per_s(throughput, request.band))
+    band_drain = band_drain_rate_per_s(throughput, request.band)
+    budget = allowed * band_drain
+    # The largest n with n + c * sqrt(n) <= budget, c = z * sqrt(mu / mu_b): a quadratic in sqrt(n).
+    c = config.safety_sigmas * math.sqrt(throughput.drain_rate_per_s / band_drain)
+    root = (-c + math.sqrt(c * c + 4 * budget)) / 2
+    limit = math.floor(root * root)
+    # Guard the floating-point edge so that the limit and cautious_wait_s always agree.
+    while limit > 0 and limit + c * math.sqrt(limit) > budget:
+        limit -= 1
+    while (limit + 1) + c * math.sqrt(limit + 1) <= budget:
+        limit += 1
+    return limit
 
 
 def decide(
@@ -73,15 +109,13 @@ def decide(
     stats: QueueStats,
     throughput: Throughput,
     jitter_u: float,
-    retry: RetryAfterConfig,
+    config: AdmissionConfig,
 ) -> Admit | Reject:
-    """Admit when the predicted wait fits the allowance, else Reject with a computed Retry-After."""
+    """Admit when the cautious wait fits the allowance, else Reject with a computed Retry-After."""
     positions = positions_to_drain(stats, request.band)
-    drain = band_drain_rate_per_s(throughput, request.band)
-    wait_s = positions / drain
-    if positions <= max_positions(request, throughput):
-        return Admit(predicted_wait_s=wait_s)
-    return refuse(request, stats, throughput, jitter_u, retry, wait_s=wait_s)
+    if positions <= max_positions(request, throughput, config):
+        return Admit(predicted_wait_s=positions / band_drain_rate_per_s(throughput, request.band))
+    return refuse(request, stats, throughput, jitter_u, config)
 
 
 def refuse(
@@ -89,9 +123,8 @@ def refuse(
     stats: QueueStats,
     throughput: Throughput,
     jitter_u: float,
-    retry: RetryAfterConfig,
+    config: AdmissionConfig,
     *,
-    wait_s: float | None = None,
     reason: Outcome | None = None,
 ) -> Reject:
     """The refusal for `request` in the current state, with Retry-After from the drain rate.
@@ -99,17 +132,17 @@ def refuse(
     `reason` overrides the one derived from the limits (a request that expired in the queue).
     """
     drain = band_drain_rate_per_s(throughput, request.band)
-    if wait_s is None:
-        wait_s = positions_to_drain(stats, request.band) / drain
-    allowed = allowed_wait_s(request, throughput.service_time_s)
+    positions = positions_to_drain(stats, request.band)
+    allowed = allowed_wait_s(request, throughput, config.safety_sigmas)
     if reason is None:
-        binds = budget_binds(request, throughput.service_time_s)
-        reason = Outcome.DEADLINE_UNMEETABLE if binds else Outcome.QUEUE_FULL
+        budget_binds = allowed < request.max_queue_wait_s
+        reason = Outcome.DEADLINE_UNMEETABLE if budget_binds else Outcome.QUEUE_FULL
     advice = retry_after_s(
-        excess_wait_s=wait_s - max(allowed, 0.0),
+        excess_wait_s=cautious_wait_s(positions, throughput, request.band, config.safety_sigmas)
+        - max(allowed, 0.0),
         band_drain_rate_per_s=drain,
         offered_load=offered_load(throughput, request.band),
         jitter_u=jitter_u,
-        config=retry,
+        config=config.retry,
     )
-    return Reject(reason=reason, retry_after_s=advice, predicted_wait_s=wait_s)
+    return Reject(reason=reason, retry_after_s=advice, predicted_wait_s=positions / drain)

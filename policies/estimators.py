@@ -21,25 +21,38 @@ def ewma(previous: float | None, sample: float, weight: float) -> float:
     return previous + weight * (sample - previous)
 
 
-@dataclass(frozen=True, slots=True)
-class DecayingRate:
-    """Events per second with exponential forgetting over `tau_s` seconds.
+def blend_rate(previous_per_s: float, events: int, elapsed_s: float, tau_s: float) -> float:
+    """The event rate after `events` more events in the last `elapsed_s` seconds.
 
-    The estimate is sum(exp(-(now - t_i) / tau_s)) / tau_s over past events t_i: for a steady rate
-    r it converges to r after a few tau_s, and with no events it decays towards 0.
+    An average in time, forgetting the past with time constant `tau_s`: evaluated once per counting
+    interval rather than per event, so that counting an event costs an integer increment, and
+    equivalent to per-event exponential decay for intervals short against `tau_s`.
+    """
+    if elapsed_s <= 0:
+        return previous_per_s
+    weight = -math.expm1(-elapsed_s / tau_s)
+    return previous_per_s + weight * (events / elapsed_s - previous_per_s)
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedRate:
+    """Events per second of observed time, with both exponentially forgotten over `tau_s`.
+
+    Fed with (events, duration) pairs, it weighs the past by how much observed time has passed
+    since, not by how many samples: a rate of 200 per second with tau_s = 2 averages about 400
+    events, however bursty they are, so one lucky burst cannot swing it.
     """
 
     tau_s: float
-    level_per_s: float = 0.0
-    last_at: float | None = None
+    events: float = 0.0
+    observed_s: float = 0.0
 
-    def record(self, now: float, events: float = 1.0) -> DecayingRate:
-        """The estimate after `events` more events at `now` (now never goes backwards)."""
-        return DecayingRate(self.tau_s, self.at(now) + events / self.tau_s, now)
+    def observe(self, events: float, duration_s: float) -> ObservedRate:
+        """The estimate after `events` events in `duration_s` more seconds of observation."""
+        decay = math.exp(-duration_s / self.tau_s)
+        return ObservedRate(self.tau_s, self.events * decay + events, self.observed_s * decay + duration_s)
 
-    def at(self, now: float) -> float:
-        """The rate as seen at `now`, decayed since the last event."""
-        if self.last_at is None:
-            return 0.0
-        elapsed_s = max(0.0, now - self.last_at)
-        return self.level_per_s * math.exp(-elapsed_s / self.tau_s)
+    @property
+    def per_s(self) -> float | None:
+        """The rate, or None before anything was observed."""
+        return self.events / self.observed_s if self.observed_s > 0 else None

@@ -29,13 +29,15 @@ class Throughput:
     """Measured speeds of one model's pool."""
 
     service_time_s: float
-    """Expected time a backend takes for one request."""
+    """Mean time a slot is held for one request (send, backend work, answer back)."""
     drain_rate_per_s: float
     """Requests per second handed a slot while every slot is busy."""
     admitted_rate_by_band: tuple[float, ...]
     """Admitted arrivals per second, per band."""
     offered_rate_by_band: tuple[float, ...]
     """All arrivals per second (admitted or not), per band."""
+    service_spread_s: float = 0.0
+    """Typical deviation of the service time from its mean."""
 
 
 def positions_to_drain(stats: QueueStats, band: int) -> int:

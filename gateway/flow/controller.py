@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from gateway.queues.base import Full, Granted, RequestQueue, Slot, Ticket
 from gateway.settings import PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
-from policies.admission import AdmissionRequest, allowed_wait_s, max_positions, refuse
+from policies.admission import AdmissionConfig, AdmissionRequest, allowed_wait_s, max_positions, refuse
 from policies.ordering import Ordering, score
 from policies.outcomes import Outcome
-from policies.retry_after import RetryAfterConfig
 
-_DEFAULT_RETRY = RetryAfterConfig()
+_DEFAULT_ADMISSION = AdmissionConfig()
 
 
 @dataclass(slots=True, eq=False)
@@ -46,7 +45,7 @@ class AdmissionController:
         metrics: GatewayMetrics,
         *,
         ordering: Ordering = Ordering.FIFO,
-        retry: RetryAfterConfig = _DEFAULT_RETRY,
+        admission: AdmissionConfig = _DEFAULT_ADMISSION,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
     ) -> None:
@@ -55,7 +54,7 @@ class AdmissionController:
         self._max_wait_s = [p.max_wait_ms / 1000 for p in priorities]
         self._metrics = metrics
         self._ordering = ordering
-        self._retry = retry
+        self._admission = admission
         self._clock = clock
         self._jitter = jitter
 
@@ -73,19 +72,19 @@ class AdmissionController:
         arrived_at = self._clock()
         request = AdmissionRequest(band=band, max_queue_wait_s=self._max_wait_s[band], budget_s=budget_s)
         throughput = self._store.throughput(model, arrived_at)
-        leave_by_at = arrived_at + allowed_wait_s(request, throughput.service_time_s)
+        leave_by_at = arrived_at + allowed_wait_s(request, throughput, self._admission.safety_sigmas)
         offer = await self._store.offer(
             model,
             band,
             score(self._ordering, arrived_at, leave_by_at),
-            max_positions(request, throughput),
+            max_positions(request, throughput, self._admission),
             arrived_at,
         )
         if isinstance(offer, Granted):
             self._metrics.observe_queue_wait(model, self._class_names[band], 0.0)
             return Lease(offer.slot, 0.0)
         if isinstance(offer, Full):
-            reject = refuse(request, offer.stats, throughput, self._jitter(), self._retry)
+            reject = refuse(request, offer.stats, throughput, self._jitter(), self._admission)
             return self._refusal(model, band, reject.reason, reject.retry_after_s)
 
         result = await self._wait(offer.ticket, leave_by_at - arrived_at, until_disconnect)
@@ -100,7 +99,7 @@ class AdmissionController:
                 self._store.stats(model),
                 self._store.throughput(model, now),
                 self._jitter(),
-                self._retry,
+                self._admission,
                 reason=result,
             )
             return self._refusal(model, band, result, reject.retry_after_s)
@@ -113,6 +112,14 @@ class AdmissionController:
         if service_s is not None:
             self._store.record_service(lease.slot.model, service_s)
         await self._store.release(lease.slot, self._clock())
+
+    def release_soon(self, lease: Lease, service_s: float | None = None) -> None:
+        """`release` for synchronous callbacks: the moment the backend's answer is complete."""
+        if lease.slot.released:
+            return
+        if service_s is not None:
+            self._store.record_service(lease.slot.model, service_s)
+        self._store.release_soon(lease.slot, self._clock())
 
     def _refusal(self, model: str, band: int, outcome: Outcome, retry_after_s: float) -> Refusal:
         self._metrics.observe_retry_after(model, self._class_names[band], retry_after_s)

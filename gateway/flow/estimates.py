@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from gateway.settings import Estimation
-from policies.estimators import DecayingRate, ewma
+from policies.estimators import ObservedRate, blend_rate, ewma
 from policies.wait import Throughput, drain_rate_from_slots
+
+# Arrivals are counted per interval of this length and blended into the rates when it ends.
+_TICK_S = 0.05
 
 
 class PoolEstimates:
@@ -12,38 +15,88 @@ class PoolEstimates:
 
     The drain rate is measured from the gaps between slot hand-overs while requests were waiting
     the whole time; without a recent measurement it falls back to slots / service time.
+
+    Admitted rates feed the drain left to less urgent bands, so they are read as the larger of a
+    slow and a fast estimate: quick to believe that urgent traffic rose (a low request admitted
+    on a stale, low estimate would expire in the queue), slow to believe that it fell.
+
+    Reading the estimates is on every request's path, so the Throughput snapshot is rebuilt only
+    when something in it changed.
     """
 
     def __init__(self, bands: int, expected_service_s: float, config: Estimation) -> None:
         self._config = config
+        self._slow_tau_s = config.rate_window_s
+        self._fast_tau_s = config.rate_window_s / 4
         self.service_time_s = expected_service_s
-        self._drain_gap_s: float | None = None
+        self.service_spread_s = 0.0
+        self._drain = ObservedRate(config.drain_window_s)
         self._drain_measured_at = float("-inf")
-        self._admitted = [DecayingRate(config.rate_window_s)] * bands
-        self._offered = [DecayingRate(config.rate_window_s)] * bands
+        self._offered_count = [0] * bands
+        self._admitted_count = [0] * bands
+        self._offered = [0.0] * bands
+        self._admitted_slow = [0.0] * bands
+        self._admitted_fast = [0.0] * bands
+        self._tick_started_at: float | None = None
+        self._snapshot: Throughput | None = None
+        self._snapshot_key: tuple[int, bool] = (0, False)
 
     def record_offer(self, band: int, admitted: bool, now: float) -> None:
-        self._offered[band] = self._offered[band].record(now)
+        self._roll(now)
+        self._offered_count[band] += 1
         if admitted:
-            self._admitted[band] = self._admitted[band].record(now)
+            self._admitted_count[band] += 1
 
     def record_service(self, service_s: float) -> None:
-        self.service_time_s = ewma(self.service_time_s, service_s, self._config.service_time_weight)
+        weight = self._config.service_time_weight
+        deviation = abs(service_s - self.service_time_s)
+        self.service_spread_s = ewma(self.service_spread_s, deviation, weight)
+        self.service_time_s = ewma(self.service_time_s, service_s, weight)
+        self._snapshot = None
 
     def record_handover_gap(self, gap_s: float, now: float) -> None:
-        self._drain_gap_s = ewma(self._drain_gap_s, gap_s, self._config.drain_weight)
+        """One slot hand-over `gap_s` after the previous one, with requests waiting throughout."""
+        self._drain = self._drain.observe(1.0, gap_s)
         self._drain_measured_at = now
-
-    def drain_rate_per_s(self, slots: int, now: float) -> float:
-        fresh = now - self._drain_measured_at <= self._config.drain_stale_after_s
-        if fresh and self._drain_gap_s is not None and self._drain_gap_s > 0:
-            return 1.0 / self._drain_gap_s
-        return drain_rate_from_slots(slots, self.service_time_s)
+        self._snapshot = None
 
     def throughput(self, slots: int, now: float) -> Throughput:
-        return Throughput(
-            service_time_s=self.service_time_s,
-            drain_rate_per_s=self.drain_rate_per_s(slots, now),
-            admitted_rate_by_band=tuple(r.at(now) for r in self._admitted),
-            offered_rate_by_band=tuple(r.at(now) for r in self._offered),
-        )
+        self._roll(now)
+        drain_fresh = now - self._drain_measured_at <= self._config.drain_stale_after_s
+        key = (slots, drain_fresh)
+        if self._snapshot is None or key != self._snapshot_key:
+            measured = self._drain.per_s
+            drain = (
+                measured if drain_fresh and measured else drain_rate_from_slots(slots, self.service_time_s)
+            )
+            self._snapshot = Throughput(
+                service_time_s=self.service_time_s,
+                drain_rate_per_s=drain,
+                admitted_rate_by_band=tuple(map(max, self._admitted_slow, self._admitted_fast)),
+                offered_rate_by_band=tuple(self._offered),
+                service_spread_s=self.service_spread_s,
+            )
+            self._snapshot_key = key
+        return self._snapshot
+
+    def _roll(self, now: float) -> None:
+        """Blend the counts of a finished counting interval into the rates."""
+        if self._tick_started_at is None:
+            self._tick_started_at = now
+            return
+        elapsed_s = now - self._tick_started_at
+        if elapsed_s < _TICK_S:
+            return
+        for band, (offered, admitted) in enumerate(
+            zip(self._offered_count, self._admitted_count, strict=True)
+        ):
+            self._offered[band] = blend_rate(self._offered[band], offered, elapsed_s, self._slow_tau_s)
+            self._admitted_slow[band] = blend_rate(
+                self._admitted_slow[band], admitted, elapsed_s, self._slow_tau_s
+            )
+            self._admitted_fast[band] = blend_rate(
+                self._admitted_fast[band], admitted, elapsed_s, self._fast_tau_s
+            )
+            self._offered_count[band] = self._admitted_count[band] = 0
+        self._tick_started_at = now
+        self._snapshot = None

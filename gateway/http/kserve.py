@@ -33,7 +33,8 @@ class InferEndpoint(AdmittedEndpoint):
         if isinstance(body, Outcome):
             await self.proxy.fail(exchange, body, model=model, priority=meta.priority)
             return
-        await self.proxy.admitted(Exchange(scope, receive, send, ErrorStyle.KSERVE, body), pool, meta)
+        exchange.body = body
+        await self.proxy.admitted(exchange, pool, meta)
 
 
 class ModelPassthrough:

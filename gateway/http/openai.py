@@ -38,7 +38,8 @@ class OpenAIEndpoint(AdmittedEndpoint):
         if pool is None:
             await self.proxy.fail(exchange, Outcome.UNKNOWN_MODEL, priority=meta.priority, detail=repr(model))
             return
-        await self.proxy.admitted(Exchange(scope, receive, send, ErrorStyle.OPENAI, body), pool, meta)
+        exchange.body = body
+        await self.proxy.admitted(exchange, pool, meta)
 
 
 def _model_of(body: bytes) -> str | Problem:

@@ -30,9 +30,9 @@ log = logging.getLogger("gateway.proxy")
 _BUFFER_LIMIT_BYTES = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Exchange:
-    """One client request on its way through."""
+    """One client request on its way through; `body` is filled in once read."""
 
     scope: Scope
     receive: Receive
@@ -177,7 +177,12 @@ class Proxy:
                 length = reply.content_length
                 if length is None or length > _BUFFER_LIMIT_BYTES or _is_event_stream(headers):
                     return await self._stream(exchange, pool, lease, reply, headers, started_at)
+                upstream = _UpstreamTimer(rt, pool.name, lease, started_at, ok=reply.status < 400)
+                # Give the slot back inside the protocol callback that completes the body: the next
+                # waiter is woken one event-loop turn sooner than if this task had to run first.
+                reply.content.on_eof(upstream.finished)
                 body = await reply.read()
+                upstream.finished()
         except aiohttp.ClientConnectorError:
             if rt.health is not None:
                 rt.health.mark_unreachable(pool, backend)
@@ -188,11 +193,9 @@ class Proxy:
             log.warning("backend %s failed: %r", backend.url, error)
             outcome, retry_after_s = Outcome.UPSTREAM_ERROR, None
         else:
-            upstream_s = self._finished(pool, started_at)
-            await rt.controller.release(lease, upstream_s if reply.status < 400 else None)
             headers += [
                 (b"content-length", str(len(body)).encode()),
-                _server_timing(lease.queue_wait_s, upstream_s),
+                _server_timing(lease.queue_wait_s, upstream.elapsed_s or 0.0),
             ]
             await send_response(exchange.send, reply.status, headers, body)
             return Outcome.OK
@@ -231,15 +234,31 @@ class Proxy:
             return outcome  # without the final body message the server closes the connection
         finally:
             client_gone.cancel()
-        upstream_s = self._finished(pool, started_at)
-        await rt.controller.release(lease, upstream_s if reply.status < 400 else None)
+        _UpstreamTimer(rt, pool.name, lease, started_at, ok=reply.status < 400).finished()
         await send({"type": "http.response.body", "body": b""})
         return Outcome.OK
 
-    def _finished(self, pool: ModelPool, started_at: float) -> float:
-        upstream_s = self._rt.clock() - started_at
-        self._rt.metrics.observe_upstream(pool.name, upstream_s)
-        return upstream_s
+
+class _UpstreamTimer:
+    """Ends one upstream exchange exactly once: records its time and gives the slot back."""
+
+    __slots__ = ("_lease", "_model", "_ok", "_rt", "_started_at", "elapsed_s")
+
+    def __init__(self, rt: Runtime, model: str, lease: Lease, started_at: float, *, ok: bool) -> None:
+        self._rt = rt
+        self._model = model
+        self._lease = lease
+        self._started_at = started_at
+        self._ok = ok
+        self.elapsed_s: float | None = None
+
+    def finished(self) -> None:
+        if self.elapsed_s is not None:
+            return
+        rt = self._rt
+        self.elapsed_s = rt.clock() - self._started_at
+        rt.metrics.observe_upstream(self._model, self.elapsed_s)
+        rt.controller.release_soon(self._lease, self.elapsed_s if self._ok else None)
 
 
 def _is_event_stream(headers: RawHeaders) -> bool:

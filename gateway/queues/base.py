@@ -87,6 +87,11 @@ class RequestQueue(Protocol):
         """Give the slot back, handing it to the next waiter (idempotent)."""
         ...
 
+    def release_soon(self, slot: Slot, now: float) -> None:
+        """`release` for synchronous code (a protocol callback); a store that needs I/O for it
+        starts that in the background."""
+        ...
+
     def record_service(self, model: str, service_s: float) -> None:
         """Feed one measured service time into the model's estimate."""
         ...

@@ -119,6 +119,9 @@ class MemoryQueue:
     async def release(self, slot: Slot, now: float) -> None:
         self.release_nowait(slot, now)
 
+    def release_soon(self, slot: Slot, now: float) -> None:
+        self.release_nowait(slot, now)
+
     def release_nowait(self, slot: Slot, now: float | None) -> None:
         if slot.released:
             return

@@ -79,7 +79,12 @@ class SimApp:
 
     def _stats(self) -> dict[str, Any]:
         stats = self.engine.stats
+        gaps = sorted(stats.idle_gaps_s)
         return {
+            "idle_gap_ms": {
+                f"p{q}": round(gaps[min(len(gaps) - 1, len(gaps) * q // 100)] * 1000, 3) if gaps else None
+                for q in (50, 90, 99)
+            },
             "slots": self.engine.slots,
             "inflight": stats.inflight,
             "peak_inflight": stats.peak_inflight,

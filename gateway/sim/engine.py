@@ -45,6 +45,9 @@ class EngineStats:
     completed: int = 0
     busy_slot_s: float = 0.0
     models: dict[str, ModelCounters] = field(default_factory=dict)
+    idle_gaps_s: deque[float] = field(default_factory=lambda: deque(maxlen=20_000))
+    """How long each slot sat idle before its next request: under overload, the hand-over cost
+    of whatever sits in front of the engine."""
 
 
 class SimEngine:
@@ -55,6 +58,7 @@ class SimEngine:
         self.service = service
         self.stats = EngineStats()
         self._waiting: deque[asyncio.Future[None]] = deque()
+        self._idle_since: deque[float] = deque([clock()] * slots)
         self._clock = clock
 
     def counters(self, model: str) -> ModelCounters:
@@ -65,6 +69,7 @@ class SimEngine:
 
     def reset_peak(self) -> None:
         self.stats.peak_inflight = self.stats.inflight
+        self.stats.idle_gaps_s.clear()
 
     async def acquire(self, model: str) -> float:
         """Wait for a slot (FIFO); returns the time the request arrived."""
@@ -75,6 +80,8 @@ class SimEngine:
         counters = self.counters(model)
         if stats.running < self.slots and not self._waiting:
             stats.running += 1
+            # The slot idle the longest takes it (FIFO); only its gap since then is recorded.
+            stats.idle_gaps_s.append(arrived_at - self._idle_since.popleft())
         else:
             counters.pending += 1
             waiter = asyncio.get_running_loop().create_future()
@@ -115,8 +122,10 @@ class SimEngine:
             waiter = self._waiting.popleft()
             if not waiter.done():
                 waiter.set_result(None)
+                self.stats.idle_gaps_s.append(0.0)
                 return
         self.stats.running -= 1
+        self._idle_since.append(self._clock())
 
     async def compute(self, model: str, seconds: float, items: int) -> None:
         """Hold a slot for `seconds` of simulated computation."""

@@ -8,7 +8,7 @@ store at scrape time by a collector, so the request path never updates a gauge.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from gateway.upstream.backends import ModelPool
 from policies.outcomes import Outcome
-from policies.wait import QueueStats
+from policies.wait import QueueStats, Throughput
 
 # `*_created` series double the exposition for no use here (Prometheus handles counter resets).
 disable_created_metrics()
@@ -83,10 +83,16 @@ class GatewayMetrics:
         self,
         pools: Sequence[ModelPool],
         priorities: Sequence[str],
-        stats: Callable[[str], QueueStats],
+        store: QueueView,
+        clock: Callable[[], float],
     ) -> None:
-        """Export queue depth and slots in use, read from the store at each scrape."""
-        self.registry.register(_PoolCollector(pools, priorities, stats))
+        """Export queue depth, slots in use and the pool's measured speeds, read at each scrape."""
+        self.registry.register(_PoolCollector(pools, priorities, store, clock))
+
+
+class QueueView(Protocol):
+    def stats(self, model: str) -> QueueStats: ...
+    def throughput(self, model: str, now: float) -> Throughput: ...
 
 
 class _PoolCollector(Collector):
@@ -94,11 +100,13 @@ class _PoolCollector(Collector):
         self,
         pools: Sequence[ModelPool],
         priorities: Sequence[str],
-        stats: Callable[[str], QueueStats],
+        store: QueueView,
+        clock: Callable[[], float],
     ) -> None:
         self._pools = pools
         self._priorities = priorities
-        self._stats = stats
+        self._store = store
+        self._clock = clock
 
     def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily(
@@ -112,14 +120,36 @@ class _PoolCollector(Collector):
             "1 when the backend passed its last health check.",
             labels=["model", "backend"],
         )
+        service = GaugeMetricFamily(
+            "gateway_service_time_seconds",
+            "Measured mean time a backend slot is held per request (EWMA).",
+            labels=["model"],
+        )
+        drain = GaugeMetricFamily(
+            "gateway_queue_drain_rate",
+            "Slot hand-overs per second while requests wait (measured, or slots / service time).",
+            labels=["model"],
+        )
+        arrivals = GaugeMetricFamily(
+            "gateway_arrival_rate",
+            "Requests arriving per second, admitted or not (exponentially decayed).",
+            labels=["model", "priority"],
+        )
+        now = self._clock()
         for pool in self._pools:
-            stats = self._stats(pool.name)
-            for priority, queued in zip(self._priorities, stats.queued_by_band, strict=True):
+            stats = self._store.stats(pool.name)
+            flow = self._store.throughput(pool.name, now)
+            for priority, queued, offered in zip(
+                self._priorities, stats.queued_by_band, flow.offered_rate_by_band, strict=True
+            ):
                 depth.add_metric([pool.name, priority], queued)
+                arrivals.add_metric([pool.name, priority], offered)
             inflight.add_metric([pool.name], sum(b.inflight for b in pool.backends))
             for backend in pool.backends:
                 ready.add_metric([pool.name, backend.url], 1.0 if backend.ready else 0.0)
-        yield from (depth, inflight, ready)
+            service.add_metric([pool.name], flow.service_time_s)
+            drain.add_metric([pool.name], flow.drain_rate_per_s)
+        yield from (depth, inflight, ready, service, drain, arrivals)
 
     def describe(self) -> Iterable[Metric]:
         return []

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry
 from gateway.flow.controller import AdmissionController, Lease, Refusal
 from gateway.settings import PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
+from policies.admission import AdmissionConfig
 from policies.outcomes import Outcome
 from policies.retry_after import RetryAfterConfig
 from tests.contract.conftest import MODEL
@@ -18,7 +19,10 @@ CLASSES = [PriorityClass(name="high", max_wait_ms=100), PriorityClass(name="low"
 
 def controller_for(sut) -> AdmissionController:
     return AdmissionController(
-        sut.store, CLASSES, GatewayMetrics(CollectorRegistry()), retry=RetryAfterConfig(jitter=0.0)
+        sut.store,
+        CLASSES,
+        GatewayMetrics(CollectorRegistry()),
+        admission=AdmissionConfig(safety_sigmas=0.0, retry=RetryAfterConfig(jitter=0.0)),
     )
 
 

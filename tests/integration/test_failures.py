@@ -43,7 +43,8 @@ async def test_no_ready_backend_is_503_with_retry_after(start_gateway):
 
 async def test_backend_death_fails_fast_and_recovery_restores_service(start_sim, start_gateway):
     sim = start_sim(slots=1, base_ms=400)
-    gateway = start_gateway(gateway_config([(sim.url, 1)], expected_service_ms=400))
+    classes = [{"name": "high", "max_wait_ms": 5000}, {"name": "low", "max_wait_ms": 5000}]
+    gateway = start_gateway(gateway_config([(sim.url, 1)], priorities=classes, expected_service_ms=400))
     running = asyncio.ensure_future(infer(gateway))
     await asyncio.sleep(0.1)
     queued = asyncio.ensure_future(infer(gateway))

@@ -2,12 +2,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.admission import AdmissionRequest, Admit, Reject, allowed_wait_s, decide, max_positions, refuse
+from policies.admission import (
+    AdmissionConfig,
+    AdmissionRequest,
+    Admit,
+    Reject,
+    allowed_wait_s,
+    cautious_wait_s,
+    decide,
+    max_positions,
+    refuse,
+    service_allowance_s,
+)
 from policies.outcomes import Outcome
 from policies.retry_after import RetryAfterConfig
-from policies.wait import QueueStats, Throughput, predicted_wait_s
+from policies.wait import QueueStats, Throughput, positions_to_drain
 
 RETRY = RetryAfterConfig(min_s=0.01, max_s=60.0, jitter=0.0)
+EXACT = AdmissionConfig(safety_sigmas=0.0, retry=RETRY)  # no margin: the plain mean prediction
+CAUTIOUS = AdmissionConfig(safety_sigmas=2.0, retry=RETRY)
 # 8 slots x 40 ms: the pool drains 200 requests per second.
 FLOW = Throughput(
     service_time_s=0.04,
@@ -19,8 +32,8 @@ HIGH = AdmissionRequest(band=0, max_queue_wait_s=0.25)
 LOW = AdmissionRequest(band=1, max_queue_wait_s=1.0)
 
 
-def admit(request, queued, free=0, flow=FLOW):
-    return decide(request, QueueStats(queued, free), flow, jitter_u=0.5, retry=RETRY)
+def admit(request, queued, free=0, flow=FLOW, config=EXACT):
+    return decide(request, QueueStats(queued, free), flow, jitter_u=0.5, config=config)
 
 
 @pytest.mark.parametrize(
@@ -38,6 +51,30 @@ def admit(request, queued, free=0, flow=FLOW):
 )
 def test_admission_against_class_limit(request_, queued, free, admitted):
     assert isinstance(admit(request_, queued, free), Admit) is admitted
+
+
+@pytest.mark.parametrize(
+    ("queued", "admitted"),
+    [
+        ((0, 172), True),  # 173 positions: 173 + 2 * sqrt(173) = 199.3, within 1 s x 200/s
+        ((0, 173), False),  # 174 positions: 174 + 2 * sqrt(174) = 200.4
+        ((0, 0), True),
+    ],
+)
+def test_safety_margin_shortens_the_admitted_queue(queued, admitted):
+    assert max_positions(LOW, FLOW, CAUTIOUS) == 173
+    assert isinstance(admit(LOW, queued, config=CAUTIOUS), Admit) is admitted
+
+
+def test_cautious_wait_adds_sigmas_of_a_poisson_count():
+    assert cautious_wait_s(100, FLOW, 0, 2.0) == pytest.approx((100 + 20) / 200)
+    assert cautious_wait_s(0, FLOW, 0, 2.0) == 0.0
+
+
+def test_cautious_wait_of_a_band_counts_the_pool_hand_overs_it_must_sit_through():
+    # High takes 150 of 200 hand-overs per second: 100 for low means about 400 in all.
+    busy = Throughput(0.04, 200.0, admitted_rate_by_band=(150.0, 0.0), offered_rate_by_band=(150.0, 0.0))
+    assert cautious_wait_s(100, busy, 1, 2.0) == pytest.approx((100 + 2 * 20) / 50)
 
 
 def test_admission_rejects_queue_full_with_reason():
@@ -62,20 +99,26 @@ def test_admission_rejects_a_budget_below_the_service_time_even_when_idle():
     assert decision.reason is Outcome.DEADLINE_UNMEETABLE
 
 
+def test_service_allowance_adds_sigmas_of_spread():
+    spread = Throughput(0.04, 200.0, (0.0, 0.0), (0.0, 0.0), service_spread_s=0.005)
+    assert service_allowance_s(spread, 2.0) == pytest.approx(0.05)
+    assert allowed_wait_s(AdmissionRequest(0, 1.0, budget_s=0.2), spread, 2.0) == pytest.approx(0.15)
+
+
 def test_allowed_wait_is_the_tighter_of_class_limit_and_budget_less_service():
-    assert allowed_wait_s(AdmissionRequest(0, 0.25, budget_s=10.0), 0.04) == pytest.approx(0.25)
-    assert allowed_wait_s(AdmissionRequest(0, 0.25, budget_s=0.1), 0.04) == pytest.approx(0.06)
-    assert allowed_wait_s(AdmissionRequest(0, 0.25), 0.04) == pytest.approx(0.25)
+    assert allowed_wait_s(AdmissionRequest(0, 0.25, budget_s=10.0), FLOW, 0.0) == pytest.approx(0.25)
+    assert allowed_wait_s(AdmissionRequest(0, 0.25, budget_s=0.1), FLOW, 0.0) == pytest.approx(0.06)
+    assert allowed_wait_s(AdmissionRequest(0, 0.25), FLOW, 0.0) == pytest.approx(0.25)
 
 
 def test_urgent_traffic_shrinks_what_low_may_queue():
     busy = Throughput(0.04, 200.0, admitted_rate_by_band=(120.0, 0.0), offered_rate_by_band=(120.0, 0.0))
-    assert max_positions(LOW, FLOW) == 200
-    assert max_positions(LOW, busy) == 80  # only 80 slots per second reach low
+    assert max_positions(LOW, FLOW, EXACT) == 200
+    assert max_positions(LOW, busy, EXACT) == 80  # only 80 slots per second reach low
 
 
 def test_refusal_of_an_expired_request_keeps_its_reason():
-    reject = refuse(LOW, QueueStats((0, 10), 0), FLOW, 0.5, RETRY, reason=Outcome.DEADLINE_EXPIRED_IN_QUEUE)
+    reject = refuse(LOW, QueueStats((0, 10), 0), FLOW, 0.5, EXACT, reason=Outcome.DEADLINE_EXPIRED_IN_QUEUE)
     assert reject.reason is Outcome.DEADLINE_EXPIRED_IN_QUEUE
     assert reject.retry_after_s >= 1 / 200
 
@@ -92,29 +135,39 @@ flows = st.builds(
     drain_rate_per_s=st.floats(0.5, 5000),
     admitted_rate_by_band=st.tuples(st.floats(0, 5000), st.floats(0, 5000)),
     offered_rate_by_band=st.tuples(st.floats(0, 5000), st.floats(0, 5000)),
+    service_spread_s=st.floats(0, 1),
 )
 queue_stats = st.builds(
     QueueStats,
     queued_by_band=st.tuples(st.integers(0, 5000), st.integers(0, 5000)),
     free_slots=st.integers(0, 8),
 )
+configs = st.builds(AdmissionConfig, safety_sigmas=st.floats(0, 4), retry=st.just(RETRY))
 
 
-@given(requests, queue_stats, flows)
-def test_admitted_requests_are_predicted_to_fit_their_allowance(request, stats, flow):
-    decision = decide(request, stats, flow, 0.5, RETRY)
+@given(requests, queue_stats, flows, configs)
+def test_admitted_requests_fit_their_allowance_with_margin(request, stats, flow, config):
+    decision = decide(request, stats, flow, 0.5, config)
     if isinstance(decision, Admit):
-        assert decision.predicted_wait_s <= allowed_wait_s(request, flow.service_time_s) + 1e-9
+        positions = positions_to_drain(stats, request.band)
+        cautious = cautious_wait_s(positions, flow, request.band, config.safety_sigmas)
+        assert cautious <= allowed_wait_s(request, flow, config.safety_sigmas) * (1 + 1e-9) + 1e-12
     else:
         assert decision.retry_after_s > 0
 
 
-@given(requests, queue_stats, flows)
-def test_position_limit_agrees_with_the_wait_check(request, stats, flow):
-    """The atomic store check (positions <= limit) and the wait check must decide alike."""
-    decision = decide(request, stats, flow, 0.5, RETRY)
-    wait = predicted_wait_s(stats, flow, request.band)
-    fits = wait <= allowed_wait_s(request, flow.service_time_s)
-    # Floating point may put a wait within a hair of the limit on either side.
-    if abs(wait - allowed_wait_s(request, flow.service_time_s)) > 1e-9:
-        assert isinstance(decision, Admit) is fits
+@given(requests, flows, configs)
+def test_position_limit_is_the_largest_position_that_fits(request, flow, config):
+    """The atomic store check (positions <= limit) must agree with the cautious wait check."""
+    limit = max_positions(request, flow, config)
+    allowed = allowed_wait_s(request, flow, config.safety_sigmas)
+    if allowed < 0:
+        assert limit == -1
+        return
+    assert cautious_wait_s(limit, flow, request.band, config.safety_sigmas) <= allowed * (1 + 1e-12)
+    assert cautious_wait_s(limit + 1, flow, request.band, config.safety_sigmas) > allowed
+
+
+@given(requests, flows)
+def test_a_margin_never_admits_more(request, flow):
+    assert max_positions(request, flow, CAUTIOUS) <= max_positions(request, flow, EXACT)

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from policies.balancing import free_slots, pick_backend
 from policies.dispatch import next_band
-from policies.estimators import DecayingRate, ewma
+from policies.estimators import ObservedRate, blend_rate, ewma
 from policies.ordering import Ordering, score
 
 
@@ -63,9 +63,35 @@ def test_ewma_seeds_with_first_sample_then_moves_by_its_weight():
     assert ewma(10.0, 20.0, 0.1) == pytest.approx(11.0)
 
 
-def test_decaying_rate_converges_to_a_steady_rate_and_decays_when_idle():
-    rate = DecayingRate(tau_s=1.0)
-    for i in range(1000):  # 100 events per second for 10 s
-        rate = rate.record(i / 100)
-    assert rate.at(9.99) == pytest.approx(100.0, rel=0.02)
-    assert rate.at(9.99 + 5.0) < 1.0
+def test_blended_rate_converges_to_a_steady_rate_and_decays_when_idle():
+    rate = 0.0
+    for _ in range(200):  # 5 events per 50 ms interval, for 10 s
+        rate = blend_rate(rate, 5, 0.05, tau_s=1.0)
+    assert rate == pytest.approx(100.0, rel=0.001)
+    assert blend_rate(rate, 0, 5.0, tau_s=1.0) < 1.0
+
+
+def test_blended_rate_weighs_intervals_by_their_length():
+    # One 1 s interval or ten 0.1 s intervals at the same rate move the estimate alike.
+    once = blend_rate(0.0, 100, 1.0, tau_s=2.0)
+    tenfold = 0.0
+    for _ in range(10):
+        tenfold = blend_rate(tenfold, 10, 0.1, tau_s=2.0)
+    assert once == pytest.approx(tenfold)
+
+
+def test_observed_rate_is_events_over_observed_time():
+    rate = ObservedRate(tau_s=2.0)
+    assert rate.per_s is None
+    for _ in range(2000):  # a hand-over every 5 ms
+        rate = rate.observe(1.0, 0.005)
+    assert rate.per_s == pytest.approx(200.0)
+
+
+def test_observed_rate_forgets_over_observed_time_not_samples():
+    rate = ObservedRate(tau_s=1.0)
+    for _ in range(1000):
+        rate = rate.observe(1.0, 0.01)  # 100/s for 10 s
+    for _ in range(200):
+        rate = rate.observe(1.0, 0.05)  # then 20/s for 10 s
+    assert rate.per_s == pytest.approx(20.0, rel=0.01)

@@ -113,13 +113,16 @@ class AdmissionController:
             self._store.record_service(lease.slot.model, service_s)
         await self._store.release(lease.slot, self._clock())
 
-    def release_soon(self, lease: Lease, service_s: float | None = None) -> None:
-        """`release` for synchronous callbacks: the moment the backend's answer is complete."""
+    def release_soon(self, lease: Lease, service_s: float | None = None) -> bool:
+        """`release` for synchronous callbacks: the moment the backend's answer is complete.
+
+        True when the slot went straight to a waiting request.
+        """
         if lease.slot.released:
-            return
+            return False
         if service_s is not None:
             self._store.record_service(lease.slot.model, service_s)
-        self._store.release_soon(lease.slot, self._clock())
+        return self._store.release_soon(lease.slot, self._clock())
 
     def _refusal(self, model: str, band: int, outcome: Outcome, retry_after_s: float) -> Refusal:
         self._metrics.observe_retry_after(model, self._class_names[band], retry_after_s)

@@ -87,9 +87,9 @@ class RequestQueue(Protocol):
         """Give the slot back, handing it to the next waiter (idempotent)."""
         ...
 
-    def release_soon(self, slot: Slot, now: float) -> None:
+    def release_soon(self, slot: Slot, now: float) -> bool:
         """`release` for synchronous code (a protocol callback); a store that needs I/O for it
-        starts that in the background."""
+        starts that in the background. True when the slot went straight to a local waiter."""
         ...
 
     def record_service(self, model: str, service_s: float) -> None:

@@ -119,15 +119,16 @@ class MemoryQueue:
     async def release(self, slot: Slot, now: float) -> None:
         self.release_nowait(slot, now)
 
-    def release_soon(self, slot: Slot, now: float) -> None:
-        self.release_nowait(slot, now)
+    def release_soon(self, slot: Slot, now: float) -> bool:
+        return self.release_nowait(slot, now)
 
-    def release_nowait(self, slot: Slot, now: float | None) -> None:
+    def release_nowait(self, slot: Slot, now: float | None) -> bool:
+        """Give the slot back; True when a waiter took it at once."""
         if slot.released:
-            return
+            return False
         slot.released = True
         slot.backend.inflight -= 1
-        self._dispatch(self._models[slot.model], now)
+        return self._dispatch(self._models[slot.model], now) > 0
 
     def backends_changed(self, model: str) -> None:
         queue = self._models[model]
@@ -137,11 +138,12 @@ class MemoryQueue:
         while (ticket := queue.pop_next()) is not None:
             ticket.interrupt(Outcome.NO_BACKEND)
 
-    def _dispatch(self, queue: _ModelQueue, now: float | None) -> None:
-        """Hand free slots to waiters, most urgent first.
+    def _dispatch(self, queue: _ModelQueue, now: float | None) -> int:
+        """Hand free slots to waiters, most urgent first; returns how many were handed over.
 
         `now` is given when exactly one slot just freed, which makes the hand-over a drain sample.
         """
+        granted = 0
         while queue.live and (index := pick_backend(queue.pool.backends)) is not None:
             ticket = queue.pop_next()
             if ticket is None:
@@ -151,6 +153,8 @@ class MemoryQueue:
             backend = queue.pool.backends[index]
             backend.inflight += 1
             ticket.wakeup.set_result(Slot(ticket.model, backend))
+            granted += 1
             if now is not None and queue.backlogged_handover_at is not None:
                 queue.estimates.record_handover_gap(now - queue.backlogged_handover_at, now)
             queue.backlogged_handover_at = now if (now is not None and queue.live) else None
+        return granted

@@ -10,6 +10,8 @@ Every target sits in front of a fresh simulated backend of 8 slots x 40 ms (capa
   less the service time, 960 ms (HAProxy has one queue timeout per backend, so the high class
   relies on its priority), one thread like the gateway's one process;
 - gateway: this project, in-memory store;
+- passthrough: a bare uvicorn + aiohttp pass-through (loadtests/passthrough.py), the floor of the
+  gateway's own HTTP stack, so that the gateway's cost shows as the difference between the two;
 - floor: HAProxy answering an instant 429 to everything: this machine's floor for refusal latency.
 Results print as a table (per class: goodput overall and over the steady window, latency,
 refusals by status and their latency, the share of refusals with Retry-After, backend busy, the
@@ -32,7 +34,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.openloop import ClassSummary, poisson_schedule, run, run_fast, summarize
-from tests.integration.servers import Gateway, Sim, gateway_config
+from tests.integration.servers import Gateway, ServerProcess, Sim, gateway_config
 
 SLOTS, SERVICE_MS = 8, 40
 CAPACITY_RPS = SLOTS * 1000 / SERVICE_MS
@@ -120,12 +122,22 @@ class HAProxy:
         self.process.wait(10)
 
 
+class PassThroughProcess(ServerProcess):
+    def __init__(self, log_dir: Path, upstream: str) -> None:
+        super().__init__(
+            "passthrough", [], log_dir, "/", module="loadtests.passthrough", extra=["--upstream", upstream]
+        )
+
+
 def start_target(target: str, log_dir: Path, sim: Sim) -> tuple[str, Any]:
     """The URL to load and the process to stop (None for direct)."""
     if target == "direct":
         return sim.url, None
     if target in ("haproxy", "floor"):
         proxy = HAProxy(log_dir, sim.url, instant_429=target == "floor")
+        return proxy.url, proxy
+    if target == "passthrough":
+        proxy = PassThroughProcess(log_dir, sim.url)
         return proxy.url, proxy
     config = gateway_config([(sim.url, SLOTS)], expected_service_ms=SERVICE_MS, health={"interval_ms": 1000})
     gateway = Gateway(log_dir, config)
@@ -216,7 +228,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--scenarios", default="light,saturate,overload")
-    parser.add_argument("--targets", default="direct,haproxy,gateway")
+    parser.add_argument("--targets", default="direct,passthrough,haproxy,gateway,floor")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-"))

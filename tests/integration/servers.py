@@ -44,12 +44,22 @@ def http_post(url: str, body: bytes = b"", timeout_s: float = 5.0) -> tuple[int,
 class ServerProcess:
     """`python -m gateway <args>`, logging to a file; `url` once it listens and answers."""
 
-    def __init__(self, name: str, args: list[str], log_dir: Path, ready_path: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        log_dir: Path,
+        ready_path: str,
+        *,
+        module: str = "gateway",
+        extra: list[str] | None = None,
+    ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
+        command = [sys.executable, "-m", module, *(["--log-level", "info"] if module == "gateway" else [])]
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "--log-level", "info", *args],
+                [*command, *args, *(extra or [])],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},

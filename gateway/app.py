@@ -40,14 +40,15 @@ def build_runtime(
     jitter: Callable[[], float] = random.random,
 ) -> Runtime:
     pools = {model.name: ModelPool.from_settings(model) for model in settings.models}
-    store = MemoryQueue(pools.values(), len(settings.priorities), settings.estimation)
+    store = MemoryQueue(
+        pools.values(), len(settings.priorities), settings.estimation, ordering=settings.ordering
+    )
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
     metrics.watch_pools(list(pools.values()), [p.name for p in settings.priorities], store, clock)
     controller = AdmissionController(
         store,
         settings.priorities,
         metrics,
-        ordering=settings.ordering,
         admission=settings.admission_policy(),
         clock=clock,
         jitter=jitter,

@@ -19,7 +19,6 @@ from gateway.queues.base import Full, Granted, RequestQueue, Slot, Ticket
 from gateway.settings import PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.admission import AdmissionConfig, AdmissionRequest, allowed_wait_s, max_positions, refuse
-from policies.ordering import Ordering, score
 from policies.outcomes import Outcome
 
 _DEFAULT_ADMISSION = AdmissionConfig()
@@ -44,7 +43,6 @@ class AdmissionController:
         priorities: Sequence[PriorityClass],
         metrics: GatewayMetrics,
         *,
-        ordering: Ordering = Ordering.FIFO,
         admission: AdmissionConfig = _DEFAULT_ADMISSION,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
@@ -53,7 +51,6 @@ class AdmissionController:
         self._class_names = [p.name for p in priorities]
         self._max_wait_s = [p.max_wait_ms / 1000 for p in priorities]
         self._metrics = metrics
-        self._ordering = ordering
         self._admission = admission
         self._clock = clock
         self._jitter = jitter
@@ -72,13 +69,9 @@ class AdmissionController:
         arrived_at = self._clock()
         request = AdmissionRequest(band=band, max_queue_wait_s=self._max_wait_s[band], budget_s=budget_s)
         throughput = self._store.throughput(model, arrived_at)
-        leave_by_at = arrived_at + allowed_wait_s(request, throughput, self._admission.safety_sigmas)
+        allowed_s = allowed_wait_s(request, throughput, self._admission.safety_sigmas)
         offer = await self._store.offer(
-            model,
-            band,
-            score(self._ordering, arrived_at, leave_by_at),
-            max_positions(request, throughput, self._admission),
-            arrived_at,
+            model, band, allowed_s, max_positions(request, throughput, self._admission), arrived_at
         )
         if isinstance(offer, Granted):
             self._metrics.observe_queue_wait(model, self._class_names[band], 0.0)
@@ -87,7 +80,7 @@ class AdmissionController:
             reject = refuse(request, offer.stats, throughput, self._jitter(), self._admission)
             return self._refusal(model, band, reject.reason, reject.retry_after_s)
 
-        result = await self._wait(offer.ticket, leave_by_at - arrived_at, until_disconnect)
+        result = await self._wait(offer.ticket, allowed_s, until_disconnect)
         waited_s = self._clock() - arrived_at
         if isinstance(result, Slot):
             self._metrics.observe_queue_wait(model, self._class_names[band], waited_s)

@@ -28,6 +28,8 @@ class Slot:
     model: str
     backend: BackendState
     released: bool = False
+    lease: str = ""
+    """The store's id for the slot, where it keeps one (Redis)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -36,8 +38,9 @@ class Ticket:
 
     model: str
     band: int
-    score: float
     wakeup: asyncio.Future[Slot | Outcome] = field(repr=False)
+    id: str = ""
+    """The store's id for the ticket, where it keeps one (Redis)."""
 
     def interrupt(self, outcome: Outcome) -> None:
         """End the wait with `outcome` unless a slot or another outcome came first."""
@@ -72,8 +75,14 @@ class RequestQueue(Protocol):
         """The pool's measured speeds; `now` is on the store's clock."""
         ...
 
-    async def offer(self, model: str, band: int, score: float, max_positions: int, now: float) -> Offer:
-        """Grant a free slot, queue, or refuse when more than `max_positions` hand-overs are ahead."""
+    async def offer(
+        self, model: str, band: int, allowed_wait_s: float, max_positions: int, now: float
+    ) -> Offer:
+        """Grant a free slot, queue, or refuse when more than `max_positions` hand-overs are ahead.
+
+        `allowed_wait_s` is how long the request may wait; the store orders its queue by its
+        configured Ordering, on its own clock.
+        """
         ...
 
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:

@@ -18,6 +18,7 @@ from gateway.settings import Estimation
 from gateway.upstream.backends import ModelPool
 from policies.balancing import free_slots, pick_backend
 from policies.dispatch import next_band
+from policies.ordering import Ordering, score
 from policies.outcomes import Outcome
 from policies.wait import QueueStats, Throughput
 
@@ -69,10 +70,12 @@ class MemoryQueue:
         bands: int,
         estimation: Estimation,
         *,
+        ordering: Ordering = Ordering.FIFO,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.get_running_loop,
     ) -> None:
         self._models = {pool.name: _ModelQueue(pool, bands, estimation) for pool in pools}
         self._sequence = itertools.count()
+        self._ordering = ordering
         self._loop_factory = loop_factory
 
     def stats(self, model: str) -> QueueStats:
@@ -85,10 +88,14 @@ class MemoryQueue:
     def record_service(self, model: str, service_s: float) -> None:
         self._models[model].estimates.record_service(service_s)
 
-    async def offer(self, model: str, band: int, score: float, max_positions: int, now: float) -> Offer:
-        return self.offer_nowait(model, band, score, max_positions, now)
+    async def offer(
+        self, model: str, band: int, allowed_wait_s: float, max_positions: int, now: float
+    ) -> Offer:
+        return self.offer_nowait(model, band, allowed_wait_s, max_positions, now)
 
-    def offer_nowait(self, model: str, band: int, score: float, max_positions: int, now: float) -> Offer:
+    def offer_nowait(
+        self, model: str, band: int, allowed_wait_s: float, max_positions: int, now: float
+    ) -> Offer:
         queue = self._models[model]
         ahead = sum(queue.depth[: band + 1])
         free = free_slots(queue.pool.backends)
@@ -101,8 +108,9 @@ class MemoryQueue:
             backend = queue.pool.backends[index]
             backend.inflight += 1
             return Granted(Slot(model, backend))
-        ticket = Ticket(model, band, score, self._loop_factory().create_future())
-        heapq.heappush(queue.heaps[band], (score, next(self._sequence), ticket))
+        ticket = Ticket(model, band, self._loop_factory().create_future())
+        rank = score(self._ordering, now, now + allowed_wait_s)
+        heapq.heappush(queue.heaps[band], (rank, next(self._sequence), ticket))
         queue.depth[band] += 1
         queue.live.add(ticket)
         return Queued(ticket)

@@ -25,7 +25,7 @@ class MemoryQueueMachine(RuleBasedStateMachine):
         self.pool = make_pool(tuple(slots))
         self.store = MemoryQueue([self.pool], BANDS, Estimation(), loop_factory=lambda: self.loop)
         self.held: list[Slot] = []
-        self.waiting: list = []  # tickets not yet granted or withdrawn
+        self.waiting: list = []  # (band, arrival, ticket) not yet granted or withdrawn
         self.clock = itertools.count()
 
     def teardown(self):
@@ -34,23 +34,24 @@ class MemoryQueueMachine(RuleBasedStateMachine):
 
     def _collect_grants(self, before: list) -> None:
         """Move newly granted tickets to `held`, checking each was next in line."""
-        granted = [t for t in before if t.wakeup.done() and isinstance(t.wakeup.result(), Slot)]
-        still = [t for t in before if not t.wakeup.done()]
-        for ticket in granted:
+        granted = [w for w in before if w[2].wakeup.done() and isinstance(w[2].wakeup.result(), Slot)]
+        still = [w for w in before if not w[2].wakeup.done()]
+        for entry in granted:
             for other in still:
-                assert (other.band, other.score) > (ticket.band, ticket.score), "priority or FIFO inverted"
-            self.held.append(ticket.wakeup.result())
+                assert other[:2] > entry[:2], "priority or FIFO inverted"
+            self.held.append(entry[2].wakeup.result())
         self.waiting = still
 
     @rule(band=st.integers(0, BANDS - 1))
     def offer(self, band):
-        offer = self.store.offer_nowait(MODEL, band, float(next(self.clock)), 10**9, now=0.0)
+        arrival = float(next(self.clock))
+        offer = self.store.offer_nowait(MODEL, band, 30.0, 10**9, now=arrival)
         if isinstance(offer, Granted):
-            assert not any(t.band <= band for t in self.waiting), "granted past a waiting request"
+            assert not any(w[0] <= band for w in self.waiting), "granted past a waiting request"
             self.held.append(offer.slot)
         else:
             assert isinstance(offer, Queued)
-            self.waiting.append(offer.ticket)
+            self.waiting.append((band, arrival, offer.ticket))
 
     @precondition(lambda self: self.held)
     @rule(index=st.integers(0, 100))
@@ -64,7 +65,7 @@ class MemoryQueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.waiting)
     @rule(index=st.integers(0, 100))
     def withdraw(self, index):
-        ticket = self.waiting.pop(index % len(self.waiting))
+        ticket = self.waiting.pop(index % len(self.waiting))[2]
         self.store.withdraw_nowait(ticket, Outcome.CLIENT_DISCONNECTED)
         assert ticket.wakeup.result() is Outcome.CLIENT_DISCONNECTED
 
@@ -81,7 +82,7 @@ class MemoryQueueMachine(RuleBasedStateMachine):
         if not hasattr(self, "store"):
             return
         stats = self.store.stats(MODEL)
-        assert stats.queued_by_band == tuple(sum(t.band == b for t in self.waiting) for b in range(BANDS))
+        assert stats.queued_by_band == tuple(sum(w[0] == b for w in self.waiting) for b in range(BANDS))
         if self.waiting:
             assert stats.free_slots == 0, "a slot idles while a request waits"
 

@@ -13,9 +13,15 @@ pytestmark = pytest.mark.anyio
 UNLIMITED = 10**9
 
 
-async def fill(sut, n, band=1, score=0.0):
-    offers = [await sut.store.offer(MODEL, band, score + i, UNLIMITED, now=0.0) for i in range(n)]
-    return offers
+ALLOWED_S = 30.0
+
+
+async def offer(sut, band, max_positions=UNLIMITED):
+    return await sut.store.offer(MODEL, band, ALLOWED_S, max_positions, now=0.0)
+
+
+async def fill(sut, n, band=1):
+    return [await offer(sut, band) for _ in range(n)]
 
 
 async def test_offer_grants_free_slots_then_queues(make_store):
@@ -30,7 +36,7 @@ async def test_offer_grants_free_slots_then_queues(make_store):
 async def test_release_hands_the_slot_to_the_oldest_waiter(make_store):
     sut = make_store(slots=(1,))
     (held,) = await fill(sut, 1)
-    waiting = [o.ticket for o in await fill(sut, 3, score=10.0)]
+    waiting = [o.ticket for o in await fill(sut, 3)]
     slot, served = held.slot, []
     for _ in waiting:
         await sut.store.release(slot, now=1.0)
@@ -44,8 +50,8 @@ async def test_release_hands_the_slot_to_the_oldest_waiter(make_store):
 async def test_strict_priority_serves_urgent_band_before_earlier_low(make_store):
     sut = make_store(slots=(1,))
     (held,) = await fill(sut, 1)
-    low = (await sut.store.offer(MODEL, 1, 1.0, UNLIMITED, now=1.0)).ticket
-    high = (await sut.store.offer(MODEL, 0, 2.0, UNLIMITED, now=2.0)).ticket
+    low = (await offer(sut, 1)).ticket
+    high = (await offer(sut, 0)).ticket
     await sut.store.release(held.slot, now=3.0)
     assert high.wakeup.done() and not low.wakeup.done()
 
@@ -53,21 +59,21 @@ async def test_strict_priority_serves_urgent_band_before_earlier_low(make_store)
 async def test_offer_refuses_beyond_the_position_limit(make_store):
     sut = make_store(slots=(1,))
     await fill(sut, 1)  # the slot is taken
-    assert isinstance(await sut.store.offer(MODEL, 1, 1.0, 1, now=0.0), Queued)  # 1 position: ok
-    refused = await sut.store.offer(MODEL, 1, 2.0, 1, now=0.0)  # 2 positions > 1
+    assert isinstance(await offer(sut, 1, max_positions=1), Queued)  # 1 position: ok
+    refused = await offer(sut, 1, max_positions=1)  # 2 positions > 1
     assert isinstance(refused, Full)
     assert refused.stats.queued_by_band == (0, 1)
 
 
 async def test_a_negative_limit_refuses_even_with_free_slots(make_store):
     sut = make_store(slots=(4,))
-    assert isinstance(await sut.store.offer(MODEL, 0, 0.0, -1, now=0.0), Full)
+    assert isinstance(await offer(sut, 0, max_positions=-1), Full)
     assert sut.store.stats(MODEL).free_slots == 4
 
 
 async def test_concurrent_offers_never_exceed_the_limit(make_store):
     sut = make_store(slots=(2,))
-    offers = await asyncio.gather(*(sut.store.offer(MODEL, 1, float(i), 5, now=0.0) for i in range(50)))
+    offers = await asyncio.gather(*(offer(sut, 1, max_positions=5) for _ in range(50)))
     granted = sum(isinstance(o, Granted) for o in offers)
     queued = sum(isinstance(o, Queued) for o in offers)
     assert granted == 2
@@ -78,7 +84,7 @@ async def test_concurrent_offers_never_exceed_the_limit(make_store):
 async def test_withdraw_is_idempotent_and_updates_stats(make_store):
     sut = make_store(slots=(1,))
     await fill(sut, 1)
-    ticket = (await sut.store.offer(MODEL, 1, 1.0, UNLIMITED, now=0.0)).ticket
+    ticket = (await offer(sut, 1)).ticket
     await sut.store.withdraw(ticket, Outcome.CLIENT_DISCONNECTED)
     await sut.store.withdraw(ticket, Outcome.CLIENT_DISCONNECTED)
     assert sut.store.stats(MODEL).queued_by_band == (0, 0)
@@ -88,8 +94,8 @@ async def test_withdraw_is_idempotent_and_updates_stats(make_store):
 async def test_withdrawn_ticket_never_takes_a_slot(make_store):
     sut = make_store(slots=(1,))
     (held,) = await fill(sut, 1)
-    gone = (await sut.store.offer(MODEL, 1, 1.0, UNLIMITED, now=0.0)).ticket
-    kept = (await sut.store.offer(MODEL, 1, 2.0, UNLIMITED, now=0.0)).ticket
+    gone = (await offer(sut, 1)).ticket
+    kept = (await offer(sut, 1)).ticket
     await sut.store.withdraw(gone, Outcome.DEADLINE_EXPIRED_IN_QUEUE)
     await sut.store.release(held.slot, now=1.0)
     assert isinstance(await kept.wakeup, Slot)
@@ -99,7 +105,7 @@ async def test_withdrawn_ticket_never_takes_a_slot(make_store):
 async def test_withdraw_after_a_grant_gives_the_slot_back(make_store):
     sut = make_store(slots=(1,))
     (held,) = await fill(sut, 1)
-    ticket = (await sut.store.offer(MODEL, 1, 1.0, UNLIMITED, now=0.0)).ticket
+    ticket = (await offer(sut, 1)).ticket
     await sut.store.release(held.slot, now=1.0)
     assert isinstance(ticket.wakeup.result(), Slot)  # granted, but its waiter left at that instant
     await sut.store.withdraw(ticket, Outcome.CLIENT_DISCONNECTED)
@@ -118,7 +124,7 @@ async def test_release_is_idempotent(make_store):
 async def test_a_cancelled_waiter_leaks_nothing(make_store):
     sut = make_store(slots=(1,))
     (held,) = await fill(sut, 1)
-    ticket = (await sut.store.offer(MODEL, 1, 1.0, UNLIMITED, now=0.0)).ticket
+    ticket = (await offer(sut, 1)).ticket
     waiter = asyncio.ensure_future(ticket.wakeup)
     await asyncio.sleep(0)
     waiter.cancel()
@@ -130,7 +136,7 @@ async def test_a_cancelled_waiter_leaks_nothing(make_store):
 async def test_no_ready_backend_fails_every_waiter(make_store):
     sut = make_store(slots=(1,))
     await fill(sut, 1)
-    waiting = [o.ticket for o in await fill(sut, 3, score=5.0)]
+    waiting = [o.ticket for o in await fill(sut, 3)]
     sut.backend().ready = False
     sut.store.backends_changed(MODEL)
     assert [t.wakeup.result() for t in waiting] == [Outcome.NO_BACKEND] * 3
@@ -141,7 +147,7 @@ async def test_a_backend_turning_ready_takes_waiters(make_store):
     sut = make_store(slots=(1, 2))
     sut.backend(1).ready = False
     await fill(sut, 1)
-    waiting = [o.ticket for o in await fill(sut, 3, score=5.0)]
+    waiting = [o.ticket for o in await fill(sut, 3)]
     sut.backend(1).ready = True
     sut.store.backends_changed(MODEL)
     assert [t.wakeup.done() for t in waiting] == [True, True, False]
@@ -156,7 +162,7 @@ async def test_slots_spread_to_the_least_loaded_backend(make_store):
 async def test_drain_rate_is_measured_from_hand_overs_under_backlog(make_store):
     sut = make_store(slots=(1,))
     (held,) = await fill(sut, 1)
-    waiting = [o.ticket for o in await fill(sut, 6, score=5.0)]
+    waiting = [o.ticket for o in await fill(sut, 6)]
     slot = held.slot
     for i, ticket in enumerate(waiting):
         await sut.store.release(slot, now=1.0 + i * 0.05)  # one hand-over every 50 ms

@@ -1,0 +1,173 @@
+-- Shared by every script of the Redis store (prepended to each at load time).
+--
+-- All keys of one model share the hash tag in KEYS[1] ("{<prefix>:<model>}"), so a model's
+-- state lives in one slot and the scripts also run on Redis Cluster:
+--   <tag>:q:<band>       zset  ticket id -> ordering score (FIFO: arrival time; EDF: leave-by)
+--   <tag>:tickets        hash  ticket id -> "<replica>|<band>"
+--   <tag>:slots          hash  backend url -> slots in use, over all replicas
+--   <tag>:ready          hash  backend url -> "1" when ready
+--   <tag>:leases         zset  lease id -> expiry time
+--   <tag>:lease          hash  lease id -> "<backend url>|<replica>"
+--   <tag>:stats          hash  drain and arrival-rate estimates
+--   <tag>:replicas       zset  replica -> heartbeat expiry
+--   <tag>:seq            counter for ticket and lease ids
+--   <tag>:grants:<r>     list  grants for replica r: "<ticket>|<lease>|<backend url>"
+--   <tag>:held:<r>       set   leases held by replica r
+--   <tag>:waiting:<r>    set   tickets queued by replica r
+-- Time is Redis's own (TIME), so every replica orders and expires by the same clock.
+
+local tag = KEYS[1]
+
+local function now_s()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- Backends come as ARGV pairs (url, max_concurrency) starting at `first`, count at first - 1.
+local function read_backends(first)
+  local count = tonumber(ARGV[first - 1])
+  local backends = {}
+  for i = 0, count - 1 do
+    backends[#backends + 1] = {url = ARGV[first + 2 * i], cap = tonumber(ARGV[first + 2 * i + 1])}
+  end
+  return backends, first + 2 * count
+end
+
+local function free_slots(backends)
+  local free = 0
+  for _, b in ipairs(backends) do
+    if redis.call('HGET', tag .. ':ready', b.url) == '1' then
+      local used = tonumber(redis.call('HGET', tag .. ':slots', b.url) or '0')
+      if used < b.cap then free = free + b.cap - used end
+    end
+  end
+  return free
+end
+
+-- The least loaded ready backend with a free slot (share of slots in use; ties: first listed).
+local function pick_backend(backends)
+  local best, best_load = nil, nil
+  for _, b in ipairs(backends) do
+    if redis.call('HGET', tag .. ':ready', b.url) == '1' then
+      local used = tonumber(redis.call('HGET', tag .. ':slots', b.url) or '0')
+      if used < b.cap then
+        local load = used / b.cap
+        if best == nil or load < best_load then best, best_load = b, load end
+      end
+    end
+  end
+  return best
+end
+
+local function queued(nbands)
+  local depths, total = {}, 0
+  for band = 0, nbands - 1 do
+    local n = redis.call('ZCARD', tag .. ':q:' .. band)
+    depths[#depths + 1] = n
+    total = total + n
+  end
+  return depths, total
+end
+
+-- An exponentially decayed event rate kept in two stats fields: level at time `at`.
+local function rate_at(field, now, tau)
+  local level = tonumber(redis.call('HGET', tag .. ':stats', field) or '0')
+  local at = tonumber(redis.call('HGET', tag .. ':stats', field .. '_at') or tostring(now))
+  return level * math.exp(-math.max(0, now - at) / tau)
+end
+
+local function count_event(field, now, tau)
+  local level = rate_at(field, now, tau) + 1 / tau
+  redis.call('HSET', tag .. ':stats', field, tostring(level), field .. '_at', tostring(now))
+end
+
+-- Ids are zero-padded so that equal scores in a zset still order by creation (FIFO).
+local function next_id()
+  return string.format('%015d', redis.call('INCR', tag .. ':seq'))
+end
+
+local function grant_lease(backend, replica, ttl, now)
+  local lease = next_id()
+  redis.call('HINCRBY', tag .. ':slots', backend.url, 1)
+  redis.call('ZADD', tag .. ':leases', now + ttl, lease)
+  redis.call('HSET', tag .. ':lease', lease, backend.url .. '|' .. replica)
+  redis.call('SADD', tag .. ':held:' .. replica, lease)
+  return lease
+end
+
+-- Free a lease's slot; false when it was already freed (release is idempotent).
+local function free_lease(lease)
+  local info = redis.call('HGET', tag .. ':lease', lease)
+  if not info then return false end
+  local url, replica = string.match(info, '^(.*)|([^|]*)$')
+  redis.call('HDEL', tag .. ':lease', lease)
+  redis.call('ZREM', tag .. ':leases', lease)
+  redis.call('SREM', tag .. ':held:' .. replica, lease)
+  if tonumber(redis.call('HINCRBY', tag .. ':slots', url, -1)) < 0 then
+    redis.call('HSET', tag .. ':slots', url, 0)
+  end
+  return true
+end
+
+-- Hand free slots to waiting tickets, most urgent band first, FIFO (by score) within a band.
+-- `drain_sample`: one slot just freed, so a hand-over under backlog is a sample of the drain
+-- rate (hand-overs per second of backlog, forgotten over drain_tau seconds).
+local function dispatch(nbands, backends, ttl, now, drain_sample, drain_tau)
+  local granted = 0
+  while true do
+    local backend = pick_backend(backends)
+    if backend == nil then break end
+    local id = nil
+    for band = 0, nbands - 1 do
+      local popped = redis.call('ZPOPMIN', tag .. ':q:' .. band)
+      if #popped > 0 then id = popped[1] break end
+    end
+    if id == nil then break end
+    local info = redis.call('HGET', tag .. ':tickets', id)
+    if info then
+      redis.call('HDEL', tag .. ':tickets', id)
+      local replica = string.match(info, '^([^|]*)')
+      redis.call('SREM', tag .. ':waiting:' .. replica, id)
+      local lease = grant_lease(backend, replica, ttl, now)
+      redis.call('RPUSH', tag .. ':grants:' .. replica, id .. '|' .. lease .. '|' .. backend.url)
+      granted = granted + 1
+      if drain_sample then
+        local last = redis.call('HGET', tag .. ':stats', 'backlog_at')
+        if last then
+          local gap = math.max(0, now - tonumber(last))
+          local decay = math.exp(-gap / drain_tau)
+          local events = tonumber(redis.call('HGET', tag .. ':stats', 'drain_events') or '0') * decay + 1
+          local observed = tonumber(redis.call('HGET', tag .. ':stats', 'drain_observed') or '0') * decay + gap
+          redis.call('HSET', tag .. ':stats', 'drain_events', tostring(events),
+            'drain_observed', tostring(observed), 'drain_at', tostring(now))
+        end
+      end
+    end
+  end
+  -- Mark a hand-over that left requests waiting: the gap to the next one is a clean drain sample.
+  local _, total = queued(nbands)
+  if total > 0 and drain_sample and granted > 0 then
+    redis.call('HSET', tag .. ':stats', 'backlog_at', tostring(now))
+  elseif total == 0 or granted > 0 then
+    redis.call('HDEL', tag .. ':stats', 'backlog_at')
+  end
+  return granted
+end
+
+-- What admission and metrics need, as one flat list:
+-- now, free, drain_events, drain_observed, drain_at, then per band: depth, offered, admitted.
+local function snapshot(nbands, backends, now, tau_slow, tau_fast)
+  local out = {tostring(now), free_slots(backends)}
+  local stats = tag .. ':stats'
+  out[#out + 1] = redis.call('HGET', stats, 'drain_events') or '0'
+  out[#out + 1] = redis.call('HGET', stats, 'drain_observed') or '0'
+  out[#out + 1] = redis.call('HGET', stats, 'drain_at') or '0'
+  for band = 0, nbands - 1 do
+    out[#out + 1] = redis.call('ZCARD', tag .. ':q:' .. band)
+    out[#out + 1] = tostring(rate_at('off:' .. band, now, tau_slow))
+    local slow = rate_at('adm:' .. band, now, tau_slow)
+    local fast = rate_at('admf:' .. band, now, tau_fast)
+    out[#out + 1] = tostring(math.max(slow, fast))
+  end
+  return out
+end

@@ -1,0 +1,36 @@
+-- Admission check and insert in one step: grant a free slot, queue, or refuse.
+-- ARGV: replica, band, max_positions, nbands, ordering, allowed_s, lease_ttl_s, tau_slow, tau_fast,
+--       nbackends, (url, max_concurrency) x nbackends
+-- Returns {'granted', lease, url, snapshot} | {'queued', ticket, snapshot} | {'full', snapshot}.
+local replica, band = ARGV[1], tonumber(ARGV[2])
+local max_positions, nbands = tonumber(ARGV[3]), tonumber(ARGV[4])
+local ordering, allowed, ttl = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local tau_slow, tau_fast = tonumber(ARGV[8]), tonumber(ARGV[9])
+local backends = read_backends(11)
+local now = now_s()
+
+local depths = queued(nbands)
+local ahead = 0
+for b = 0, band do ahead = ahead + depths[b + 1] end
+local positions = math.max(0, ahead + 1 - free_slots(backends))
+count_event('off:' .. band, now, tau_slow)
+if positions > max_positions then
+  return {'full', snapshot(nbands, backends, now, tau_slow, tau_fast)}
+end
+count_event('adm:' .. band, now, tau_slow)
+count_event('admf:' .. band, now, tau_fast)
+
+if positions == 0 then
+  local backend = pick_backend(backends)
+  if backend ~= nil then
+    local lease = grant_lease(backend, replica, ttl, now)
+    return {'granted', lease, backend.url, snapshot(nbands, backends, now, tau_slow, tau_fast)}
+  end
+end
+local id = next_id()
+local score = now
+if ordering == 'edf' then score = now + allowed end
+redis.call('ZADD', tag .. ':q:' .. band, score, id)
+redis.call('HSET', tag .. ':tickets', id, replica .. '|' .. band)
+redis.call('SADD', tag .. ':waiting:' .. replica, id)
+return {'queued', id, snapshot(nbands, backends, now, tau_slow, tau_fast)}

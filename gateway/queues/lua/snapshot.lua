@@ -1,0 +1,3 @@
+-- Read-only view for admission and metrics. ARGV: nbands, tau_slow, tau_fast, nbackends, backends...
+local backends = read_backends(5)
+return snapshot(tonumber(ARGV[1]), backends, now_s(), tonumber(ARGV[2]), tonumber(ARGV[3]))

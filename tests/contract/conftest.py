@@ -1,14 +1,20 @@
 """One fixture per queue store: every contract test runs against each of them."""
 
-from collections.abc import AsyncIterator, Callable
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
+from redis.asyncio import BlockingConnectionPool, Redis
 
 from gateway.queues.base import RequestQueue
 from gateway.queues.memory import MemoryQueue
+from gateway.queues.redis import RedisQueue
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
+from tests.redis_server import redis_url_or_skip, unique_prefix
 
 MODEL = "m"
 
@@ -20,6 +26,12 @@ class StoreUnderTest:
 
     def backend(self, index: int = 0) -> BackendState:
         return self.pool.backends[index]
+
+    async def settle(self) -> None:
+        """Let background work (Redis grants, readiness) land before looking."""
+        if isinstance(self.store, RedisQueue):
+            await self.store.settle()
+            await asyncio.sleep(0.05)  # a grant pushed by a script reaches its listener
 
 
 def make_pool(slots: tuple[int, ...]) -> ModelPool:
@@ -33,10 +45,42 @@ def make_pool(slots: tuple[int, ...]) -> ModelPool:
     )
 
 
-@pytest.fixture(params=["memory"])
-async def make_store(request) -> AsyncIterator[Callable[..., StoreUnderTest]]:
-    def build(slots: tuple[int, ...] = (2,), bands: int = 2) -> StoreUnderTest:
-        pool = make_pool(slots)
-        return StoreUnderTest(MemoryQueue([pool], bands, Estimation()), pool)
+StoreFactory = Callable[..., Awaitable[StoreUnderTest]]
 
-    yield build
+
+@pytest.fixture(params=["memory", "redis"])
+async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
+    if request.param == "memory":
+
+        async def memory(slots: tuple[int, ...] = (2,), bands: int = 2) -> StoreUnderTest:
+            pool = make_pool(slots)
+            return StoreUnderTest(MemoryQueue([pool], bands, Estimation()), pool)
+
+        yield memory
+        return
+
+    url = redis_url_or_skip()
+    pool = BlockingConnectionPool.from_url(url, max_connections=64, timeout=5)
+    client = Redis(connection_pool=pool)
+    listener = Redis.from_url(url)
+    prefix = unique_prefix()
+    started: list[RedisQueue] = []
+
+    async def redis(slots: tuple[int, ...] = (2,), bands: int = 2) -> StoreUnderTest:
+        pool = make_pool(slots)
+        store = RedisQueue(
+            client, listener, [pool], bands, Estimation(), key_prefix=prefix, replica_id="r1", lease_ttl_s=5.0
+        )
+        await store.start()
+        started.append(store)
+        return StoreUnderTest(store, pool)
+
+    yield redis
+    for store in started:
+        await store.stop()
+    keys = [key async for key in client.scan_iter(match=f"{{{prefix}:*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+    await pool.aclose()
+    await listener.aclose()

@@ -31,13 +31,13 @@ async def never() -> None:
 
 
 async def test_granted_at_once_when_a_slot_is_free(make_store):
-    sut = make_store(slots=(1,))
+    sut = await make_store(slots=(1,))
     lease = await controller_for(sut).acquire(MODEL, 1, None, never)
     assert isinstance(lease, Lease) and lease.queue_wait_s == 0.0
 
 
 async def test_queued_request_leaves_when_its_wait_limit_passes(make_store):
-    sut = make_store(slots=(1,))
+    sut = await make_store(slots=(1,))
     controller = controller_for(sut)
     held = await controller.acquire(MODEL, 0, None, never)
     # Budget 0.12 s less the 0.04 s expected service: it may wait 0.08 s, and the slot never frees.
@@ -51,7 +51,7 @@ async def test_queued_request_leaves_when_its_wait_limit_passes(make_store):
 
 
 async def test_disconnect_while_queued_leaves_the_queue_and_takes_no_slot(make_store):
-    sut = make_store(slots=(1,))
+    sut = await make_store(slots=(1,))
     controller = controller_for(sut)
     held = await controller.acquire(MODEL, 1, None, never)
     gone = asyncio.Event()
@@ -66,7 +66,7 @@ async def test_disconnect_while_queued_leaves_the_queue_and_takes_no_slot(make_s
 
 
 async def test_cancelled_waiter_leaks_no_slot_even_when_granted_meanwhile(make_store):
-    sut = make_store(slots=(1,))
+    sut = await make_store(slots=(1,))
     controller = controller_for(sut)
     held = await controller.acquire(MODEL, 1, None, never)
     waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, never))
@@ -81,7 +81,7 @@ async def test_cancelled_waiter_leaks_no_slot_even_when_granted_meanwhile(make_s
 
 
 async def test_release_counts_once(make_store):
-    sut = make_store(slots=(2,))
+    sut = await make_store(slots=(2,))
     controller = controller_for(sut)
     lease = await controller.acquire(MODEL, 1, None, never)
     await controller.acquire(MODEL, 1, None, never)
@@ -91,7 +91,7 @@ async def test_release_counts_once(make_store):
 
 
 async def test_overload_is_refused_at_arrival_with_a_computed_retry_after(make_store):
-    sut = make_store(slots=(1,))
+    sut = await make_store(slots=(1,))
     controller = controller_for(sut)
     await controller.acquire(MODEL, 0, None, never)
     # One slot at 0.04 s drains 25/s; high may wait 0.1 s: 2 positions. The third waiter is refused.

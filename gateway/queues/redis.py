@@ -1,0 +1,362 @@
+"""RedisQueue: one queue and one slot count per model, shared by every gateway replica.
+
+Each check-and-change is one Lua script (lua/*.lua, run by EVALSHA and reloaded on NOSCRIPT), so
+replicas never read and then write across a round trip. Redis holds metadata only: the replica that
+holds a client's connection sends its request when the ticket is granted.
+
+- Offer: admission check, then a slot (a lease) or a place in the band's sorted set.
+- Grants: the script that frees a slot pops the next ticket and pushes the grant onto the owning
+  replica's list; each replica waits on its lists with BLPOP on its own connection (no polling).
+- Leases: a slot is a lease with a TTL, renewed by its replica's heartbeat. The reaper, run by every
+  replica, frees the leases and purges the queued tickets of a replica that stopped beating.
+- Estimates: the drain rate and the arrival rates are kept in Redis, on Redis's clock, so that
+  admission and Retry-After use the global queue; every script returns a fresh snapshot of them.
+  Service times are measured locally (every replica measures the same backends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from importlib.resources import files
+from typing import Any
+
+from redis.asyncio import Redis
+
+from gateway.flow.estimates import PoolEstimates
+from gateway.queues.base import Full, Granted, Offer, Queued, Slot, Ticket
+from gateway.settings import Estimation
+from gateway.upstream.backends import BackendState, ModelPool
+from policies.ordering import Ordering
+from policies.outcomes import Outcome
+from policies.wait import QueueStats, Throughput, drain_rate_from_slots
+
+log = logging.getLogger("gateway.redis")
+
+# BLPOP returns at once when a grant is pushed; this only bounds how long a stop waits for it.
+_LISTEN_WAKE_S = 0.25
+_SCRIPTS = ("offer", "release", "withdraw", "heartbeat", "reap", "ready", "snapshot")
+
+
+def _script_source(name: str) -> str:
+    lua = files("gateway.queues") / "lua"
+    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+@dataclass(slots=True)
+class _GlobalView:
+    """The last snapshot a script returned, in local clock time."""
+
+    seen_at: float
+    free_slots: int
+    queued_by_band: tuple[int, ...]
+    offered: tuple[float, ...]
+    admitted: tuple[float, ...]
+    drain_per_s: float | None
+
+    @classmethod
+    def parse(cls, raw: list[Any], bands: int, seen_at: float, stale_after_s: float) -> _GlobalView:
+        now = float(raw[0])
+        events, observed, drain_at = float(raw[2]), float(raw[3]), float(raw[4])
+        fresh = observed > 0 and now - drain_at <= stale_after_s
+        per_band = raw[5:]
+        return cls(
+            seen_at=seen_at,
+            free_slots=int(raw[1]),
+            queued_by_band=tuple(int(per_band[3 * b]) for b in range(bands)),
+            offered=tuple(float(per_band[3 * b + 1]) for b in range(bands)),
+            admitted=tuple(float(per_band[3 * b + 2]) for b in range(bands)),
+            drain_per_s=events / observed if fresh else None,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class _Model:
+    pool: ModelPool
+    tag: str
+    backend_args: list[Any]
+    estimates: PoolEstimates
+    view: _GlobalView
+    by_url: dict[str, BackendState]
+    waiting: dict[str, Ticket] = field(default_factory=dict)
+    held: dict[str, Slot] = field(default_factory=dict)
+
+
+class RedisQueue:
+    def __init__(
+        self,
+        client: Redis,
+        listener: Redis,
+        pools: Iterable[ModelPool],
+        bands: int,
+        estimation: Estimation,
+        *,
+        key_prefix: str,
+        replica_id: str,
+        lease_ttl_s: float,
+        ordering: Ordering = Ordering.FIFO,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = client
+        self._listener = listener
+        self._bands = bands
+        self._estimation = estimation
+        self._replica = replica_id
+        self._ttl_s = lease_ttl_s
+        self._ordering = ordering
+        self._clock = clock
+        self._scripts = {name: client.register_script(_script_source(name)) for name in _SCRIPTS}
+        self._models: dict[str, _Model] = {}
+        for pool in pools:
+            backend_args: list[Any] = [len(pool.backends)]
+            for backend in pool.backends:
+                backend_args += [backend.url, backend.max_concurrency]
+            empty = _GlobalView(clock(), 0, (0,) * bands, (0.0,) * bands, (0.0,) * bands, drain_per_s=None)
+            self._models[pool.name] = _Model(
+                pool=pool,
+                tag=f"{{{key_prefix}:{pool.name}}}",
+                backend_args=backend_args,
+                estimates=PoolEstimates(bands, pool.expected_service_s, estimation),
+                view=empty,
+                by_url={b.url: b for b in pool.backends},
+            )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Publish readiness, join as a live replica, and start the listeners and the upkeep loops."""
+        for name, model in self._models.items():
+            await self._publish_ready(model)
+            await self._run("heartbeat", model, [self._replica, self._ttl_s])
+            await self._refresh(model)
+            self._tasks.append(asyncio.create_task(self._listen(model), name=f"grants-{name}"))
+        self._tasks.append(asyncio.create_task(self._upkeep(), name="redis-upkeep"))
+
+    async def stop(self) -> None:
+        """Leave: stop the loops and let the reaper reclaim whatever this replica still holds."""
+        # The loops watch a flag rather than being cancelled: cancelling a blocking BLPOP can leave
+        # its connection half torn down. The listener wakes every _LISTEN_WAKE_S to see the flag.
+        self._stopping = True
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=2 * _LISTEN_WAKE_S + 1)
+            for task in pending:
+                task.cancel()
+        self._tasks.clear()
+        with contextlib.suppress(Exception):
+            for model in self._models.values():
+                await self._client.zadd(f"{model.tag}:replicas", {self._replica: 0})
+                await self._reap(model)
+
+    # -- the RequestQueue protocol ---------------------------------------------------------------
+
+    def stats(self, model: str) -> QueueStats:
+        view = self._models[model].view
+        return QueueStats(queued_by_band=view.queued_by_band, free_slots=view.free_slots)
+
+    def throughput(self, model: str, now: float) -> Throughput:
+        state = self._models[model]
+        estimates, view = state.estimates, state.view
+        drain = view.drain_per_s or drain_rate_from_slots(state.pool.total_slots, estimates.service_time_s)
+        return Throughput(
+            service_time_s=estimates.service_time_s,
+            drain_rate_per_s=drain,
+            admitted_rate_by_band=view.admitted,
+            offered_rate_by_band=view.offered,
+            service_spread_s=estimates.service_spread_s,
+        )
+
+    def record_service(self, model: str, service_s: float) -> None:
+        self._models[model].estimates.record_service(service_s)
+
+    async def offer(
+        self, model: str, band: int, allowed_wait_s: float, max_positions: int, now: float
+    ) -> Offer:
+        state = self._models[model]
+        args = [
+            self._replica,
+            band,
+            max_positions,
+            self._bands,
+            self._ordering.value,
+            allowed_wait_s,
+            self._ttl_s,
+            *self._rate_taus(),
+            *state.backend_args,
+        ]
+        reply = await self._run("offer", state, args)
+        kind = _text(reply[0])
+        self._take_view(state, reply[-1])
+        if kind == "granted":
+            slot = self._slot(state, _text(reply[1]), _text(reply[2]))
+            return Granted(slot)
+        if kind == "queued":
+            ticket = Ticket(model, band, asyncio.get_running_loop().create_future(), id=_text(reply[1]))
+            state.waiting[ticket.id] = ticket
+            return Queued(ticket)
+        return Full(self.stats(model))
+
+    async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
+        state = self._models[ticket.model]
+        ticket.interrupt(outcome)
+        if state.waiting.pop(ticket.id, None) is not None:
+            # When the script finds it gone, its grant is already on the way: the listener finds
+            # no waiter for it and gives the slot back.
+            args = [
+                ticket.id,
+                ticket.band,
+                self._replica,
+                self._bands,
+                *self._rate_taus(),
+                *state.backend_args,
+            ]
+            reply = await self._shielded(self._run("withdraw", state, args))
+            self._take_view(state, reply[1])
+        if not ticket.wakeup.cancelled() and isinstance(slot := ticket.wakeup.result(), Slot):
+            await self.release(slot, self._clock())
+
+    async def release(self, slot: Slot, now: float) -> None:
+        task = self._release_task(slot)
+        if task is not None:
+            await asyncio.shield(task)
+
+    def release_soon(self, slot: Slot, now: float) -> bool:
+        self._release_task(slot)
+        return False
+
+    def backends_changed(self, model: str) -> None:
+        state = self._models[model]
+        self._spawn(self._publish_ready(state))
+        if not state.pool.any_ready:
+            for ticket in list(state.waiting.values()):
+                self._spawn(self.withdraw(ticket, Outcome.NO_BACKEND))
+
+    async def settle(self) -> None:
+        """Wait until every operation started in the background has finished (tests, shutdown)."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _rate_taus(self) -> tuple[float, float]:
+        return self._estimation.rate_window_s, self._estimation.rate_window_s / 4
+
+    def _slot(self, state: _Model, lease: str, url: str) -> Slot:
+        backend = state.by_url[url]
+        backend.inflight += 1  # this replica's share, for its metrics
+        slot = Slot(state.pool.name, backend, lease=lease)
+        state.held[lease] = slot
+        return slot
+
+    def _release_task(self, slot: Slot) -> asyncio.Task[Any] | None:
+        if slot.released:
+            return None
+        slot.released = True
+        state = self._models[slot.model]
+        state.held.pop(slot.lease, None)
+        slot.backend.inflight -= 1
+        args = [
+            slot.lease,
+            self._bands,
+            self._ttl_s,
+            self._estimation.drain_window_s,
+            *self._rate_taus(),
+            *state.backend_args,
+        ]
+
+        async def run() -> None:
+            reply = await self._run("release", state, args)
+            self._take_view(state, reply[2])
+
+        return self._spawn(run())
+
+    def _take_view(self, state: _Model, raw: list[Any]) -> None:
+        state.view = _GlobalView.parse(raw, self._bands, self._clock(), self._estimation.drain_stale_after_s)
+
+    async def _run(self, script: str, state: _Model, args: list[Any]) -> Any:
+        return await self._scripts[script](keys=[state.tag], args=args)
+
+    def _spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
+        """Run `work` to the end in the background, whatever happens to whoever started it."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.warning("redis store operation failed: %r", error)
+
+    async def _shielded(self, work: Awaitable[Any]) -> Any:
+        return await asyncio.shield(self._spawn(work))
+
+    async def _publish_ready(self, state: _Model) -> None:
+        pairs: list[Any] = []
+        for backend in state.pool.backends:
+            pairs += [backend.url, "1" if backend.ready else "0"]
+        args = [self._bands, self._ttl_s, self._estimation.drain_window_s, *state.backend_args, *pairs]
+        await self._run("ready", state, args)
+
+    async def _refresh(self, state: _Model) -> None:
+        reply = await self._run("snapshot", state, [self._bands, *self._rate_taus(), *state.backend_args])
+        self._take_view(state, reply)
+
+    async def _reap(self, state: _Model) -> None:
+        args = [self._bands, self._ttl_s, self._estimation.drain_window_s, *state.backend_args]
+        dead, expired, granted = await self._run("reap", state, args)
+        if dead or expired:
+            log.warning(
+                "model %s: reclaimed %d dead replica(s) and %d expired lease(s), %d grant(s) followed",
+                state.pool.name,
+                dead,
+                expired,
+                granted,
+            )
+
+    async def _listen(self, state: _Model) -> None:
+        """Deliver this replica's grants to their waiting requests, as soon as they are pushed."""
+        key = f"{state.tag}:grants:{self._replica}"
+        while not self._stopping:
+            popped = await self._listener.blpop([key], timeout=_LISTEN_WAKE_S)
+            if popped is None:
+                continue
+            grants = [popped[1]]
+            more = await self._listener.lpop(key, 64)
+            grants += more or []
+            for grant in grants:
+                ticket_id, lease, url = _text(grant).split("|", 2)
+                slot = self._slot(state, lease, url)
+                ticket = state.waiting.pop(ticket_id, None)
+                if ticket is None or ticket.wakeup.done():
+                    self._release_task(slot)  # its waiter left in the meantime
+                else:
+                    ticket.wakeup.set_result(slot)
+
+    async def _upkeep(self) -> None:
+        """Heartbeat (renews leases) every third of the TTL; reap and refresh on the way."""
+        beat_s = self._ttl_s / 3
+        next_beat = self._clock()
+        while not self._stopping:
+            await asyncio.sleep(_LISTEN_WAKE_S)
+            if self._clock() < next_beat:
+                continue
+            next_beat = self._clock() + beat_s * random.uniform(0.9, 1.1)
+            for state in self._models.values():
+                try:
+                    await self._run("heartbeat", state, [self._replica, self._ttl_s])
+                    await self._reap(state)
+                    await self._refresh(state)
+                except Exception as error:  # keep beating through a passing failure
+                    log.warning("redis upkeep for %s failed: %r", state.pool.name, error)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

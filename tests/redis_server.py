@@ -1,0 +1,100 @@
+"""Finding the test Redis, and starting private redis-server processes for tests that stop Redis.
+
+CI (`.ci/run`) starts a redis-server and passes REDIS_URL. Outside CI the machine's Redis at
+127.0.0.1:6379 is used when one answers; without one, Redis tests skip, which they may only do
+outside CI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from urllib.parse import urlsplit
+
+import pytest
+
+IN_CI = bool(os.environ.get("CI"))
+
+
+def _answers(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection(
+            (parts.hostname or "127.0.0.1", parts.port or 6379), timeout=0.5
+        ) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def redis_url_or_skip() -> str:
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    if _answers(url):
+        return url
+    if IN_CI:
+        pytest.fail(f"CI must provide a Redis, and none answers at {url}")
+    pytest.skip(f"no Redis answers at {url}; .ci/run starts one (or set REDIS_URL)")
+
+
+def unique_prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:10]}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A private redis-server on its own port, which a test may stop and start again."""
+
+    def __init__(self) -> None:
+        if shutil.which("redis-server") is None:
+            if IN_CI:
+                pytest.fail("CI must have redis-server installed (.ci/run installs it)")
+            pytest.skip("redis-server is not installed")
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="redis-")
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                "redis-server",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not _answers(self.url):
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.process = None

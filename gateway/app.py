@@ -23,7 +23,7 @@ from gateway.http.openai import OpenAIEndpoint, openai_routes
 from gateway.http.ops import ops_routes
 from gateway.http.proxy import Proxy
 from gateway.http.request_meta import RequestClassifier
-from gateway.queues.memory import MemoryQueue
+from gateway.queues.configured import configured_store
 from gateway.runtime import Runtime
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
@@ -40,10 +40,8 @@ def build_runtime(
     jitter: Callable[[], float] = random.random,
 ) -> Runtime:
     pools = {model.name: ModelPool.from_settings(model) for model in settings.models}
-    store = MemoryQueue(
-        pools.values(), len(settings.priorities), settings.estimation, ordering=settings.ordering
-    )
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
+    store = configured_store(settings, list(pools.values()), metrics, clock=clock)
     metrics.watch_pools(list(pools.values()), [p.name for p in settings.priorities], store, clock)
     controller = AdmissionController(
         store,
@@ -79,6 +77,7 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
             timeout_s=settings.health.timeout_ms / 1000,
         )
         await rt.health.check_all()
+        await rt.store.start()
         health_loop = asyncio.create_task(rt.health.run())
         # Everything built so far lives as long as the process: keep it out of the collector's
         # scans so that a collection costs in proportion to per-request garbage only.
@@ -89,6 +88,7 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
             health_loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await health_loop
+            await rt.store.stop()
             await rt.session.close()
 
     async def not_found(request: Request, exc: Exception) -> JSONResponse:

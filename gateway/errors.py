@@ -35,6 +35,7 @@ ERRORS: dict[Outcome, ErrorSpec] = {
     Outcome.DEADLINE_EXPIRED_IN_QUEUE: ErrorSpec(429, _RATE, "the deadline ran out while queued"),
     Outcome.NO_BACKEND: ErrorSpec(503, _SERVER, "no backend of this model is ready"),
     Outcome.DRAINING: ErrorSpec(503, _SERVER, "the gateway is shutting down"),
+    Outcome.STORE_UNAVAILABLE: ErrorSpec(503, _SERVER, "the shared queue is unreachable"),
     Outcome.UPSTREAM_ERROR: ErrorSpec(502, _SERVER, "the backend failed to answer"),
     Outcome.UPSTREAM_TIMEOUT: ErrorSpec(504, _SERVER, "the backend did not answer in time"),
     Outcome.BAD_REQUEST: ErrorSpec(400, _INVALID, "malformed request"),

@@ -44,7 +44,28 @@ class Listen(_Frozen):
 
 
 class Store(_Frozen):
-    kind: Literal["memory"] = "memory"
+    kind: Literal["memory", "redis"] = "memory"
+    url: str | None = None
+    """redis://host:port/db, required for kind: redis."""
+    key_prefix: str = Field("gw", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    lease_ttl_ms: PositiveMs = 5000.0
+    """A replica that stops renewing its slots loses them after this long."""
+    pool_size: int = Field(64, ge=2, le=10_000)
+    timeout_ms: PositiveMs = 1000.0
+    """A Redis command slower than this counts as Redis being unreachable."""
+    on_store_failure: Literal["local", "reject"] = "local"
+    """local: fall back to in-memory queues with a share of the slots; reject: answer 503."""
+    replicas: int = Field(1, ge=1, le=10_000)
+    """How many gateway replicas share the backends: the local fallback gets slots / replicas."""
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> Store:
+        if self.kind == "redis":
+            if not self.url:
+                raise ValueError("store.url is required for kind: redis")
+            if urlsplit(self.url).scheme not in ("redis", "rediss", "unix"):
+                raise ValueError("store.url must be a redis://, rediss:// or unix:// URL")
+        return self
 
 
 class PriorityClass(_Frozen):

@@ -14,6 +14,7 @@ class Outcome(StrEnum):
     # The pool cannot serve at all: 503 with Retry-After.
     NO_BACKEND = "no_backend"
     DRAINING = "draining"
+    STORE_UNAVAILABLE = "store_unavailable"
     # The backend failed once the request was sent.
     UPSTREAM_ERROR = "upstream_error"
     UPSTREAM_TIMEOUT = "upstream_timeout"

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.queues.base import Full, Granted, RequestQueue, Slot, Ticket
+from gateway.queues.base import Full, Granted, RequestQueue, Slot, Ticket, Unavailable
 from gateway.settings import PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.admission import AdmissionConfig, AdmissionRequest, allowed_wait_s, max_positions, refuse
@@ -79,6 +79,8 @@ class AdmissionController:
         if isinstance(offer, Full):
             reject = refuse(request, offer.stats, throughput, self._jitter(), self._admission)
             return self._refusal(model, band, reject.reason, reject.retry_after_s)
+        if isinstance(offer, Unavailable):
+            return Refusal(Outcome.STORE_UNAVAILABLE, offer.retry_after_s)
 
         result = await self._wait(offer.ticket, allowed_s, until_disconnect)
         waited_s = self._clock() - arrived_at
@@ -140,4 +142,3 @@ class AdmissionController:
             watcher.cancel()
             if not isinstance(result, Slot):
                 await self._store.withdraw(ticket, result)
-

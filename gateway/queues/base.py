@@ -30,6 +30,8 @@ class Slot:
     released: bool = False
     lease: str = ""
     """The store's id for the slot, where it keeps one (Redis)."""
+    charged: bool = False
+    """Also counted against the fallback store's share (held when the shared store failed)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -65,10 +67,23 @@ class Full:
     stats: QueueStats
 
 
-Offer = Granted | Queued | Full
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """The store cannot take requests now (a shared store is unreachable and must not be replaced)."""
+
+    retry_after_s: float
+
+
+Offer = Granted | Queued | Full | Unavailable
 
 
 class RequestQueue(Protocol):
+    async def start(self) -> None:
+        """Connect and start background work (called in the app's lifespan)."""
+        ...
+
+    async def stop(self) -> None: ...
+
     def stats(self, model: str) -> QueueStats: ...
 
     def throughput(self, model: str, now: float) -> Throughput:

@@ -27,6 +27,7 @@ from importlib.resources import files
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from gateway.flow.estimates import PoolEstimates
 from gateway.queues.base import Full, Granted, Offer, Queued, Slot, Ticket
@@ -39,8 +40,8 @@ from policies.wait import QueueStats, Throughput, drain_rate_from_slots
 log = logging.getLogger("gateway.redis")
 
 # BLPOP returns at once when a grant is pushed; this only bounds how long a stop waits for it.
-_LISTEN_WAKE_S = 0.25
-_SCRIPTS = ("offer", "release", "withdraw", "heartbeat", "reap", "ready", "snapshot")
+LISTEN_WAKE_S = 0.25
+_SCRIPTS = ("offer", "release", "withdraw", "heartbeat", "reap", "ready", "snapshot", "rejoin")
 
 
 def _script_source(name: str) -> str:
@@ -53,6 +54,8 @@ class _GlobalView:
     """The last snapshot a script returned, in local clock time."""
 
     seen_at: float
+    redis_now: float
+    """When the script that produced it ran, on Redis's clock: replies may arrive out of order."""
     free_slots: int
     queued_by_band: tuple[int, ...]
     offered: tuple[float, ...]
@@ -67,6 +70,7 @@ class _GlobalView:
         per_band = raw[5:]
         return cls(
             seen_at=seen_at,
+            redis_now=now,
             free_slots=int(raw[1]),
             queued_by_band=tuple(int(per_band[3 * b]) for b in range(bands)),
             offered=tuple(float(per_band[3 * b + 1]) for b in range(bands)),
@@ -101,8 +105,14 @@ class RedisQueue:
         lease_ttl_s: float,
         ordering: Ordering = Ordering.FIFO,
         clock: Callable[[], float] = time.monotonic,
+        on_failure: Callable[[BaseException], None] = lambda error: None,
+        close_clients: bool = False,
+        expected_replicas: int = 1,
     ) -> None:
         self._client = client
+        self._close_clients = close_clients
+        self._expected_replicas = expected_replicas
+        self._on_failure = on_failure
         self._listener = listener
         self._bands = bands
         self._estimation = estimation
@@ -116,7 +126,7 @@ class RedisQueue:
             backend_args: list[Any] = [len(pool.backends)]
             for backend in pool.backends:
                 backend_args += [backend.url, backend.max_concurrency]
-            empty = _GlobalView(clock(), 0, (0,) * bands, (0.0,) * bands, (0.0,) * bands, drain_per_s=None)
+            empty = _GlobalView(clock(), 0.0, 0, (0,) * bands, (0.0,) * bands, (0.0,) * bands, None)
             self._models[pool.name] = _Model(
                 pool=pool,
                 tag=f"{{{key_prefix}:{pool.name}}}",
@@ -135,7 +145,7 @@ class RedisQueue:
         """Publish readiness, join as a live replica, and start the listeners and the upkeep loops."""
         for name, model in self._models.items():
             await self._publish_ready(model)
-            await self._run("heartbeat", model, [self._replica, self._ttl_s])
+            await self._beat(model)
             await self._refresh(model)
             self._tasks.append(asyncio.create_task(self._listen(model), name=f"grants-{name}"))
         self._tasks.append(asyncio.create_task(self._upkeep(), name="redis-upkeep"))
@@ -143,17 +153,20 @@ class RedisQueue:
     async def stop(self) -> None:
         """Leave: stop the loops and let the reaper reclaim whatever this replica still holds."""
         # The loops watch a flag rather than being cancelled: cancelling a blocking BLPOP can leave
-        # its connection half torn down. The listener wakes every _LISTEN_WAKE_S to see the flag.
+        # its connection half torn down. The listener wakes every LISTEN_WAKE_S to see the flag.
         self._stopping = True
         if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=2 * _LISTEN_WAKE_S + 1)
+            _, pending = await asyncio.wait(self._tasks, timeout=2 * LISTEN_WAKE_S + 1)
             for task in pending:
                 task.cancel()
         self._tasks.clear()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(RedisError):
             for model in self._models.values():
                 await self._client.zadd(f"{model.tag}:replicas", {self._replica: 0})
                 await self._reap(model)
+        if self._close_clients:
+            await self._client.aclose(close_connection_pool=True)
+            await self._listener.aclose(close_connection_pool=True)
 
     # -- the RequestQueue protocol ---------------------------------------------------------------
 
@@ -238,6 +251,73 @@ class RedisQueue:
             for ticket in list(state.waiting.values()):
                 self._spawn(self.withdraw(ticket, Outcome.NO_BACKEND))
 
+    # -- losing and finding Redis (driven by FailoverQueue) ---------------------------------------
+
+    def in_flight(self) -> list[Slot]:
+        """The slots this replica holds and still uses."""
+        return [slot for state in self._models.values() for slot in state.held.values()]
+
+    def abandon(self) -> list[Ticket]:
+        """Redis is gone: hand back every waiting ticket, since no grant can reach them now."""
+        tickets: list[Ticket] = []
+        for state in self._models.values():
+            tickets += state.waiting.values()
+            state.waiting.clear()
+        return tickets
+
+    async def rejoin(self, reserve: dict[str, dict[str, int]]) -> dict[str, list[str]]:
+        """Redis is back: rejoin in one script per model (see lua/rejoin.lua).
+
+        `reserve` maps model -> backend url -> slots the fallback store still uses; they are held
+        as leases, whose ids are returned per model.
+        """
+        # Pooled connections to the Redis that went away would fail once each: drop them first.
+        await self._client.connection_pool.disconnect()
+        await self._listener.connection_pool.disconnect()
+        reserved: dict[str, list[str]] = {}
+        for name, state in self._models.items():
+            ready = [item for b in state.pool.backends for item in (b.url, "1" if b.ready else "0")]
+            share = [item for url, n in reserve.get(name, {}).items() if n for item in (url, n)]
+            kept = [item for lease, slot in state.held.items() for item in (lease, slot.backend.url)]
+            args = [
+                self._replica,
+                self._bands,
+                self._ttl_s,
+                self._estimation.drain_window_s,
+                # Long enough for every live replica to notice Redis is back and rejoin.
+                self._ttl_s + 1.0,
+                self._expected_replicas,
+                *state.backend_args,
+                len(state.pool.backends),
+                *ready,
+                len(share) // 2,
+                *share,
+                *kept,
+            ]
+            dropped, freed, _, leases, renamed = await self._run("rejoin", state, args)
+            if dropped or freed:
+                log.info("model %s: dropped %d stale ticket(s) and %d stale lease(s)", name, dropped, freed)
+            for old, new in zip(renamed[::2], renamed[1::2], strict=True):
+                slot = state.held.pop(_text(old))
+                slot.lease = _text(new)
+                state.held[slot.lease] = slot
+            reserved[name] = [_text(lease) for lease in leases]
+            await self._refresh(state)
+        return reserved
+
+    async def release_leases(self, model: str, leases: Iterable[str]) -> None:
+        state = self._models[model]
+        for lease in leases:
+            args = [
+                lease,
+                self._bands,
+                self._ttl_s,
+                self._estimation.drain_window_s,
+                *self._rate_taus(),
+                *state.backend_args,
+            ]
+            self._take_view(state, (await self._run("release", state, args))[2])
+
     async def settle(self) -> None:
         """Wait until every operation started in the background has finished (tests, shutdown)."""
         while self._background:
@@ -278,7 +358,9 @@ class RedisQueue:
         return self._spawn(run())
 
     def _take_view(self, state: _Model, raw: list[Any]) -> None:
-        state.view = _GlobalView.parse(raw, self._bands, self._clock(), self._estimation.drain_stale_after_s)
+        view = _GlobalView.parse(raw, self._bands, self._clock(), self._estimation.drain_stale_after_s)
+        if view.redis_now >= state.view.redis_now:
+            state.view = view
 
     async def _run(self, script: str, state: _Model, args: list[Any]) -> Any:
         return await self._scripts[script](keys=[state.tag], args=args)
@@ -293,10 +375,16 @@ class RedisQueue:
     def _finished(self, task: asyncio.Task[Any]) -> None:
         self._background.discard(task)
         if not task.cancelled() and (error := task.exception()) is not None:
-            log.warning("redis store operation failed: %r", error)
+            if isinstance(error, RedisError):
+                self._on_failure(error)
+            else:
+                log.warning("redis store operation failed: %r", error)
 
     async def _shielded(self, work: Awaitable[Any]) -> Any:
         return await asyncio.shield(self._spawn(work))
+
+    async def _beat(self, state: _Model) -> None:
+        await self._run("heartbeat", state, [self._replica, self._ttl_s, self._expected_replicas])
 
     async def _publish_ready(self, state: _Model) -> None:
         pairs: list[Any] = []
@@ -325,12 +413,16 @@ class RedisQueue:
         """Deliver this replica's grants to their waiting requests, as soon as they are pushed."""
         key = f"{state.tag}:grants:{self._replica}"
         while not self._stopping:
-            popped = await self._listener.blpop([key], timeout=_LISTEN_WAKE_S)
-            if popped is None:
+            try:
+                popped = await self._listener.blpop([key], timeout=LISTEN_WAKE_S)
+                if popped is None:
+                    continue
+                grants = [popped[1]]
+                grants += await self._listener.lpop(key, 64) or []
+            except RedisError as error:
+                self._on_failure(error)
+                await asyncio.sleep(LISTEN_WAKE_S)
                 continue
-            grants = [popped[1]]
-            more = await self._listener.lpop(key, 64)
-            grants += more or []
             for grant in grants:
                 ticket_id, lease, url = _text(grant).split("|", 2)
                 slot = self._slot(state, lease, url)
@@ -345,17 +437,17 @@ class RedisQueue:
         beat_s = self._ttl_s / 3
         next_beat = self._clock()
         while not self._stopping:
-            await asyncio.sleep(_LISTEN_WAKE_S)
+            await asyncio.sleep(LISTEN_WAKE_S)
             if self._clock() < next_beat:
                 continue
             next_beat = self._clock() + beat_s * random.uniform(0.9, 1.1)
             for state in self._models.values():
                 try:
-                    await self._run("heartbeat", state, [self._replica, self._ttl_s])
+                    await self._beat(state)
                     await self._reap(state)
                     await self._refresh(state)
-                except Exception as error:  # keep beating through a passing failure
-                    log.warning("redis upkeep for %s failed: %r", state.pool.name, error)
+                except RedisError as error:  # keep beating through a passing failure
+                    self._on_failure(error)
 
 
 def _text(value: bytes | str) -> str:

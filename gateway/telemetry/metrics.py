@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -57,6 +57,11 @@ class GatewayMetrics:
             registry=registry,
         )
 
+        self.store_up = Gauge(
+            "gateway_store_up",
+            "1 while the queue store is usable (Redis answers, or the store is in memory).",
+            registry=registry,
+        )
         # Label children by label values: `.labels()` takes a lock and validates on every call.
         self._children: dict[tuple[object, ...], Any] = {}
 

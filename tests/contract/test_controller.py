@@ -96,7 +96,8 @@ async def test_overload_is_refused_at_arrival_with_a_computed_retry_after(make_s
     await controller.acquire(MODEL, 0, None, never)
     # One slot at 0.04 s drains 25/s; high may wait 0.1 s: 2 positions. The third waiter is refused.
     waiters = [asyncio.ensure_future(controller.acquire(MODEL, 0, None, never)) for _ in range(2)]
-    await asyncio.sleep(0)
+    while sut.store.stats(MODEL).queued_by_band != (2, 0):  # noqa: ASYNC110 - polls another store
+        await asyncio.sleep(0.005)
     refusal = await controller.acquire(MODEL, 0, None, never)
     assert isinstance(refusal, Refusal) and refusal.outcome is Outcome.QUEUE_FULL
     # It would wait 3/25 s, 0.02 s too long; advice is never below one slot turnover, 1/25 s.

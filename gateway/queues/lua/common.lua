@@ -23,6 +23,11 @@ local function now_s()
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
+-- Lua's tostring keeps 14 digits: too few for epoch seconds to the microsecond.
+local function fmt(x)
+  return string.format('%.6f', x)
+end
+
 -- Backends come as ARGV pairs (url, max_concurrency) starting at `first`, count at first - 1.
 local function read_backends(first)
   local count = tonumber(ARGV[first - 1])
@@ -33,11 +38,38 @@ local function read_backends(first)
   return backends, first + 2 * count
 end
 
+-- For a while after Redis comes back (a replica rejoining from its fallback opens the window),
+-- replicas that have not rejoined yet may still run requests on their local share of each
+-- backend: their shares count as used, so the shared count stays an upper bound.
+local absent_cache = nil
+local function absent_replicas()
+  if absent_cache == nil then
+    local now = now_s()
+    absent_cache = 0
+    if now < tonumber(redis.call('HGET', tag .. ':stats', 'recovery_until') or '0') then
+      local expected = tonumber(redis.call('HGET', tag .. ':stats', 'replicas_expected') or '1')
+      local live = redis.call('ZCOUNT', tag .. ':replicas', now, '+inf')
+      absent_cache = math.max(0, expected - live)
+    end
+  end
+  return absent_cache
+end
+
+local function slots_used(b)
+  local used = tonumber(redis.call('HGET', tag .. ':slots', b.url) or '0')
+  local absent = absent_replicas()
+  if absent > 0 then
+    local expected = tonumber(redis.call('HGET', tag .. ':stats', 'replicas_expected') or '1')
+    used = used + absent * math.max(1, math.floor(b.cap / expected))
+  end
+  return used
+end
+
 local function free_slots(backends)
   local free = 0
   for _, b in ipairs(backends) do
     if redis.call('HGET', tag .. ':ready', b.url) == '1' then
-      local used = tonumber(redis.call('HGET', tag .. ':slots', b.url) or '0')
+      local used = slots_used(b)
       if used < b.cap then free = free + b.cap - used end
     end
   end
@@ -49,7 +81,7 @@ local function pick_backend(backends)
   local best, best_load = nil, nil
   for _, b in ipairs(backends) do
     if redis.call('HGET', tag .. ':ready', b.url) == '1' then
-      local used = tonumber(redis.call('HGET', tag .. ':slots', b.url) or '0')
+      local used = slots_used(b)
       if used < b.cap then
         local load = used / b.cap
         if best == nil or load < best_load then best, best_load = b, load end
@@ -78,7 +110,7 @@ end
 
 local function count_event(field, now, tau)
   local level = rate_at(field, now, tau) + 1 / tau
-  redis.call('HSET', tag .. ':stats', field, tostring(level), field .. '_at', tostring(now))
+  redis.call('HSET', tag .. ':stats', field, tostring(level), field .. '_at', fmt(now))
 end
 
 -- Ids are zero-padded so that equal scores in a zset still order by creation (FIFO).
@@ -139,7 +171,7 @@ local function dispatch(nbands, backends, ttl, now, drain_sample, drain_tau)
           local events = tonumber(redis.call('HGET', tag .. ':stats', 'drain_events') or '0') * decay + 1
           local observed = tonumber(redis.call('HGET', tag .. ':stats', 'drain_observed') or '0') * decay + gap
           redis.call('HSET', tag .. ':stats', 'drain_events', tostring(events),
-            'drain_observed', tostring(observed), 'drain_at', tostring(now))
+            'drain_observed', tostring(observed), 'drain_at', fmt(now))
         end
       end
     end
@@ -147,7 +179,7 @@ local function dispatch(nbands, backends, ttl, now, drain_sample, drain_tau)
   -- Mark a hand-over that left requests waiting: the gap to the next one is a clean drain sample.
   local _, total = queued(nbands)
   if total > 0 and drain_sample and granted > 0 then
-    redis.call('HSET', tag .. ':stats', 'backlog_at', tostring(now))
+    redis.call('HSET', tag .. ':stats', 'backlog_at', fmt(now))
   elseif total == 0 or granted > 0 then
     redis.call('HDEL', tag .. ':stats', 'backlog_at')
   end
@@ -157,7 +189,7 @@ end
 -- What admission and metrics need, as one flat list:
 -- now, free, drain_events, drain_observed, drain_at, then per band: depth, offered, admitted.
 local function snapshot(nbands, backends, now, tau_slow, tau_fast)
-  local out = {tostring(now), free_slots(backends)}
+  local out = {fmt(now), free_slots(backends)}
   local stats = tag .. ':stats'
   out[#out + 1] = redis.call('HGET', stats, 'drain_events') or '0'
   out[#out + 1] = redis.call('HGET', stats, 'drain_observed') or '0'

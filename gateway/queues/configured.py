@@ -1,0 +1,87 @@
+"""The store the config names: in memory, or Redis with its fallback."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Sequence
+
+from redis.asyncio import BlockingConnectionPool, Redis
+
+from gateway.queues.base import RequestQueue
+from gateway.queues.failover import FailoverQueue
+from gateway.queues.memory import MemoryQueue
+from gateway.queues.redis import LISTEN_WAKE_S, RedisQueue
+from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.upstream.backends import ModelPool
+
+
+def replica_name() -> str:
+    """Unique per process: host, pid and a random tag (a restarted pod must not reuse leases)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def configured_store(
+    settings: Settings,
+    pools: Sequence[ModelPool],
+    metrics: GatewayMetrics,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> RequestQueue:
+    bands = len(settings.priorities)
+    config = settings.store
+    if config.kind == "memory":
+        metrics.store_up.set(1)
+        return MemoryQueue(pools, bands, settings.estimation, ordering=settings.ordering)
+
+    assert config.url is not None, "validated by settings"
+    timeout_s = config.timeout_ms / 1000
+    # The default pool raises once more than its size of commands are in flight: block instead.
+    pool = BlockingConnectionPool.from_url(
+        config.url,
+        max_connections=config.pool_size,
+        timeout=timeout_s,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+    )
+    # BLPOP holds its connection: the grant listeners get their own, with a timeout beyond it.
+    listener = Redis.from_url(
+        config.url, socket_timeout=LISTEN_WAKE_S + timeout_s, socket_connect_timeout=timeout_s
+    )
+    failover: FailoverQueue | None = None
+
+    def failed(error: BaseException) -> None:
+        if failover is not None:
+            failover.redis_failed(error)
+
+    shared = RedisQueue(
+        Redis(connection_pool=pool),
+        listener,
+        pools,
+        bands,
+        settings.estimation,
+        key_prefix=config.key_prefix,
+        replica_id=replica_name(),
+        lease_ttl_s=config.lease_ttl_ms / 1000,
+        ordering=settings.ordering,
+        clock=clock,
+        on_failure=failed,
+        close_clients=True,
+        expected_replicas=config.replicas,
+    )
+    local = MemoryQueue(
+        pools, bands, settings.estimation, ordering=settings.ordering, slot_divisor=config.replicas
+    )
+    failover = FailoverQueue(
+        shared,
+        local,
+        pools,
+        mode=config.on_store_failure,
+        slot_divisor=config.replicas,
+        on_state=lambda up: metrics.store_up.set(1 if up else 0),
+        clock=clock,
+    )
+    return failover

@@ -1,0 +1,179 @@
+"""Several gateway replicas on one Redis: one queue, one slot count, leases, and Redis failing."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import aiohttp
+import pytest
+import redis
+
+from tests.integration.servers import gateway_config
+from tests.redis_server import RedisServer, unique_prefix
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
+PATH = "/v2/models/sim/infer"
+
+
+@pytest.fixture
+def redis_server():
+    server = RedisServer()
+    yield server
+    server.stop()
+
+
+def shared_config(sim, slots, redis_url, prefix, **store):
+    classes = [{"name": "high", "max_wait_ms": 10_000}, {"name": "low", "max_wait_ms": 10_000}]
+    return gateway_config(
+        [(sim.url, slots)],
+        priorities=classes,
+        expected_service_ms=200,
+        store={"kind": "redis", "url": redis_url, "key_prefix": prefix, "lease_ttl_ms": 1500, **store},
+    )
+
+
+async def infer(http, gateway, priority="low"):
+    async with http.post(gateway.url + PATH, json=INFER, headers={"X-Priority": priority}) as reply:
+        await reply.read()
+        return reply.status, dict(reply.headers)
+
+
+async def wait_until(check, timeout_s=10.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def slots_in_use(redis_url, prefix) -> int:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return sum(int(v) for v in client.hvals(f"{{{prefix}:sim}}:slots"))
+    finally:
+        client.close()
+
+
+async def test_replicas_share_one_slot_count_under_overload(start_sim, start_gateway, redis_server):
+    sim = start_sim(slots=16, base_ms=50)
+    prefix = unique_prefix()
+    replicas = [start_gateway(shared_config(sim, 8, redis_server.url, prefix, replicas=3)) for _ in range(3)]
+    sim.reset()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        results = await asyncio.gather(*(infer(http, replicas[i % 3]) for i in range(150)))
+    assert [status for status, _ in results] == [200] * 150
+    stats = sim.stats()
+    assert stats["peak_inflight"] == 8  # the sim has 16 slots; the shared count allowed 8
+    assert stats["completed"] == 150
+    assert all(g.metric("gateway_store_up") == 1 for g in replicas)
+    await wait_until(lambda: slots_in_use(redis_server.url, prefix) == 0, what="slots to return")
+
+
+async def test_priority_is_global_across_replicas(start_sim, start_gateway, redis_server):
+    sim = start_sim(slots=1, base_ms=300)
+    prefix = unique_prefix()
+    a, b, c = (start_gateway(shared_config(sim, 1, redis_server.url, prefix)) for _ in range(3))
+    finished: list[str] = []
+
+    async def tracked(http, name, gateway, priority):
+        status, _ = await infer(http, gateway, priority)
+        assert status == 200
+        finished.append(name)
+
+    async with aiohttp.ClientSession() as http:
+        tasks = [asyncio.ensure_future(tracked(http, "low-running@A", a, "low"))]
+        await wait_until(lambda: sim.stats()["inflight"] == 1, what="the slot to be taken")
+        for name, gateway in (("low@A", a), ("low@B", b)):
+            tasks.append(asyncio.ensure_future(tracked(http, name, gateway, "low")))
+            expected = len(tasks) - 1.0
+            await wait_until(
+                lambda g=gateway, e=expected: g.metric("gateway_queue_depth", priority="low") == e
+            )
+        tasks.append(asyncio.ensure_future(tracked(http, "high@C", c, "high")))
+        await asyncio.gather(*tasks)
+    assert finished == ["low-running@A", "high@C", "low@A", "low@B"]
+
+
+async def test_a_killed_replica_loses_its_slots_within_the_lease_ttl(start_sim, start_gateway, redis_server):
+    sim = start_sim(slots=4, base_ms=200)
+    prefix = unique_prefix()
+    doomed, survivor = (start_gateway(shared_config(sim, 4, redis_server.url, prefix)) for _ in range(2))
+    async with aiohttp.ClientSession() as http:
+        # The doomed replica takes every slot and queues more behind them, then dies with them.
+        doomed_work = [asyncio.ensure_future(infer(http, doomed)) for _ in range(8)]
+        await wait_until(lambda: slots_in_use(redis_server.url, prefix) == 4, what="all slots taken")
+        doomed.signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        await asyncio.gather(*doomed_work, return_exceptions=True)
+        statuses = [status for status, _ in await asyncio.gather(*(infer(http, survivor) for _ in range(6)))]
+        recovered_after = time.monotonic() - killed_at
+    assert statuses == [200] * 6
+    # The survivor served once the dead replica's leases (TTL 1.5 s) ran out, not before the
+    # slots really were free, and not much later.
+    assert recovered_after < 1.5 + 1.0 + 3 * 0.2 + 1.0
+    await wait_until(lambda: slots_in_use(redis_server.url, prefix) == 0, what="slots to return")
+
+
+async def test_redis_outage_falls_back_to_local_queues_and_recovers(start_sim, start_gateway, redis_server):
+    sim = start_sim(slots=16, base_ms=40)
+    prefix = unique_prefix()
+    replicas = [start_gateway(shared_config(sim, 8, redis_server.url, prefix, replicas=2)) for _ in range(2)]
+    statuses: list[int] = []
+    stop_at = time.monotonic() + 6.0
+
+    async def client(http, gateway):
+        while time.monotonic() < stop_at:
+            statuses.append((await infer(http, gateway))[0])
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        load = [asyncio.ensure_future(client(http, replicas[i % 2])) for i in range(20)]
+        await asyncio.sleep(1.0)
+        sim.reset()
+        redis_server.stop()
+        await wait_until(lambda: all(g.metric("gateway_store_up") == 0 for g in replicas), what="fallback")
+        await asyncio.sleep(1.0)
+        served_during_outage = statuses.count(200)
+        redis_server.start()
+        await wait_until(lambda: all(g.metric("gateway_store_up") == 1 for g in replicas), what="recovery")
+        await asyncio.gather(*load)
+    assert set(statuses) == {200}
+    assert served_during_outage > 0
+    # Each replica kept to its half of the slots meanwhile, counting what it still ran on shared
+    # slots when Redis went, and while they rejoined the shared count presumed the other's half.
+    # The one excess no replica can see: one that held more than its half when Redis went keeps it
+    # until those requests end (one 40 ms service), while the other fills its own half.
+    assert sim.stats()["peak_inflight"] <= 8 + 2
+    await wait_until(lambda: slots_in_use(redis_server.url, prefix) == 0, what="no stuck slots")
+    assert all("Redis unreachable" in g.log() and "Redis is back" in g.log() for g in replicas)
+
+
+async def test_reject_mode_answers_503_while_redis_is_down(start_sim, start_gateway, redis_server):
+    sim = start_sim(slots=2, base_ms=10)
+    prefix = unique_prefix()
+    gateway = start_gateway(shared_config(sim, 2, redis_server.url, prefix, on_store_failure="reject"))
+    async with aiohttp.ClientSession() as http:
+        assert (await infer(http, gateway))[0] == 200
+        redis_server.stop()
+        status, headers = await infer(http, gateway)
+        if status == 200:  # the failure shows on the first command that meets it
+            status, headers = await infer(http, gateway)
+        assert status == 503 and int(headers["Retry-After"]) >= 1
+        redis_server.start()
+        await wait_until(lambda: gateway.metric("gateway_store_up") == 1, what="recovery")
+        assert (await infer(http, gateway))[0] == 200
+
+
+async def test_gateway_starts_without_redis_and_joins_when_it_comes(start_sim, start_gateway, redis_server):
+    sim = start_sim(slots=2, base_ms=10)
+    prefix = unique_prefix()
+    redis_server.stop()
+    gateway = start_gateway(shared_config(sim, 2, redis_server.url, prefix))
+    assert gateway.metric("gateway_store_up") == 0
+    async with aiohttp.ClientSession() as http:
+        assert (await infer(http, gateway))[0] == 200  # served from the local fallback
+        redis_server.start()
+        await wait_until(lambda: gateway.metric("gateway_store_up") == 1, what="joining")
+        assert (await infer(http, gateway))[0] == 200
+    await wait_until(lambda: slots_in_use(redis_server.url, prefix) == 0, what="the slot to return")

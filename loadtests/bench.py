@@ -12,7 +12,9 @@ Every target sits in front of a fresh simulated backend of 8 slots x 40 ms (capa
 - gateway: this project, in-memory store;
 - passthrough: a bare uvicorn + aiohttp pass-through (loadtests/passthrough.py), the floor of the
   gateway's own HTTP stack, so that the gateway's cost shows as the difference between the two;
-- floor: HAProxy answering an instant 429 to everything: this machine's floor for refusal latency.
+- floor: HAProxy answering an instant 429 to everything: this machine's floor for refusal latency;
+- redis1, redis3: the gateway on the Redis store (a private redis-server), one replica or three
+  with the load spread over them in turn; CPU per request counts every replica and Redis.
 Results print as a table (per class: goodput overall and over the steady window, latency,
 refusals by status and their latency, the share of refusals with Retry-After, backend busy, the
 proxy's CPU per request) and are saved as JSON under loadtests/results/.
@@ -35,6 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.openloop import ClassSummary, poisson_schedule, run, run_fast, summarize
 from tests.integration.servers import Gateway, ServerProcess, Sim, gateway_config
+from tests.redis_server import RedisServer
 
 SLOTS, SERVICE_MS = 8, 40
 CAPACITY_RPS = SLOTS * 1000 / SERVICE_MS
@@ -129,39 +132,47 @@ class PassThroughProcess(ServerProcess):
         )
 
 
-def start_target(target: str, log_dir: Path, sim: Sim) -> tuple[str, Any]:
-    """The URL to load and the process to stop (None for direct)."""
+def start_target(target: str, log_dir: Path, sim: Sim) -> tuple[list[str], list[Any]]:
+    """The URLs to load (in turn) and the processes whose CPU counts (none for direct)."""
     if target == "direct":
-        return sim.url, None
+        return [sim.url], []
     if target in ("haproxy", "floor"):
         proxy = HAProxy(log_dir, sim.url, instant_429=target == "floor")
-        return proxy.url, proxy
+        return [proxy.url], [proxy]
     if target == "passthrough":
         proxy = PassThroughProcess(log_dir, sim.url)
-        return proxy.url, proxy
+        return [proxy.url], [proxy]
     config = gateway_config([(sim.url, SLOTS)], expected_service_ms=SERVICE_MS, health={"interval_ms": 1000})
-    gateway = Gateway(log_dir, config)
-    gateway.wait_ready()
-    return gateway.url, gateway
+    replicas = 1
+    redis: list[Any] = []
+    if target.startswith("redis"):  # redis1, redis3: replicas sharing one Redis
+        replicas = int(target.removeprefix("redis"))
+        redis = [RedisServer()]
+        config["store"] = {"kind": "redis", "url": redis[0].url, "replicas": replicas}
+    gateways = [Gateway(log_dir, config) for _ in range(replicas)]
+    for gateway in gateways:
+        gateway.wait_ready()
+    return [g.url for g in gateways], [*gateways, *redis]
 
 
 def run_one(scenario: Scenario, target: str, log_dir: Path, seed: int) -> dict[str, Any]:
     sim = Sim(log_dir, slots=SLOTS, base_ms=SERVICE_MS)
-    url, server = start_target(target, log_dir, sim)
+    urls, servers = start_target(target, log_dir, sim)
     try:
         schedule = poisson_schedule(CAPACITY_RPS * scenario.load, scenario.duration_s, seed=seed)
-        run_fast(run(url, poisson_schedule(50, 0.5, seed=seed + 1)))  # warm the connections
-        pid = server.process.pid if server is not None else sim.process.pid
-        before_cpu, before_busy = cpu_seconds(pid), sim.reset()["busy_slot_s"]
+        run_fast(run(urls, poisson_schedule(50, 0.5, seed=seed + 1)))  # warm the connections
+        pids = [server.process.pid for server in servers]
+        before_cpu, before_busy = sum(map(cpu_seconds, pids)), sim.reset()["busy_slot_s"]
         started = time.monotonic()
-        outcomes = run_fast(run(url, schedule))
-        cpu_s = cpu_seconds(pid) - before_cpu
+        outcomes = run_fast(run(urls, schedule))
+        cpu_s = sum(map(cpu_seconds, pids)) - before_cpu
         elapsed_s = time.monotonic() - started
         after = sim.stats()
         busy_slot_s = after["busy_slot_s"] - before_busy
-        outcomes_seen = gateway_outcomes(server) if isinstance(server, Gateway) else None
+        gateways = [server for server in servers if isinstance(server, Gateway)]
+        outcomes_seen = gateway_outcomes(gateways) if gateways else None
     finally:
-        if server is not None:
+        for server in servers:
             server.stop()
         sim.stop()
     summary = summarize(outcomes, scenario.duration_s, WARMUP_S, COOLDOWN_S)
@@ -169,21 +180,22 @@ def run_one(scenario: Scenario, target: str, log_dir: Path, seed: int) -> dict[s
         "target": target,
         "classes": {k: asdict(v) for k, v in summary.items()},
         "requests": len(outcomes),
-        "cpu_ms_per_request": cpu_s * 1000 / len(outcomes) if server is not None else None,
+        "cpu_ms_per_request": cpu_s * 1000 / len(outcomes) if servers else None,
         "backend_busy": busy_slot_s / (SLOTS * elapsed_s),
         "idle_gap_ms": after["idle_gap_ms"],
         "gateway_outcomes": outcomes_seen,
     }
 
 
-def gateway_outcomes(gateway: Gateway) -> dict[str, float]:
-    """gateway_requests_total by priority and outcome, as the gateway counted them."""
+def gateway_outcomes(gateways: list[Gateway]) -> dict[str, float]:
+    """gateway_requests_total by priority and outcome, as the gateways counted them."""
     counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(gateway.metrics()):
-        for sample in family.samples:
-            if sample.name == "gateway_requests_total":
-                key = f"{sample.labels['priority']}/{sample.labels['outcome']}"
-                counts[key] = counts.get(key, 0.0) + sample.value
+    for gateway in gateways:
+        for family in text_string_to_metric_families(gateway.metrics()):
+            for sample in family.samples:
+                if sample.name == "gateway_requests_total":
+                    key = f"{sample.labels['priority']}/{sample.labels['outcome']}"
+                    counts[key] = counts.get(key, 0.0) + sample.value
     return counts
 
 

@@ -70,20 +70,25 @@ def poisson_schedule(
 
 
 async def run(
-    url: str,
+    url: str | Sequence[str],
     schedule: Sequence[Arrival],
     *,
     path: str = INFER_PATH,
     body: bytes = INFER_BODY,
     timeout_factor: float = 3.0,
 ) -> list[Outcome]:
-    """Send `schedule` to `url + path`; a request gives up after `timeout_factor` x its deadline + 1 s."""
+    """Send `schedule` to `url + path`; a request gives up after `timeout_factor` x its deadline + 1 s.
+
+    With several URLs (gateway replicas) the requests go to them in turn, like a round-robin
+    load balancer.
+    """
+    urls = [url] if isinstance(url, str) else list(url)
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
     outcomes: list[Outcome] = []
     async with aiohttp.ClientSession(connector=connector) as session:
         started = time.monotonic()
 
-        async def one(arrival: Arrival) -> None:
+        async def one(arrival: Arrival, url: str) -> None:
             headers = {
                 "Content-Type": "application/json",
                 "X-Priority": arrival.priority,
@@ -108,11 +113,11 @@ async def run(
                 )
 
         tasks = []
-        for arrival in schedule:
+        for index, arrival in enumerate(schedule):
             delay = started + arrival.at_s - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(one(arrival)))
+            tasks.append(asyncio.ensure_future(one(arrival, urls[index % len(urls)])))
         await asyncio.gather(*tasks)
     return outcomes
 

@@ -41,6 +41,11 @@ log = logging.getLogger("gateway.redis")
 
 # BLPOP returns at once when a grant is pushed; this only bounds how long a stop waits for it.
 LISTEN_WAKE_S = 0.25
+# A snapshot younger than this may refuse an arrival without asking Redis: scripts run for every
+# admitted request and every release, so under load it is rarely older than a millisecond or two.
+_VIEW_FRESH_S = 0.05
+# An offer's reply comes within a command timeout, or never: a grant unclaimed this long is freed.
+_UNCLAIMED_AFTER_S = 10.0
 _SCRIPTS = ("offer", "release", "withdraw", "heartbeat", "reap", "ready", "snapshot", "rejoin")
 
 
@@ -61,6 +66,9 @@ class _GlobalView:
     offered: tuple[float, ...]
     admitted: tuple[float, ...]
     drain_per_s: float | None
+
+    def positions_to_drain(self, band: int) -> int:
+        return max(0, sum(self.queued_by_band[: band + 1]) + 1 - self.free_slots)
 
     @classmethod
     def parse(cls, raw: list[Any], bands: int, seen_at: float, stale_after_s: float) -> _GlobalView:
@@ -89,6 +97,16 @@ class _Model:
     by_url: dict[str, BackendState]
     waiting: dict[str, Ticket] = field(default_factory=dict)
     held: dict[str, Slot] = field(default_factory=dict)
+    refused_locally: list[int] = field(default_factory=list)
+    # A grant can reach the listener before the reply to the offer that queued its ticket:
+    # it waits here (with when it came) for the offer to claim it.
+    early_grants: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # Tickets withdrawn after Redis had granted them: their grants are on the way, to be freed.
+    withdrawn: dict[str, float] = field(default_factory=dict)
+
+    def take_refused_locally(self) -> list[int]:
+        counts, self.refused_locally = self.refused_locally, [0] * len(self.refused_locally)
+        return counts
 
 
 class RedisQueue:
@@ -134,6 +152,7 @@ class RedisQueue:
                 estimates=PoolEstimates(bands, pool.expected_service_s, estimation),
                 view=empty,
                 by_url={b.url: b for b in pool.backends},
+                refused_locally=[0] * bands,
             )
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -193,6 +212,12 @@ class RedisQueue:
         self, model: str, band: int, allowed_wait_s: float, max_positions: int, now: float
     ) -> Offer:
         state = self._models[model]
+        view = self._clock() - state.view.seen_at <= _VIEW_FRESH_S and state.view
+        if view and view.positions_to_drain(band) > max_positions:
+            # Clearly over the limit by a snapshot a few milliseconds old: refuse without a round
+            # trip (under overload most arrivals end here), and count the arrival with the next script.
+            state.refused_locally[band] += 1
+            return Full(self.stats(model))
         args = [
             self._replica,
             band,
@@ -202,6 +227,7 @@ class RedisQueue:
             allowed_wait_s,
             self._ttl_s,
             *self._rate_taus(),
+            *state.take_refused_locally(),
             *state.backend_args,
         ]
         reply = await self._run("offer", state, args)
@@ -213,6 +239,8 @@ class RedisQueue:
         if kind == "queued":
             ticket = Ticket(model, band, asyncio.get_running_loop().create_future(), id=_text(reply[1]))
             state.waiting[ticket.id] = ticket
+            if (early := state.early_grants.pop(ticket.id, None)) is not None:
+                self._deliver(state, early[1])
             return Queued(ticket)
         return Full(self.stats(model))
 
@@ -220,8 +248,6 @@ class RedisQueue:
         state = self._models[ticket.model]
         ticket.interrupt(outcome)
         if state.waiting.pop(ticket.id, None) is not None:
-            # When the script finds it gone, its grant is already on the way: the listener finds
-            # no waiter for it and gives the slot back.
             args = [
                 ticket.id,
                 ticket.band,
@@ -232,6 +258,11 @@ class RedisQueue:
             ]
             reply = await self._shielded(self._run("withdraw", state, args))
             self._take_view(state, reply[1])
+            if not reply[0]:  # Redis had granted it: free the grant, now or when it arrives
+                if (early := state.early_grants.pop(ticket.id, None)) is not None:
+                    self._free_grant(state, early[1])
+                else:
+                    state.withdrawn[ticket.id] = self._clock()
         if not ticket.wakeup.cancelled() and isinstance(slot := ticket.wakeup.result(), Slot):
             await self.release(slot, self._clock())
 
@@ -308,15 +339,7 @@ class RedisQueue:
     async def release_leases(self, model: str, leases: Iterable[str]) -> None:
         state = self._models[model]
         for lease in leases:
-            args = [
-                lease,
-                self._bands,
-                self._ttl_s,
-                self._estimation.drain_window_s,
-                *self._rate_taus(),
-                *state.backend_args,
-            ]
-            self._take_view(state, (await self._run("release", state, args))[2])
+            await self._free(state, lease)
 
     async def settle(self) -> None:
         """Wait until every operation started in the background has finished (tests, shutdown)."""
@@ -342,20 +365,54 @@ class RedisQueue:
         state = self._models[slot.model]
         state.held.pop(slot.lease, None)
         slot.backend.inflight -= 1
+        return self._spawn(self._free(state, slot.lease))
+
+    async def _free(self, state: _Model, lease: str) -> None:
+        """Run the release script; grants it made for this replica are delivered from its reply."""
         args = [
-            slot.lease,
+            lease,
             self._bands,
             self._ttl_s,
             self._estimation.drain_window_s,
             *self._rate_taus(),
+            self._replica,
             *state.backend_args,
         ]
+        reply = await self._run("release", state, args)
+        self._take_view(state, reply[2])
+        for grant in reply[3]:
+            self._deliver(state, grant)
 
-        async def run() -> None:
-            reply = await self._run("release", state, args)
-            self._take_view(state, reply[2])
+    def _deliver(self, state: _Model, grant: bytes | str) -> None:
+        grant = _text(grant)
+        ticket_id = grant.split("|", 1)[0]
+        ticket = state.waiting.pop(ticket_id, None)
+        if ticket is None:
+            if state.withdrawn.pop(ticket_id, None) is not None:
+                self._free_grant(state, grant)
+            else:
+                state.early_grants[ticket_id] = (self._clock(), grant)
+            return
+        if ticket.wakeup.done():
+            self._free_grant(state, grant)  # its waiter left in the meantime
+            return
+        _, lease, url = grant.split("|", 2)
+        ticket.wakeup.set_result(self._slot(state, lease, url))
 
-        return self._spawn(run())
+    def _free_grant(self, state: _Model, grant: str) -> None:
+        _, lease, url = grant.split("|", 2)
+        self._release_task(self._slot(state, lease, url))
+
+    def _sweep(self, state: _Model) -> None:
+        """Free grants no offer claimed (its reply was lost), forget withdrawals long settled."""
+        old = self._clock() - _UNCLAIMED_AFTER_S
+        for ticket_id, (at, grant) in list(state.early_grants.items()):
+            if at < old:
+                del state.early_grants[ticket_id]
+                self._free_grant(state, grant)
+        for ticket_id, at in list(state.withdrawn.items()):
+            if at < old:
+                del state.withdrawn[ticket_id]
 
     def _take_view(self, state: _Model, raw: list[Any]) -> None:
         view = _GlobalView.parse(raw, self._bands, self._clock(), self._estimation.drain_stale_after_s)
@@ -394,7 +451,8 @@ class RedisQueue:
         await self._run("ready", state, args)
 
     async def _refresh(self, state: _Model) -> None:
-        reply = await self._run("snapshot", state, [self._bands, *self._rate_taus(), *state.backend_args])
+        args = [self._bands, *self._rate_taus(), *state.take_refused_locally(), *state.backend_args]
+        reply = await self._run("snapshot", state, args)
         self._take_view(state, reply)
 
     async def _reap(self, state: _Model) -> None:
@@ -414,23 +472,13 @@ class RedisQueue:
         key = f"{state.tag}:grants:{self._replica}"
         while not self._stopping:
             try:
-                popped = await self._listener.blpop([key], timeout=LISTEN_WAKE_S)
-                if popped is None:
-                    continue
-                grants = [popped[1]]
-                grants += await self._listener.lpop(key, 64) or []
+                popped = await self._listener.blmpop(LISTEN_WAKE_S, 1, key, direction="LEFT", count=64)
             except RedisError as error:
                 self._on_failure(error)
                 await asyncio.sleep(LISTEN_WAKE_S)
                 continue
-            for grant in grants:
-                ticket_id, lease, url = _text(grant).split("|", 2)
-                slot = self._slot(state, lease, url)
-                ticket = state.waiting.pop(ticket_id, None)
-                if ticket is None or ticket.wakeup.done():
-                    self._release_task(slot)  # its waiter left in the meantime
-                else:
-                    ticket.wakeup.set_result(slot)
+            for grant in popped[1] if popped else ():
+                self._deliver(state, grant)
 
     async def _upkeep(self) -> None:
         """Heartbeat (renews leases) every third of the TTL; reap and refresh on the way."""
@@ -438,6 +486,8 @@ class RedisQueue:
         next_beat = self._clock()
         while not self._stopping:
             await asyncio.sleep(LISTEN_WAKE_S)
+            for state in self._models.values():
+                self._sweep(state)
             if self._clock() < next_beat:
                 continue
             next_beat = self._clock() + beat_s * random.uniform(0.9, 1.1)

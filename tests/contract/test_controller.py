@@ -72,10 +72,14 @@ async def test_cancelled_waiter_leaks_no_slot_even_when_granted_meanwhile(make_s
     waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, never))
     await asyncio.sleep(0.01)
     await sut.store.release(held.slot, now=1.0)  # the slot goes to the waiter...
-    waiting.cancel()  # ...which is cancelled before it runs again
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    await asyncio.sleep(0.01)
+    waiting.cancel()  # ...which is cancelled, before it runs again or just after
+    try:
+        lease = await waiting
+    except asyncio.CancelledError:
+        pass
+    else:  # it ran first: it holds the slot and gives it back like any request
+        await controller.release(lease)
+    await sut.settle()
     assert sut.backend().inflight == 0
     assert sut.store.stats(MODEL).free_slots == 1
 

@@ -138,7 +138,7 @@ async def test_redis_outage_falls_back_to_local_queues_and_recovers(start_sim, s
         redis_server.start()
         await wait_until(lambda: all(g.metric("gateway_store_up") == 1 for g in replicas), what="recovery")
         await asyncio.gather(*load)
-    assert set(statuses) == {200}
+    assert set(statuses) == {200}, [g.metrics() for g in replicas]
     assert served_during_outage > 0
     # Each replica kept to its half of the slots meanwhile, counting what it still ran on shared
     # slots when Redis went, and while they rejoined the shared count presumed the other's half.

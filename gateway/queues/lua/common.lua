@@ -108,9 +108,18 @@ local function rate_at(field, now, tau)
   return level * math.exp(-math.max(0, now - at) / tau)
 end
 
-local function count_event(field, now, tau)
-  local level = rate_at(field, now, tau) + 1 / tau
+local function count_events(field, now, tau, n)
+  local level = rate_at(field, now, tau) + n / tau
   redis.call('HSET', tag .. ':stats', field, tostring(level), field .. '_at', fmt(now))
+end
+
+-- Arrivals a replica refused on its own (from a fresh snapshot, without a round trip) still count
+-- towards the offered rates: ARGV carries them per band from `first`.
+local function count_refused_locally(first, nbands, now, tau)
+  for band = 0, nbands - 1 do
+    local n = tonumber(ARGV[first + band])
+    if n > 0 then count_events('off:' .. band, now, tau, n) end
+  end
 end
 
 -- Ids are zero-padded so that equal scores in a zset still order by creation (FIFO).
@@ -144,8 +153,10 @@ end
 -- Hand free slots to waiting tickets, most urgent band first, FIFO (by score) within a band.
 -- `drain_sample`: one slot just freed, so a hand-over under backlog is a sample of the drain
 -- rate (hand-overs per second of backlog, forgotten over drain_tau seconds).
-local function dispatch(nbands, backends, ttl, now, drain_sample, drain_tau)
-  local granted = 0
+-- Grants go onto their replica's list, except those for `caller`, which are returned: the
+-- replica that runs the script delivers them itself, without a trip through its list.
+local function dispatch(nbands, backends, ttl, now, drain_sample, drain_tau, caller)
+  local granted, mine = 0, {}
   while true do
     local backend = pick_backend(backends)
     if backend == nil then break end
@@ -161,7 +172,12 @@ local function dispatch(nbands, backends, ttl, now, drain_sample, drain_tau)
       local replica = string.match(info, '^([^|]*)')
       redis.call('SREM', tag .. ':waiting:' .. replica, id)
       local lease = grant_lease(backend, replica, ttl, now)
-      redis.call('RPUSH', tag .. ':grants:' .. replica, id .. '|' .. lease .. '|' .. backend.url)
+      local grant = id .. '|' .. lease .. '|' .. backend.url
+      if replica == caller then
+        mine[#mine + 1] = grant
+      else
+        redis.call('RPUSH', tag .. ':grants:' .. replica, grant)
+      end
       granted = granted + 1
       if drain_sample then
         local last = redis.call('HGET', tag .. ':stats', 'backlog_at')
@@ -183,7 +199,7 @@ local function dispatch(nbands, backends, ttl, now, drain_sample, drain_tau)
   elseif total == 0 or granted > 0 then
     redis.call('HDEL', tag .. ':stats', 'backlog_at')
   end
-  return granted
+  return granted, mine
 end
 
 -- What admission and metrics need, as one flat list:

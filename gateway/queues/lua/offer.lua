@@ -1,24 +1,25 @@
 -- Admission check and insert in one step: grant a free slot, queue, or refuse.
 -- ARGV: replica, band, max_positions, nbands, ordering, allowed_s, lease_ttl_s, tau_slow, tau_fast,
---       nbackends, (url, max_concurrency) x nbackends
+--       nbands counts of arrivals refused locally, nbackends, (url, max_concurrency) x nbackends
 -- Returns {'granted', lease, url, snapshot} | {'queued', ticket, snapshot} | {'full', snapshot}.
 local replica, band = ARGV[1], tonumber(ARGV[2])
 local max_positions, nbands = tonumber(ARGV[3]), tonumber(ARGV[4])
 local ordering, allowed, ttl = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local tau_slow, tau_fast = tonumber(ARGV[8]), tonumber(ARGV[9])
-local backends = read_backends(11)
+local backends = read_backends(11 + nbands)
 local now = now_s()
+count_refused_locally(10, nbands, now, tau_slow)
 
 local depths = queued(nbands)
 local ahead = 0
 for b = 0, band do ahead = ahead + depths[b + 1] end
 local positions = math.max(0, ahead + 1 - free_slots(backends))
-count_event('off:' .. band, now, tau_slow)
+count_events('off:' .. band, now, tau_slow, 1)
 if positions > max_positions then
   return {'full', snapshot(nbands, backends, now, tau_slow, tau_fast)}
 end
-count_event('adm:' .. band, now, tau_slow)
-count_event('admf:' .. band, now, tau_fast)
+count_events('adm:' .. band, now, tau_slow, 1)
+count_events('admf:' .. band, now, tau_fast, 1)
 
 if positions == 0 then
   local backend = pick_backend(backends)

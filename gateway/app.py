@@ -26,9 +26,11 @@ from gateway.http.request_meta import RequestClassifier
 from gateway.queues.configured import configured_store
 from gateway.runtime import Runtime
 from gateway.settings import Settings
+from gateway.signals.scraper import SignalBoard
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.client import create_session
+from gateway.upstream.discovery import TritonDiscovery
 from gateway.upstream.health import HealthChecker
 
 
@@ -43,11 +45,14 @@ def build_runtime(
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
     store = configured_store(settings, list(pools.values()), metrics, clock=clock)
     metrics.watch_pools(list(pools.values()), [p.name for p in settings.priorities], store, clock)
+    signals = SignalBoard(list(pools.values()), settings.signals, settings.kueue, metrics, clock=clock)
     controller = AdmissionController(
         store,
         settings.priorities,
         metrics,
         admission=settings.admission_policy(),
+        signals=signals,
+        backlog_limits=signals.cluster.limits if signals.cluster is not None else None,
         clock=clock,
         jitter=jitter,
     )
@@ -58,6 +63,7 @@ def build_runtime(
         controller=controller,
         metrics=metrics,
         classifier=RequestClassifier(settings),
+        signals=signals,
         clock=clock,
     )
 
@@ -76,18 +82,27 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
             interval_s=settings.health.interval_ms / 1000,
             timeout_s=settings.health.timeout_ms / 1000,
         )
+        discovery = TritonDiscovery(
+            list(rt.pools.values()),
+            rt.store.backends_changed,
+            interval_s=settings.signals.discovery_interval_ms / 1000,
+            timeout_s=settings.health.timeout_ms / 1000,
+        )
+        await discovery.discover_all()
         await rt.health.check_all()
         await rt.store.start()
-        health_loop = asyncio.create_task(rt.health.run())
+        rt.signals.start(rt.session)
+        loops = [asyncio.create_task(rt.health.run()), asyncio.create_task(discovery.run())]
         # Everything built so far lives as long as the process: keep it out of the collector's
         # scans so that a collection costs in proportion to per-request garbage only.
         gc.freeze()
         try:
             yield
         finally:
-            health_loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await health_loop
+            for loop in loops:
+                loop.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await rt.signals.stop()
             await rt.store.stop()
             await rt.session.close()
 

@@ -13,6 +13,7 @@ from gateway.flow.controller import AdmissionController
 from gateway.http.request_meta import RequestClassifier
 from gateway.queues.base import RequestQueue
 from gateway.settings import Settings
+from gateway.signals.scraper import SignalBoard
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.health import HealthChecker
@@ -26,6 +27,7 @@ class Runtime:
     controller: AdmissionController
     metrics: GatewayMetrics
     classifier: RequestClassifier
+    signals: SignalBoard
     clock: Callable[[], float] = time.monotonic
     session: aiohttp.ClientSession | None = None
     health: HealthChecker | None = None

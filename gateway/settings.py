@@ -73,11 +73,31 @@ class PriorityClass(_Frozen):
     max_wait_ms: PositiveMs
 
 
+_HEALTH_PATHS = {"kserve": "/v2/health/ready", "triton": "/v2/models/{model}/ready", "vllm": "/health"}
+
+
 class Backend(_Frozen):
     url: str
-    max_concurrency: int = Field(ge=1, le=100_000)
+    kind: Literal["kserve", "triton", "vllm"] = "kserve"
+    """triton: readiness and capacity are discovered with tritonclient (model config)."""
+    max_concurrency: int | None = Field(None, ge=1, le=100_000)
+    """Slots; for kind triton it defaults to instances x max_batch_size (with dynamic batching)."""
     metrics_url: str | None = None
-    health_path: str = "/v2/health/ready"
+    """Triton's or vLLM's /metrics: its queue counts into admission and dispatch."""
+    served_model: str | None = None
+    """The model's name on this backend, when it differs from the name clients use."""
+    health_path: str | None = None
+    """Defaults by kind: /v2/health/ready, /v2/models/{model}/ready, /health ({model}: served name)."""
+
+    @model_validator(mode="after")
+    def _slots_known(self) -> Backend:
+        if self.max_concurrency is None and self.kind != "triton":
+            raise ValueError("max_concurrency is required unless kind is triton (discovered)")
+        return self
+
+    @property
+    def readiness_path(self) -> str:
+        return self.health_path or _HEALTH_PATHS[self.kind]
 
     _check_url = field_validator("url")(_http_url)
 
@@ -88,8 +108,8 @@ class Backend(_Frozen):
 
     @field_validator("health_path")
     @classmethod
-    def _check_health_path(cls, value: str) -> str:
-        if not value.startswith("/"):
+    def _check_health_path(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
             raise ValueError("must start with /")
         return value
 
@@ -134,6 +154,31 @@ class Admission(_Frozen):
     """Standard deviations of margin on the predicted queue wait and on the service time."""
 
 
+class Signals(_Frozen):
+    scrape_interval_ms: PositiveMs = 1000.0
+    scrape_timeout_ms: PositiveMs = 800.0
+    stale_after_failures: int = Field(3, ge=1)
+    """A source that fails this many scrapes in a row is stale: decisions stop using it."""
+    discovery_interval_ms: PositiveMs = 10_000.0
+    """How often Triton backends' model config is read again."""
+
+
+class Kueue(_Frozen):
+    url: str
+    """The Kueue controller's metrics endpoint, usually https://...:8443/metrics."""
+    cluster_queue: str
+    """The ClusterQueue the serving fleet is admitted through."""
+    bearer_token_file: str | None = None
+    ca_file: str | None = None
+    insecure_skip_verify: bool = False
+    backlog_pending_workloads: float = Field(10.0, gt=0)
+    """The queue counts as backlogged above this many pending (active) workloads ..."""
+    backlog_admission_wait_p95_s: float = Field(120.0, gt=0)
+    """... or when the admission wait's p95 over the last scrape interval exceeds this."""
+
+    _check_url = field_validator("url")(_http_url)
+
+
 class Health(_Frozen):
     interval_ms: PositiveMs = 1000.0
     timeout_ms: PositiveMs = 1000.0
@@ -166,6 +211,8 @@ class Settings(_Frozen):
     admission: Admission = Admission()
     retry_after: RetryAfter = RetryAfter()
     health: Health = Health()
+    signals: Signals = Signals()
+    kueue: Kueue | None = None
     estimation: Estimation = Estimation()
     shutdown: Shutdown = Shutdown()
 

@@ -1,7 +1,9 @@
 """Which backend gets the next request? The least loaded ready backend with a free slot.
 
-Load is the share of a backend's slots in use, so that a backend with more slots takes
-proportionally more work; ties go to the first backend listed, which keeps dispatch deterministic.
+Load is the share of a backend's slots in use plus the requests it reports queued inside it (other
+clients may bypass the gateway), so that a backend with more slots takes proportionally more work
+and a backend busy with others' work takes less; ties go to the first backend listed, which keeps
+dispatch deterministic.
 """
 
 from __future__ import annotations
@@ -17,16 +19,18 @@ class SlotView(Protocol):
     def max_concurrency(self) -> int: ...
     @property
     def ready(self) -> bool: ...
+    @property
+    def external_waiting(self) -> float: ...
 
 
 def pick_backend(backends: Sequence[SlotView]) -> int | None:
     """The index of the backend to send to, or None when no ready backend has a free slot."""
     best: int | None = None
-    best_load = 1.0
+    best_load = 0.0
     for index, backend in enumerate(backends):
         if not backend.ready or backend.inflight >= backend.max_concurrency:
             continue
-        load = backend.inflight / backend.max_concurrency
+        load = (backend.inflight + backend.external_waiting) / backend.max_concurrency
         if best is None or load < best_load:
             best, best_load = index, load
     return best

@@ -21,6 +21,16 @@ def ewma(previous: float | None, sample: float, weight: float) -> float:
     return previous + weight * (sample - previous)
 
 
+def counter_increase(before: float | None, after: float) -> float:
+    """How much a Prometheus counter grew between two readings.
+
+    A counter that went down was reset (its server restarted): everything it counts now is new.
+    """
+    if before is None:
+        return 0.0
+    return after - before if after >= before else after
+
+
 def blend_rate(previous_per_s: float, events: int, elapsed_s: float, tau_s: float) -> float:
     """The event rate after `events` more events in the last `elapsed_s` seconds.
 

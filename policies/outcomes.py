@@ -11,6 +11,7 @@ class Outcome(StrEnum):
     QUEUE_FULL = "queue_full"
     DEADLINE_UNMEETABLE = "deadline_unmeetable"
     DEADLINE_EXPIRED_IN_QUEUE = "deadline_expired_in_queue"
+    CLUSTER_BACKLOGGED = "cluster_backlogged"
     # The pool cannot serve at all: 503 with Retry-After.
     NO_BACKEND = "no_backend"
     DRAINING = "draining"
@@ -28,5 +29,10 @@ class Outcome(StrEnum):
 
 
 SHED_OUTCOMES = frozenset(
-    {Outcome.QUEUE_FULL, Outcome.DEADLINE_UNMEETABLE, Outcome.DEADLINE_EXPIRED_IN_QUEUE}
+    {
+        Outcome.QUEUE_FULL,
+        Outcome.DEADLINE_UNMEETABLE,
+        Outcome.DEADLINE_EXPIRED_IN_QUEUE,
+        Outcome.CLUSTER_BACKLOGGED,
+    }
 )

@@ -22,6 +22,8 @@ class QueueStats:
 
     queued_by_band: tuple[int, ...]
     free_slots: int
+    external_waiting: int = 0
+    """Requests the backends report queued inside them (sent by others): ahead of every band."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +44,7 @@ class Throughput:
 
 def positions_to_drain(stats: QueueStats, band: int) -> int:
     """How many slot hand-overs must happen before a new request of `band` gets one (0: a slot is free)."""
-    ahead = sum(stats.queued_by_band[: band + 1])
+    ahead = sum(stats.queued_by_band[: band + 1]) + stats.external_waiting
     return max(0, ahead + 1 - stats.free_slots)
 
 

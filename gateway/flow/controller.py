@@ -13,13 +13,16 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from gateway.queues.base import Full, Granted, RequestQueue, Slot, Ticket, Unavailable
 from gateway.settings import PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.admission import AdmissionConfig, AdmissionRequest, allowed_wait_s, max_positions, refuse
 from policies.outcomes import Outcome
+from policies.shedding import BacklogLimits, ClusterBacklog, backlog_retry_after_s, first_shed_band
+from policies.wait import Throughput
 
 _DEFAULT_ADMISSION = AdmissionConfig()
 
@@ -36,6 +39,21 @@ class Refusal:
     retry_after_s: float | None = None
 
 
+class SignalView(Protocol):
+    """What the backends and the cluster report (see gateway.signals)."""
+
+    def external_waiting(self, model: str) -> float: ...
+    def backlog(self) -> ClusterBacklog | None: ...
+
+
+class _NoSignals:
+    def external_waiting(self, model: str) -> float:
+        return 0.0
+
+    def backlog(self) -> ClusterBacklog | None:
+        return None
+
+
 class AdmissionController:
     def __init__(
         self,
@@ -44,10 +62,14 @@ class AdmissionController:
         metrics: GatewayMetrics,
         *,
         admission: AdmissionConfig = _DEFAULT_ADMISSION,
+        signals: SignalView | None = None,
+        backlog_limits: BacklogLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
     ) -> None:
         self._store = store
+        self._signals = signals if signals is not None else _NoSignals()
+        self._backlog_limits = backlog_limits
         self._class_names = [p.name for p in priorities]
         self._max_wait_s = [p.max_wait_ms / 1000 for p in priorities]
         self._metrics = metrics
@@ -69,15 +91,22 @@ class AdmissionController:
         arrived_at = self._clock()
         request = AdmissionRequest(band=band, max_queue_wait_s=self._max_wait_s[band], budget_s=budget_s)
         throughput = self._store.throughput(model, arrived_at)
+        # Requests the backends hold for other clients are ahead of every band: they take
+        # positions from the limit the store checks atomically.
+        external = int(self._signals.external_waiting(model))
+        if (shed := self._shed(model, request, throughput, external)) is not None:
+            return shed
         allowed_s = allowed_wait_s(request, throughput, self._admission.safety_sigmas)
+        limit = max_positions(request, throughput, self._admission)
         offer = await self._store.offer(
-            model, band, allowed_s, max_positions(request, throughput, self._admission), arrived_at
+            model, band, allowed_s, limit - external if limit >= 0 else limit, arrived_at
         )
         if isinstance(offer, Granted):
             self._metrics.observe_queue_wait(model, self._class_names[band], 0.0)
             return Lease(offer.slot, 0.0)
         if isinstance(offer, Full):
-            reject = refuse(request, offer.stats, throughput, self._jitter(), self._admission)
+            stats = replace(offer.stats, external_waiting=external)
+            reject = refuse(request, stats, throughput, self._jitter(), self._admission)
             return self._refusal(model, band, reject.reason, reject.retry_after_s)
         if isinstance(offer, Unavailable):
             return Refusal(Outcome.STORE_UNAVAILABLE, offer.retry_after_s)
@@ -118,6 +147,21 @@ class AdmissionController:
         if service_s is not None:
             self._store.record_service(lease.slot.model, service_s)
         return self._store.release_soon(lease.slot, self._clock())
+
+    def _shed(
+        self, model: str, request: AdmissionRequest, throughput: Throughput, external: int
+    ) -> Refusal | None:
+        """Refuse at once a class the cluster backlog sheds, with the cluster's wait added."""
+        backlog = self._signals.backlog()
+        if backlog is None or self._backlog_limits is None:
+            return None
+        first = first_shed_band(backlog, self._backlog_limits, len(self._class_names))
+        if first is None or request.band < first:
+            return None
+        stats = replace(self._store.stats(model), external_waiting=external)
+        advice = refuse(request, stats, throughput, self._jitter(), self._admission).retry_after_s
+        advice = backlog_retry_after_s(advice, backlog, self._admission.retry.max_s)
+        return self._refusal(model, request.band, Outcome.CLUSTER_BACKLOGGED, advice)
 
     def _refusal(self, model: str, band: int, outcome: Outcome, retry_after_s: float) -> Refusal:
         self._metrics.observe_retry_after(model, self._class_names[band], retry_after_s)

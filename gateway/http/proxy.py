@@ -8,6 +8,7 @@ Every request is counted exactly once, with the outcome it ended with.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 from dataclasses import dataclass
@@ -161,6 +162,9 @@ class Proxy:
     ) -> aiohttp.client._RequestContextManager:
         scope = exchange.scope
         target = scope["raw_path"].decode("latin-1") if scope.get("raw_path") else scope["path"]
+        body = exchange.body
+        if backend.served_model != backend.model:
+            target, body = served_names(target, body, backend.model, backend.served_model, exchange.style)
         if scope["query_string"]:
             target += "?" + scope["query_string"].decode("latin-1")
         assert self._rt.session is not None, "the session is created in the lifespan"
@@ -168,7 +172,7 @@ class Proxy:
             scope["method"],
             backend.url + target,
             headers=upstream_request_headers(scope["headers"]),
-            data=exchange.body or None,
+            data=body or None,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         )
 
@@ -270,6 +274,24 @@ class _UpstreamTimer:
         self.elapsed_s = rt.clock() - self._started_at
         rt.metrics.observe_upstream(self._model, self.elapsed_s)
         self.handed_over = rt.controller.release_soon(self._lease, self.elapsed_s if self._ok else None)
+
+
+def served_names(
+    target: str, body: bytes, model: str, served: str, style: ErrorStyle
+) -> tuple[str, bytes]:
+    """The path and body with the gateway's model name replaced by the backend's own.
+
+    KServe names the model in the path; OpenAI in the body's `model`, which is then written anew
+    (only for backends configured with a different `served_model`).
+    """
+    prefix = f"/v2/models/{model}"
+    if target == prefix or target.startswith(prefix + "/"):
+        return f"/v2/models/{served}" + target[len(prefix) :], body
+    if style is ErrorStyle.OPENAI and body:
+        payload = json.loads(body)
+        payload["model"] = served
+        return target, json.dumps(payload).encode()
+    return target, body
 
 
 def _is_event_stream(headers: RawHeaders) -> bool:

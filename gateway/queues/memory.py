@@ -32,18 +32,27 @@ class _Capacity:
     """This store's share of one backend's slots, and how many of them are in use."""
 
     backend: BackendState
-    max_concurrency: int
+    divisor: int
     inflight: int = 0
+
+    @property
+    def max_concurrency(self) -> int:
+        slots = self.backend.max_concurrency  # may be discovered later, or change
+        return max(1, slots // self.divisor) if slots else 0
 
     @property
     def ready(self) -> bool:
         return self.backend.ready
 
+    @property
+    def external_waiting(self) -> float:
+        return self.backend.external_waiting
+
 
 class _ModelQueue:
     def __init__(self, pool: ModelPool, bands: int, estimation: Estimation, slot_divisor: int) -> None:
         self.pool = pool
-        self.capacity = [_Capacity(b, max(1, b.max_concurrency // slot_divisor)) for b in pool.backends]
+        self.capacity = [_Capacity(b, slot_divisor) for b in pool.backends]
         self.capacity_of = {c.backend: c for c in self.capacity}
         self.heaps: list[list[_HeapEntry]] = [[] for _ in range(bands)]
         self.depth = [0] * bands

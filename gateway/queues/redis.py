@@ -91,7 +91,6 @@ class _GlobalView:
 class _Model:
     pool: ModelPool
     tag: str
-    backend_args: list[Any]
     estimates: PoolEstimates
     view: _GlobalView
     by_url: dict[str, BackendState]
@@ -103,6 +102,17 @@ class _Model:
     early_grants: dict[str, tuple[float, str]] = field(default_factory=dict)
     # Tickets withdrawn after Redis had granted them: their grants are on the way, to be freed.
     withdrawn: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def backend_args(self) -> list[Any]:
+        """The backends as the scripts read them: count, then (url, slots, queued inside) each.
+
+        Built per call: slots may be discovered late, and the reported queues change every scrape.
+        """
+        args: list[Any] = [len(self.pool.backends)]
+        for b in self.pool.backends:
+            args += [b.url, b.max_concurrency, b.external_waiting]
+        return args
 
     def take_refused_locally(self) -> list[int]:
         counts, self.refused_locally = self.refused_locally, [0] * len(self.refused_locally)
@@ -141,14 +151,10 @@ class RedisQueue:
         self._scripts = {name: client.register_script(_script_source(name)) for name in _SCRIPTS}
         self._models: dict[str, _Model] = {}
         for pool in pools:
-            backend_args: list[Any] = [len(pool.backends)]
-            for backend in pool.backends:
-                backend_args += [backend.url, backend.max_concurrency]
             empty = _GlobalView(clock(), 0.0, 0, (0,) * bands, (0.0,) * bands, (0.0,) * bands, None)
             self._models[pool.name] = _Model(
                 pool=pool,
                 tag=f"{{{key_prefix}:{pool.name}}}",
-                backend_args=backend_args,
                 estimates=PoolEstimates(bands, pool.expected_service_s, estimation),
                 view=empty,
                 by_url={b.url: b for b in pool.backends},

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from gateway.upstream.backends import ModelPool
 from policies.outcomes import Outcome
+from policies.saturation import saturation
 from policies.wait import QueueStats, Throughput
 
 # `*_created` series double the exposition for no use here (Prometheus handles counter resets).
@@ -60,6 +61,19 @@ class GatewayMetrics:
         self.store_up = Gauge(
             "gateway_store_up",
             "1 while the queue store is usable (Redis answers, or the store is in memory).",
+            registry=registry,
+        )
+        self.signal_up = Gauge(
+            "gateway_signal_up",
+            "1 while a metrics source (a backend's /metrics, kueue) answers; 0 once stale.",
+            ["source"],
+            registry=registry,
+        )
+        # The name the seed's sidecar exported, kept for the dashboards and alerts built on it.
+        self.pending_workloads = Gauge(
+            "gpu_queue_waiting_workloads",
+            "Workloads pending admission in the serving ClusterQueue, as Kueue reports them.",
+            ["cluster_queue"],
             registry=registry,
         )
         # Label children by label values: `.labels()` takes a lock and validates on every call.
@@ -125,6 +139,21 @@ class _PoolCollector(Collector):
             "1 when the backend passed its last health check.",
             labels=["model", "backend"],
         )
+        slots = GaugeMetricFamily(
+            "gateway_backend_slots",
+            "Requests the gateway may have in flight on the backend (configured or discovered).",
+            labels=["model", "backend"],
+        )
+        saturated = GaugeMetricFamily(
+            "gateway_backend_saturation",
+            "Requests running and waiting on the backend per slot, by its own report while fresh.",
+            labels=["model", "backend"],
+        )
+        reported = GaugeMetricFamily(
+            "gateway_backend_queue",
+            "Requests the backend reports waiting inside it (its own metrics).",
+            labels=["model", "backend"],
+        )
         service = GaugeMetricFamily(
             "gateway_service_time_seconds",
             "Measured mean time a backend slot is held per request (EWMA).",
@@ -151,10 +180,23 @@ class _PoolCollector(Collector):
                 arrivals.add_metric([pool.name, priority], offered)
             inflight.add_metric([pool.name], sum(b.inflight for b in pool.backends))
             for backend in pool.backends:
-                ready.add_metric([pool.name, backend.url], 1.0 if backend.ready else 0.0)
+                labels = [pool.name, backend.url]
+                ready.add_metric(labels, 1.0 if backend.ready else 0.0)
+                slots.add_metric(labels, backend.max_concurrency)
+                reported.add_metric(labels, backend.external_waiting)
+                saturated.add_metric(
+                    labels,
+                    saturation(
+                        backend.inflight,
+                        backend.max_concurrency,
+                        backend.reported_waiting,
+                        backend.reported_running,
+                        backend.signal_up,
+                    ),
+                )
             service.add_metric([pool.name], flow.service_time_s)
             drain.add_metric([pool.name], flow.drain_rate_per_s)
-        yield from (depth, inflight, ready, service, drain, arrivals)
+        yield from (depth, inflight, ready, slots, saturated, reported, service, drain, arrivals)
 
     def describe(self) -> Iterable[Metric]:
         return []

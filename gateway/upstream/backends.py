@@ -14,10 +14,24 @@ class BackendState:
     model: str
     url: str
     max_concurrency: int
+    """0 until known (a Triton backend's is discovered)."""
     health_path: str
     metrics_url: str | None = None
+    kind: str = "kserve"
+    served_model: str = ""
+    configured_slots: bool = True
     ready: bool = False
     inflight: int = 0
+    # What the backend itself reports (its /metrics), while that source is fresh.
+    signal_up: bool = False
+    reported_waiting: float = 0.0
+    reported_running: float | None = None
+    max_batch_size: int = 0
+
+    @property
+    def external_waiting(self) -> float:
+        """Requests queued inside the backend ahead of ours: its own count, while fresh."""
+        return self.reported_waiting if self.signal_up else 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -32,6 +46,11 @@ class ModelPool:
         return any(b.ready for b in self.backends)
 
     @property
+    def external_waiting(self) -> float:
+        """Requests queued inside the ready backends ahead of ours, as they report them."""
+        return sum(b.external_waiting for b in self.backends if b.ready)
+
+    @property
     def total_slots(self) -> int:
         return sum(b.max_concurrency for b in self.backends if b.ready)
 
@@ -43,9 +62,12 @@ class ModelPool:
                 BackendState(
                     model=model.name,
                     url=b.url,
-                    max_concurrency=b.max_concurrency,
-                    health_path=b.health_path,
+                    max_concurrency=b.max_concurrency or 0,
+                    health_path=b.readiness_path.replace("{model}", b.served_model or model.name),
                     metrics_url=b.metrics_url,
+                    kind=b.kind,
+                    served_model=b.served_model or model.name,
+                    configured_slots=b.max_concurrency is not None,
                 )
                 for b in model.backends
             ],

@@ -51,6 +51,7 @@ class HealthChecker:
         self._set(pool, backend, ready)
 
     def _set(self, pool: ModelPool, backend: BackendState, ready: bool) -> None:
+        ready = ready and backend.max_concurrency > 0  # a Triton backend's slots come from discovery
         if backend.ready == ready:
             return
         backend.ready = ready

@@ -1,5 +1,9 @@
 """A proxy forwards end-to-end headers and drops hop-by-hop ones (RFC 9110 section 7.6.1)."""
 
+import json
+
+from gateway.errors import ErrorStyle
+from gateway.http.proxy import served_names
 from gateway.upstream.client import downstream_response_headers, upstream_request_headers
 
 
@@ -42,3 +46,25 @@ def test_response_keeps_end_to_end_fields_and_lowercases_names():
         (b"set-cookie", b"a=1"),
         (b"set-cookie", b"b=2"),
     ]
+
+
+def test_served_names_rewrite_the_kserve_path():
+    assert served_names("/v2/models/sim/infer", b"x", "sim", "sleep_ms", ErrorStyle.KSERVE) == (
+        "/v2/models/sleep_ms/infer",
+        b"x",
+    )
+    assert (
+        served_names("/v2/models/sim", b"", "sim", "sleep_ms", ErrorStyle.KSERVE)[0] == "/v2/models/sleep_ms"
+    )
+    assert (
+        served_names("/v2/models/simple/infer", b"", "sim", "s", ErrorStyle.KSERVE)[0]
+        == "/v2/models/simple/infer"
+    )
+
+
+def test_served_names_rewrite_the_openai_body():
+    target, body = served_names(
+        "/v1/chat/completions", b'{"model": "chat", "n": 1}', "chat", "org/Llama-8B", ErrorStyle.OPENAI
+    )
+    assert target == "/v1/chat/completions"
+    assert json.loads(body) == {"model": "org/Llama-8B", "n": 1}

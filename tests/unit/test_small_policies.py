@@ -15,6 +15,7 @@ class Slots:
     inflight: int
     max_concurrency: int
     ready: bool = True
+    external_waiting: float = 0.0
 
 
 @pytest.mark.parametrize(
@@ -42,6 +43,7 @@ def test_next_band_never_skips_waiting_work(depths):
         ([Slots(0, 4, ready=False), Slots(3, 4)], 1),
         ([Slots(4, 8), Slots(1, 2)], 0),  # equal share: the first listed
         ([Slots(1, 8), Slots(0, 1)], 1),
+        ([Slots(0, 4, external_waiting=3), Slots(2, 4)], 1),  # busy with others' work
         ([], None),
     ],
 )

@@ -28,14 +28,16 @@ local function fmt(x)
   return string.format('%.6f', x)
 end
 
--- Backends come as ARGV pairs (url, max_concurrency) starting at `first`, count at first - 1.
+-- Backends come as ARGV triples (url, max_concurrency, requests the backend reports queued
+-- inside it) starting at `first`, their count at first - 1.
 local function read_backends(first)
   local count = tonumber(ARGV[first - 1])
   local backends = {}
   for i = 0, count - 1 do
-    backends[#backends + 1] = {url = ARGV[first + 2 * i], cap = tonumber(ARGV[first + 2 * i + 1])}
+    local at = first + 3 * i
+    backends[#backends + 1] = {url = ARGV[at], cap = tonumber(ARGV[at + 1]), queued = tonumber(ARGV[at + 2])}
   end
-  return backends, first + 2 * count
+  return backends, first + 3 * count
 end
 
 -- For a while after Redis comes back (a replica rejoining from its fallback opens the window),
@@ -76,14 +78,15 @@ local function free_slots(backends)
   return free
 end
 
--- The least loaded ready backend with a free slot (share of slots in use; ties: first listed).
+-- The least loaded ready backend with a free slot: share of its slots in use plus what it reports
+-- queued inside it (others' work); ties go to the first listed.
 local function pick_backend(backends)
   local best, best_load = nil, nil
   for _, b in ipairs(backends) do
     if redis.call('HGET', tag .. ':ready', b.url) == '1' then
       local used = slots_used(b)
       if used < b.cap then
-        local load = used / b.cap
+        local load = (used + b.queued) / b.cap
         if best == nil or load < best_load then best, best_load = b, load end
       end
     end

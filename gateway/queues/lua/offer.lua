@@ -1,6 +1,6 @@
 -- Admission check and insert in one step: grant a free slot, queue, or refuse.
 -- ARGV: replica, band, max_positions, nbands, ordering, allowed_s, lease_ttl_s, tau_slow, tau_fast,
---       nbands counts of arrivals refused locally, nbackends, (url, max_concurrency) x nbackends
+--       nbands counts of arrivals refused locally, nbackends, (url, max_concurrency, queued) x nbackends
 -- Returns {'granted', lease, url, snapshot} | {'queued', ticket, snapshot} | {'full', snapshot}.
 local replica, band = ARGV[1], tonumber(ARGV[2])
 local max_positions, nbands = tonumber(ARGV[3]), tonumber(ARGV[4])

@@ -1,5 +1,5 @@
 -- Record backend readiness seen by a replica, then dispatch into slots that became usable.
--- ARGV: nbands, lease_ttl_s, drain_tau, nbackends, (url, max_concurrency)..., then (url, '0'|'1')...
+-- ARGV: nbands, lease_ttl_s, drain_tau, nbackends, (url, max_concurrency, queued)..., then (url, '0'|'1')...
 -- Returns the number of grants.
 local nbands, ttl, drain_tau = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local backends, next_arg = read_backends(5)

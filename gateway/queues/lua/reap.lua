@@ -1,6 +1,6 @@
 -- Reclaim what dead replicas left: their slots, their queued tickets (their clients are gone),
 -- and any lease past its expiry; then dispatch into the freed slots.
--- ARGV: nbands, lease_ttl_s, drain_tau, nbackends, (url, max_concurrency)...
+-- ARGV: nbands, lease_ttl_s, drain_tau, nbackends, (url, max_concurrency, queued)...
 -- Returns {dead replicas, expired leases, grants}.
 local nbands, ttl, drain_tau = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local backends = read_backends(5)

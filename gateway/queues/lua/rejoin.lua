@@ -9,7 +9,7 @@
 --    without persistence);
 -- 6. dispatch.
 -- ARGV: replica, nbands, lease_ttl_s, drain_tau, window_s, replicas_expected,
---       nbackends, (url, max_concurrency)..., nready, (url, '0'|'1')..., nreserve, (url, count)...,
+--       nbackends, (url, max_concurrency, queued)..., nready, (url, '0'|'1')..., nreserve, (url, count)...,
 --       then (lease, url) pairs of the leases it still uses.
 -- Returns {tickets dropped, leases freed, grants, {reserved lease ids}, {old lease, new lease}...}.
 local replica, nbands = ARGV[1], tonumber(ARGV[2])

@@ -1,5 +1,5 @@
 -- Take a ticket out of its queue.
--- ARGV: ticket, band, replica, nbands, tau_slow, tau_fast, nbackends, (url, max_concurrency)...
+-- ARGV: ticket, band, replica, nbands, tau_slow, tau_fast, nbackends, (url, max_concurrency, queued)...
 -- Returns {1 when it was still queued, 0 when it was granted (its grant is on the way) or purged;
 --          snapshot}.
 local id, band, replica, nbands = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])

@@ -1,0 +1,1 @@
+"""What the model servers and the cluster report: scrapers for Triton, vLLM and Kueue metrics."""

@@ -1,0 +1,230 @@
+"""Scrapers: one background loop per metrics source, with a timeout and jittered intervals.
+
+A backend's source updates what that backend reports (its queue, its running count); Kueue's
+updates the cluster backlog. A source that fails `stale_after_failures` scrapes in a row is stale
+(`gateway_signal_up{source} 0`): a backend's reports are then ignored, so decisions fall back to
+the gateway's own counts, and the cluster backlog keeps its last known value (a source going
+quiet is no reason to believe the cluster recovered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import anyio
+
+from gateway.settings import Kueue, Signals
+from gateway.signals.exposition import Exposition
+from gateway.signals.readings import KueueReading, ServerReading, read_kueue, read_server
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.upstream.backends import BackendState, ModelPool
+from policies.estimators import counter_increase
+from policies.histograms import bucket_deltas, quantile
+from policies.shedding import BacklogLimits, ClusterBacklog
+
+log = logging.getLogger("gateway.signals")
+
+
+class ScrapeError(Exception):
+    """The source did not answer with usable metrics."""
+
+
+Scrape = Callable[[aiohttp.ClientSession, "SourceState"], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class SourceState:
+    name: str
+    failures: int = 0
+    up: bool = False
+
+
+@dataclass(slots=True)
+class BackendSignal:
+    """Rates derived from a backend's counters between two scrapes."""
+
+    previous: ServerReading | None = None
+    previous_at: float = 0.0
+    queue_wait_s: float | None = None
+    """Mean time requests waited inside the backend over the last interval (Triton)."""
+    completions_per_s: float | None = None
+
+
+@dataclass(slots=True)
+class ClusterState:
+    """The serving ClusterQueue as Kueue last reported it."""
+
+    limits: BacklogLimits
+    backlog: ClusterBacklog | None = None
+    previous_buckets: dict[float, float] = field(default_factory=dict)
+
+
+class SignalBoard:
+    """Everything scraped, and the loops that keep it current."""
+
+    def __init__(
+        self,
+        pools: list[ModelPool],
+        config: Signals,
+        kueue: Kueue | None,
+        metrics: GatewayMetrics,
+        *,
+        on_backend_signal: Callable[[str], None] = lambda model: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._pools = pools
+        self._config = config
+        self._kueue = kueue
+        self._metrics = metrics
+        self._on_backend_signal = on_backend_signal
+        self._clock = clock
+        self.cluster = (
+            ClusterState(BacklogLimits(kueue.backlog_pending_workloads, kueue.backlog_admission_wait_p95_s))
+            if kueue is not None
+            else None
+        )
+        self.backend_signals: dict[int, BackendSignal] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._own_sessions: list[aiohttp.ClientSession] = []
+
+    def external_waiting(self, model: str) -> float:
+        pool = next(p for p in self._pools if p.name == model)
+        return pool.external_waiting
+
+    def backlog(self) -> ClusterBacklog | None:
+        return self.cluster.backlog if self.cluster is not None else None
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        for pool in self._pools:
+            for backend in pool.backends:
+                if backend.metrics_url:
+                    self._loop(session, backend.metrics_url, self._backend_scrape(pool, backend))
+        if self._kueue is not None:
+            self._own_sessions.append(self._kueue_session(self._kueue))
+            self._loop(self._own_sessions[-1], "kueue", self._kueue_scrape(self._kueue))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for session in self._own_sessions:
+            await session.close()
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def _loop(self, session: aiohttp.ClientSession, name: str, scrape: Scrape) -> None:
+        state = SourceState(name)
+        self._metrics.signal_up.labels(name).set(0)
+        self._tasks.append(asyncio.create_task(self._run(session, state, scrape), name=f"scrape {name}"))
+
+    async def _run(self, session: aiohttp.ClientSession, state: SourceState, scrape: Scrape) -> None:
+        interval_s = self._config.scrape_interval_ms / 1000
+        while True:
+            try:
+                await asyncio.wait_for(scrape(session, state), self._config.scrape_timeout_ms / 1000)
+            except (ScrapeError, aiohttp.ClientError, TimeoutError, ValueError) as error:
+                state.failures += 1
+                if state.up and state.failures >= self._config.stale_after_failures:
+                    state.up = False
+                    self._metrics.signal_up.labels(state.name).set(0)
+                    log.warning(
+                        "signal source %s is stale after %d failures: %r", state.name, state.failures, error
+                    )
+                    self._stale(state.name)
+            else:
+                if not state.up:
+                    log.info("signal source %s is up", state.name)
+                state.failures = 0
+                state.up = True
+                self._metrics.signal_up.labels(state.name).set(1)
+            # Jitter keeps many replicas from scraping a server in step.
+            await asyncio.sleep(interval_s * random.uniform(0.8, 1.2))
+
+    def _stale(self, name: str) -> None:
+        for pool in self._pools:
+            for backend in pool.backends:
+                if backend.metrics_url == name and backend.signal_up:
+                    backend.signal_up = False
+                    self._on_backend_signal(pool.name)
+
+    # -- sources ---------------------------------------------------------------------------------
+
+    def _backend_scrape(self, pool: ModelPool, backend: BackendState) -> Scrape:
+        signal = self.backend_signals.setdefault(id(backend), BackendSignal())
+
+        async def scrape(session: aiohttp.ClientSession, state: SourceState) -> None:
+            assert backend.metrics_url is not None
+            reading = read_server(await _fetch(session, backend.metrics_url), backend.served_model)
+            if reading is None:
+                raise ScrapeError("neither Triton nor vLLM metrics")
+            now = self._clock()
+            self._derive(signal, reading, now)
+            backend.reported_waiting = reading.waiting
+            backend.reported_running = reading.running
+            backend.signal_up = True
+            self._on_backend_signal(pool.name)
+
+        return scrape
+
+    @staticmethod
+    def _derive(signal: BackendSignal, reading: ServerReading, now: float) -> None:
+        before = signal.previous
+        if before is not None and reading.request_success is not None and now > signal.previous_at:
+            done = counter_increase(before.request_success, reading.request_success)
+            signal.completions_per_s = done / (now - signal.previous_at)
+            if done > 0 and reading.queue_duration_us is not None:
+                queued_us = counter_increase(before.queue_duration_us, reading.queue_duration_us)
+                signal.queue_wait_s = queued_us / done / 1e6
+        signal.previous, signal.previous_at = reading, now
+
+    def _kueue_scrape(self, config: Kueue) -> Scrape:
+        assert self.cluster is not None
+        cluster = self.cluster
+
+        async def scrape(session: aiohttp.ClientSession, state: SourceState) -> None:
+            headers = {}
+            if config.bearer_token_file:
+                # Read each time: projected service-account tokens rotate.
+                token = (await anyio.Path(config.bearer_token_file).read_text()).strip()
+                headers["Authorization"] = f"Bearer {token}"
+            reading = read_kueue(await _fetch(session, config.url, headers), config.cluster_queue)
+            if reading is None:
+                raise ScrapeError("no kueue_pending_workloads in the metrics")
+            self._take_kueue(cluster, reading, config.cluster_queue)
+
+        return scrape
+
+    def _take_kueue(self, cluster: ClusterState, reading: KueueReading, cluster_queue: str) -> None:
+        window = bucket_deltas(cluster.previous_buckets, reading.admission_wait_buckets)
+        cluster.previous_buckets = reading.admission_wait_buckets
+        p95 = quantile(0.95, (window or reading.admission_wait_buckets).items())
+        if not window or not any(window.values()):
+            # No admissions in this interval: keep the last p95 rather than claim none is needed.
+            p95 = cluster.backlog.admission_wait_p95_s if cluster.backlog is not None else p95
+        cluster.backlog = ClusterBacklog(pending_workloads=reading.pending_active, admission_wait_p95_s=p95)
+        self._metrics.pending_workloads.labels(cluster_queue).set(reading.pending_active)
+
+    @staticmethod
+    def _kueue_session(config: Kueue) -> aiohttp.ClientSession:
+        context: ssl.SSLContext | bool
+        if config.insecure_skip_verify:
+            context = False
+        else:
+            context = ssl.create_default_context(cafile=config.ca_file)
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=2))
+
+
+async def _fetch(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None
+) -> Exposition:
+    async with session.get(url, headers=headers) as reply:
+        if reply.status != 200:
+            raise ScrapeError(f"{url} answered {reply.status}")
+        return Exposition.parse(await reply.text())

@@ -1,0 +1,104 @@
+"""Triton discovery: read each Triton backend's model config with tritonclient, at start and then
+periodically, so that a backend's slots default to what the model can really run at once.
+
+A Triton model executes one batch per instance at a time; with dynamic batching a batch gathers up
+to max_batch_size requests. So, unless the config sets max_concurrency, a backend gets
+instances x max_batch_size slots with dynamic batching, and one slot per instance without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import tritonclient.http.aio as triton
+from tritonclient.utils import InferenceServerException
+
+from gateway.upstream.backends import BackendState, ModelPool
+
+log = logging.getLogger("gateway.discovery")
+
+
+@dataclass(frozen=True, slots=True)
+class TritonModel:
+    ready: bool
+    instances: int
+    max_batch_size: int
+    dynamic_batching: bool
+
+    @property
+    def slots(self) -> int:
+        """Requests the model can execute at once."""
+        per_instance = self.max_batch_size if self.dynamic_batching and self.max_batch_size > 0 else 1
+        return max(1, self.instances * per_instance)
+
+    @classmethod
+    def from_config(cls, ready: bool, config: dict[str, Any]) -> TritonModel:
+        groups = config.get("instance_group") or [{}]
+        return cls(
+            ready=ready,
+            instances=sum(int(group.get("count", 1) or 1) for group in groups),
+            max_batch_size=int(config.get("max_batch_size", 0) or 0),
+            dynamic_batching="dynamic_batching" in config,
+        )
+
+
+class TritonDiscovery:
+    def __init__(
+        self,
+        pools: Sequence[ModelPool],
+        on_change: Callable[[str], None],
+        *,
+        interval_s: float,
+        timeout_s: float,
+    ) -> None:
+        self._backends = [(p, b) for p in pools for b in p.backends if b.kind == "triton"]
+        self._on_change = on_change
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+
+    async def discover_all(self) -> None:
+        await asyncio.gather(*(self._discover(pool, backend) for pool, backend in self._backends))
+
+    async def run(self) -> None:
+        if not self._backends:
+            return
+        while True:
+            await asyncio.sleep(self._interval_s)
+            await self.discover_all()
+
+    async def _discover(self, pool: ModelPool, backend: BackendState) -> None:
+        try:
+            model = await asyncio.wait_for(self._read(backend), self._timeout_s)
+        except (InferenceServerException, OSError, TimeoutError) as error:
+            log.debug("discovery of %s at %s failed: %r", backend.served_model, backend.url, error)
+            return
+        backend.max_batch_size = model.max_batch_size
+        if not backend.configured_slots and model.ready and model.slots != backend.max_concurrency:
+            log.info(
+                "backend %s: model %s has %d instance(s), max_batch_size %d%s: %d slots",
+                backend.url,
+                backend.served_model,
+                model.instances,
+                model.max_batch_size,
+                ", dynamic batching" if model.dynamic_batching else "",
+                model.slots,
+            )
+            backend.max_concurrency = model.slots
+            self._on_change(pool.name)
+
+    async def _read(self, backend: BackendState) -> TritonModel:
+        parts = urlsplit(backend.url)
+        client = triton.InferenceServerClient(
+            parts.netloc, ssl=parts.scheme == "https", conn_timeout=self._timeout_s
+        )
+        try:
+            ready = await client.is_model_ready(backend.served_model)
+            config = await client.get_model_config(backend.served_model) if ready else {}
+        finally:
+            await client.close()
+        return TritonModel.from_config(ready, config)

@@ -1,0 +1,250 @@
+"""The backends' own metrics and Kueue's drive admission: bypass traffic, stale sources, backlogs."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+import time
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.integration.servers import gateway_config
+from tests.redis_server import free_port
+
+pytestmark = pytest.mark.anyio
+INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
+LEADER = 'replica_role="leader"'  # only from Kueue v0.16 on: parsers must not need it
+FAST_SIGNALS = {"scrape_interval_ms": 100, "scrape_timeout_ms": 500, "stale_after_failures": 2}
+
+
+async def infer(url, **headers):
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url + "/v2/models/sim/infer", json=INFER, headers=headers) as reply,
+    ):
+        return reply.status, dict(reply.headers), await reply.json(content_type=None)
+
+
+async def wait_until(check, timeout_s=10.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+def signal_config(sim, metrics_url, **overrides):
+    config = gateway_config([(sim.url, 1)], expected_service_ms=100, signals=FAST_SIGNALS, **overrides)
+    config["models"][0]["backends"][0]["metrics_url"] = metrics_url
+    config["priorities"] = [{"name": "high", "max_wait_ms": 5000}, {"name": "low", "max_wait_ms": 5000}]
+    return config
+
+
+async def test_requests_that_bypass_the_gateway_make_it_refuse_sooner(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=100)
+    gateway = start_gateway(signal_config(sim, sim.metrics_url))
+    await wait_until(
+        lambda: gateway.metric("gateway_signal_up", source=sim.metrics_url) == 1, what="scraping"
+    )
+    assert (await infer(gateway.url, **{"X-Request-Timeout-Ms": "800"}))[0] == 200
+
+    async with aiohttp.ClientSession() as http:
+        bypass = [
+            asyncio.ensure_future(http.post(sim.url + "/v2/models/sim/infer", json=INFER)) for _ in range(12)
+        ]
+        await wait_until(lambda: gateway.metric("gateway_backend_queue") >= 8, what="the backend's queue")
+        started = time.monotonic()
+        status, headers, body = await infer(gateway.url, **{"X-Request-Timeout-Ms": "800"})
+        refused_in = time.monotonic() - started
+        for reply in await asyncio.gather(*bypass):
+            reply.release()
+    # ~10 requests ahead inside the backend at 10 per second: it cannot finish within 800 ms.
+    assert (status, body["reason"]) == (429, "deadline_unmeetable")
+    assert int(headers["retry-after-ms"]) > 0
+    assert refused_in < 0.5  # refused at arrival, not after waiting behind them
+    assert gateway.metric("gateway_backend_saturation") > 1
+    await wait_until(lambda: gateway.metric("gateway_backend_queue") == 0, what="the queue to drain")
+    assert (await infer(gateway.url, **{"X-Request-Timeout-Ms": "800"}))[0] == 200
+
+
+async def test_a_stale_metrics_source_falls_back_to_the_gateways_own_counts(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=10)
+    dead_url = f"http://127.0.0.1:{free_port()}/metrics"
+    gateway = start_gateway(signal_config(sim, dead_url))
+    await asyncio.sleep(0.5)
+    assert gateway.metric("gateway_signal_up", source=dead_url) == 0
+    assert gateway.metric("gateway_backend_queue") == 0
+    assert (await infer(gateway.url))[0] == 200
+
+
+async def test_vllm_metrics_feed_the_backend_queue(start_sim, start_gateway):
+    waiting = {"value": 0.0}
+
+    async def metrics(request: web.Request) -> web.Response:
+        text = (
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f'vllm:num_requests_waiting{{engine="0",model_name="served-name"}} {waiting["value"]}\n'
+            "# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{engine="0",model_name="served-name"} 1.0\n'
+        )
+        return web.Response(text=text)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        sim = start_sim(slots=1, base_ms=10)
+        url = f"http://127.0.0.1:{port}/metrics"
+        gateway = start_gateway(signal_config(sim, url))
+        waiting["value"] = 6.0
+        await wait_until(lambda: gateway.metric("gateway_backend_queue") == 6, what="vLLM's queue")
+        assert gateway.metric("gateway_backend_saturation") == pytest.approx(7.0)
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def tls_cert(tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+class FakeKueue:
+    """Kueue's controller metrics over HTTPS with a bearer-token check, as the real one serves them."""
+
+    def __init__(self, cert, key, token: str | None) -> None:
+        self.cert, self.key, self.token = cert, key, token
+        self.pending = 0
+        self.wait_buckets = {1.0: 0, 2.5: 0, 5.0: 0, 10.0: 0, 20.0: 0, 40.0: 0, 80.0: 0, float("inf"): 0}
+
+    def admit(self, count: int, wait_s: float) -> None:
+        for bound in self.wait_buckets:
+            if wait_s <= bound:
+                self.wait_buckets[bound] += count
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.Response(status=401, text="Unauthorized")
+        lines = [
+            "# TYPE kueue_pending_workloads gauge",
+            f'kueue_pending_workloads{{cluster_queue="gpu-serving",{LEADER},status="active"}} {self.pending}',
+            f'kueue_pending_workloads{{cluster_queue="gpu-serving",{LEADER},status="inadmissible"}} 2',
+            "# TYPE kueue_admission_wait_time_seconds histogram",
+        ]
+        for bound, count in self.wait_buckets.items():
+            le = "+Inf" if bound == float("inf") else f"{bound:g}"
+            lines.append(
+                f'kueue_admission_wait_time_seconds_bucket{{cluster_queue="gpu-serving",priority_class="p",'
+                f'replica_role="leader",le="{le}"}} {count}'
+            )
+        return web.Response(text="\n".join(lines) + "\n")
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/metrics", self.metrics)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.cert, self.key)
+        port = free_port()
+        await web.TCPSite(self.runner, "127.0.0.1", port, ssl_context=context).start()
+        return f"https://127.0.0.1:{port}/metrics"
+
+
+async def test_kueue_backlog_sheds_the_least_urgent_class(start_sim, start_gateway, tls_cert, tmp_path):
+    cert, key = tls_cert
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    kueue = FakeKueue(cert, key, "s3cret-token")
+    url = await kueue.start()
+    try:
+        sim = start_sim(slots=2, base_ms=10)
+        config = gateway_config([(sim.url, 2)], signals=FAST_SIGNALS)
+        config["kueue"] = {
+            "url": url,
+            "cluster_queue": "gpu-serving",
+            "bearer_token_file": str(token_file),
+            "ca_file": str(cert),
+            "backlog_pending_workloads": 5,
+            "backlog_admission_wait_p95_s": 600,
+        }
+        gateway = start_gateway(config)
+        await wait_until(lambda: gateway.metric("gateway_signal_up", source="kueue") == 1, what="Kueue")
+        assert (await infer(gateway.url, **{"X-Priority": "low"}))[0] == 200
+
+        kueue.pending = 20  # four times the limit: of two classes, low is shed
+        kueue.admit(10, wait_s=35.0)
+        await wait_until(
+            lambda: gateway.metric("gpu_queue_waiting_workloads", cluster_queue="gpu-serving") == 20,
+            what="the backlog",
+        )
+        status, headers, body = await infer(gateway.url, **{"X-Priority": "low"})
+        assert (status, body["reason"]) == (429, "cluster_backlogged")
+        assert int(headers["retry-after-ms"]) >= 30_000  # the cluster's own admission wait, p95 in (20, 40]
+        assert (await infer(gateway.url, **{"X-Priority": "high"}))[0] == 200
+
+        kueue.token = "rotated-elsewhere"  # the gateway's token is no longer accepted
+        await wait_until(lambda: gateway.metric("gateway_signal_up", source="kueue") == 0, what="staleness")
+        assert (await infer(gateway.url, **{"X-Priority": "low"}))[0] == 429  # the backlog is not forgotten
+
+        kueue.token = "s3cret-token"
+        kueue.pending = 1
+        await wait_until(
+            lambda: gateway.metric("gpu_queue_waiting_workloads", cluster_queue="gpu-serving") == 1,
+            what="recovery",
+        )
+        assert (await infer(gateway.url, **{"X-Priority": "low"}))[0] == 200
+    finally:
+        await kueue.runner.cleanup()
+
+
+async def test_kueue_with_an_untrusted_certificate_is_refused_unless_told_otherwise(
+    start_sim, start_gateway, tls_cert
+):
+    cert, key = tls_cert
+    kueue = FakeKueue(cert, key, token=None)
+    url = await kueue.start()
+    try:
+        sim = start_sim(slots=1, base_ms=10)
+        base = {"url": url, "cluster_queue": "gpu-serving"}
+        strict = start_gateway({**gateway_config([(sim.url, 1)], signals=FAST_SIGNALS), "kueue": base})
+        lax = start_gateway(
+            {
+                **gateway_config([(sim.url, 1)], signals=FAST_SIGNALS),
+                "kueue": {**base, "insecure_skip_verify": True},
+            }
+        )
+        await wait_until(lambda: lax.metric("gateway_signal_up", source="kueue") == 1, what="the lax scrape")
+        assert strict.metric("gateway_signal_up", source="kueue") == 0  # self-signed: not trusted
+    finally:
+        await kueue.runner.cleanup()

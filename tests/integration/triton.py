@@ -1,0 +1,89 @@
+"""Starting a real tritonserver for tests, or saying exactly why it cannot start here."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.servers import http_get
+from tests.redis_server import IN_CI, free_port
+
+
+class TritonServer:
+    def __init__(self, log_dir: Path, *, sleep_ms: float = 100.0, max_batch_size: int = 4) -> None:
+        if importlib.util.find_spec("pytriton") is None:
+            reason = "nvidia-pytriton is not installed (pip install -e '.[test]' installs it on Linux x86_64)"
+            if IN_CI:
+                pytest.fail(reason)
+            pytest.skip(reason)
+        self.http_port, grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        env = dict(os.environ)
+        # The Python backend's stub loads libpython from the library path: it must find this
+        # interpreter's, not another one on the system.
+        env["LD_LIBRARY_PATH"] = ":".join(
+            filter(None, [sysconfig.get_config_var("LIBDIR"), env.get("LD_LIBRARY_PATH")])
+        )
+        self.log_path = log_dir / f"triton-{self.http_port}.log"
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.triton_model",
+                    "--http-port",
+                    str(self.http_port),
+                    "--grpc-port",
+                    str(grpc_port),
+                    "--metrics-port",
+                    str(self.metrics_port),
+                    "--sleep-ms",
+                    str(sleep_ms),
+                    "--max-batch-size",
+                    str(max_batch_size),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        self._wait_ready()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def _wait_ready(self, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited:\n{self.log_path.read_text(errors='replace')}")
+            try:
+                if http_get(self.url + "/v2/models/sleep_ms/ready")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(
+            f"tritonserver not ready in {timeout_s} s:\n{self.log_path.read_text(errors='replace')}"
+        )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, 15)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+                self.process.wait(10)

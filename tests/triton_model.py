@@ -1,0 +1,53 @@
+"""A real tritonserver (bundled by nvidia-pytriton) serving `sleep_ms`: a model that sleeps a fixed
+time per batch and returns its input, with dynamic batching on.
+
+    python -m tests.triton_model --http-port P --grpc-port G --metrics-port M --sleep-ms 100
+
+The tests start it as a subprocess (see tests/integration/triton.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from pytriton.decorators import batch
+from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--grpc-port", type=int, required=True)
+    parser.add_argument("--metrics-port", type=int, required=True)
+    parser.add_argument("--sleep-ms", type=float, default=100.0)
+    parser.add_argument("--max-batch-size", type=int, default=4)
+    args = parser.parse_args()
+
+    @batch
+    def sleep_then_echo(INPUT0: np.ndarray) -> dict[str, np.ndarray]:
+        time.sleep(args.sleep_ms / 1000)
+        return {"OUTPUT0": INPUT0}
+
+    config = TritonConfig(
+        http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port, allow_metrics=True
+    )
+    with Triton(config=config) as triton:
+        triton.bind(
+            model_name="sleep_ms",
+            infer_func=sleep_then_echo,
+            inputs=[Tensor(name="INPUT0", dtype=np.float32, shape=(-1,))],
+            outputs=[Tensor(name="OUTPUT0", dtype=np.float32, shape=(-1,))],
+            config=ModelConfig(
+                max_batch_size=args.max_batch_size,
+                batcher=DynamicBatcher(max_queue_delay_microseconds=2000),
+            ),
+            strict=False,
+        )
+        triton.serve()
+
+
+if __name__ == "__main__":
+    main()

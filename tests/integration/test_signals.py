@@ -59,13 +59,14 @@ async def test_requests_that_bypass_the_gateway_make_it_refuse_sooner(start_sim,
         started = time.monotonic()
         status, headers, body = await infer(gateway.url, **{"X-Request-Timeout-Ms": "800"})
         refused_in = time.monotonic() - started
+        saturation = gateway.metric("gateway_backend_saturation")
         for reply in await asyncio.gather(*bypass):
             reply.release()
     # ~10 requests ahead inside the backend at 10 per second: it cannot finish within 800 ms.
     assert (status, body["reason"]) == (429, "deadline_unmeetable")
     assert int(headers["retry-after-ms"]) > 0
     assert refused_in < 0.5  # refused at arrival, not after waiting behind them
-    assert gateway.metric("gateway_backend_saturation") > 1
+    assert saturation > 1  # the backend runs and queues more than its one slot
     await wait_until(lambda: gateway.metric("gateway_backend_queue") == 0, what="the queue to drain")
     assert (await infer(gateway.url, **{"X-Request-Timeout-Ms": "800"}))[0] == 200
 

@@ -105,4 +105,4 @@ def _post(url: str):
     reply = connection.getresponse()
     reply.read()
     connection.close()
-    return reply.status, dict(reply.headers)
+    return reply.status, reply.headers  # case-insensitive

@@ -1,0 +1,78 @@
+from pathlib import Path
+
+import pytest
+
+from gateway.settings import ConfigError, load_settings, parse_settings
+
+ROOT = Path(__file__).parents[2]
+
+
+def config(**overrides):
+    base = {
+        "priorities": [{"name": "high", "max_wait_ms": 250}, {"name": "low", "max_wait_ms": 1000}],
+        "default_priority": "low",
+        "models": [{"name": "m", "backends": [{"url": "http://127.0.0.1:8000", "max_concurrency": 4}]}],
+    }
+    base.update(overrides)
+    return base
+
+
+def problems(data) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(data)
+    return caught.value.problems
+
+
+def test_the_documented_sample_config_loads():
+    settings = load_settings(ROOT / "deploy" / "config" / "gateway.yaml")
+    assert [p.name for p in settings.priorities] == ["high", "low"]
+
+
+def test_defaults_fill_the_rest():
+    settings = parse_settings(config())
+    assert settings.store.kind == "memory"
+    assert settings.models[0].backends[0].readiness_path == "/v2/health/ready"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"store": {"kind": "redis"}}, "store.url is required for kind: redis"),
+        ({"store": {"kind": "redis", "url": "http://x"}}, "store.url must be a redis://"),
+        ({"store": {"kind": "etcd"}}, "store.kind"),
+        ({"default_priority": "urgent"}, "default_priority 'urgent' is not one of"),
+        ({"priorities": [{"name": "a", "max_wait_ms": 1}, {"name": "a", "max_wait_ms": 2}]}, "appears twice"),
+        (
+            {"tenants": [{"name": "t", "api_keys": ["0123456789"], "max_priority": "gold"}]},
+            "max_priority 'gold' is not one of",
+        ),
+        (
+            {
+                "tenants": [
+                    {"name": "a", "api_keys": ["same-key-123"]},
+                    {"name": "b", "api_keys": ["same-key-123"]},
+                ]
+            },
+            "api_keys: 'same-key-123' appears twice",
+        ),
+        ({"tenants": [{"name": "t", "api_keys": ["short"]}]}, "tenants[0].api_keys[0]"),
+        ({"ordering": "lifo"}, "ordering"),
+        ({"admission": {"safety_sigmas": -1}}, "admission.safety_sigmas"),
+    ],
+)
+def test_config_errors_name_the_field(overrides, message):
+    assert any(message in problem for problem in problems(config(**overrides)))
+
+
+def test_a_backend_needs_its_slots_unless_triton_discovers_them():
+    plain = {"name": "m", "backends": [{"url": "http://127.0.0.1:8000"}]}
+    assert any("max_concurrency is required" in p for p in problems(config(models=[plain])))
+    triton = {"name": "m", "backends": [{"url": "http://127.0.0.1:8000", "kind": "triton"}]}
+    backend = parse_settings(config(models=[triton])).models[0].backends[0]
+    assert backend.max_concurrency is None
+    assert backend.readiness_path == "/v2/models/{model}/ready"
+
+
+def test_kueue_needs_an_http_url():
+    kueue = {"url": "ftp://kueue", "cluster_queue": "q"}
+    assert any(p.startswith("kueue.url") for p in problems(config(kueue=kueue)))

@@ -28,6 +28,7 @@ from gateway.runtime import Runtime
 from gateway.settings import Settings
 from gateway.signals.scraper import SignalBoard
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.scaling import ScalingHints
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.client import create_session
 from gateway.upstream.discovery import TritonDiscovery
@@ -46,6 +47,8 @@ def build_runtime(
     store = configured_store(settings, list(pools.values()), metrics, clock=clock)
     metrics.watch_pools(list(pools.values()), [p.name for p in settings.priorities], store, clock)
     signals = SignalBoard(list(pools.values()), settings.signals, settings.kueue, metrics, clock=clock)
+    hints = ScalingHints(list(pools.values()), store, settings.autoscaling, clock=clock)
+    metrics.registry.register(hints)
     controller = AdmissionController(
         store,
         settings.priorities,
@@ -64,6 +67,7 @@ def build_runtime(
         metrics=metrics,
         classifier=RequestClassifier(settings),
         signals=signals,
+        hints=hints,
         clock=clock,
     )
 
@@ -92,7 +96,11 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
         await rt.health.check_all()
         await rt.store.start()
         rt.signals.start(rt.session)
-        loops = [asyncio.create_task(rt.health.run()), asyncio.create_task(discovery.run())]
+        loops = [
+            asyncio.create_task(rt.health.run()),
+            asyncio.create_task(discovery.run()),
+            asyncio.create_task(rt.hints.run()),
+        ]
         # Everything built so far lives as long as the process: keep it out of the collector's
         # scans so that a collection costs in proportion to per-request garbage only.
         gc.freeze()

@@ -15,6 +15,7 @@ from gateway.queues.base import RequestQueue
 from gateway.settings import Settings
 from gateway.signals.scraper import SignalBoard
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.scaling import ScalingHints
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.health import HealthChecker
 
@@ -28,6 +29,7 @@ class Runtime:
     metrics: GatewayMetrics
     classifier: RequestClassifier
     signals: SignalBoard
+    hints: ScalingHints
     clock: Callable[[], float] = time.monotonic
     session: aiohttp.ClientSession | None = None
     health: HealthChecker | None = None

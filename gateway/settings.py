@@ -195,6 +195,21 @@ class Estimation(_Frozen):
     """A drain rate measured longer ago than this falls back to slots / service time."""
 
 
+class Autoscaling(_Frozen):
+    """The replica-count hint exported for the autoscaler (gateway_desired_replicas)."""
+
+    target_wait_ms: PositiveMs = 100.0
+    """The mean queue wait the fleet should keep to."""
+    target_p_wait: float | None = Field(None, gt=0, le=1)
+    """Optionally also: the largest acceptable probability of waiting at all."""
+    max_utilization: float = Field(0.8, gt=0, le=1)
+    window_s: float = Field(30.0, gt=0)
+    """Arrival rates are averaged over this long (exponentially forgotten)."""
+    scale_down_window_s: float = Field(300.0, ge=0)
+    """A lower answer is published only after it has held this long (no flapping)."""
+    interval_ms: PositiveMs = 1000.0
+
+
 class Shutdown(_Frozen):
     drain_timeout_ms: PositiveMs = 30_000.0
 
@@ -213,6 +228,7 @@ class Settings(_Frozen):
     health: Health = Health()
     signals: Signals = Signals()
     kueue: Kueue | None = None
+    autoscaling: Autoscaling = Autoscaling()
     estimation: Estimation = Estimation()
     shutdown: Shutdown = Shutdown()
 

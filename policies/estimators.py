@@ -21,6 +21,17 @@ def ewma(previous: float | None, sample: float, weight: float) -> float:
     return previous + weight * (sample - previous)
 
 
+def ewma_in_time(previous: float | None, sample: float, elapsed_s: float, tau_s: float) -> float:
+    """An average of a sampled value that forgets with time constant `tau_s` (not per sample).
+
+    A sample taken `elapsed_s` after the previous one weighs 1 - exp(-elapsed_s / tau_s); the first
+    sample seeds the average.
+    """
+    if previous is None:
+        return sample
+    return previous + -math.expm1(-max(0.0, elapsed_s) / tau_s) * (sample - previous)
+
+
 def counter_increase(before: float | None, after: float) -> float:
     """How much a Prometheus counter grew between two readings.
 

@@ -11,9 +11,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 
-def bucket_deltas(
-    before: Mapping[float, float], after: Mapping[float, float]
-) -> dict[float, float] | None:
+def bucket_deltas(before: Mapping[float, float], after: Mapping[float, float]) -> dict[float, float] | None:
     """Observations per cumulative bucket between two readings; None if the counter was reset."""
     deltas: dict[float, float] = {}
     for bound, count in after.items():

@@ -39,7 +39,7 @@ class Throughput:
     offered_rate_by_band: tuple[float, ...]
     """All arrivals per second (admitted or not), per band."""
     service_spread_s: float = 0.0
-    """Typical deviation of the service time from its mean."""
+    """Standard deviation of the service time."""
 
 
 def positions_to_drain(stats: QueueStats, band: int) -> int:

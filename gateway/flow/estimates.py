@@ -30,6 +30,8 @@ class PoolEstimates:
         self._fast_tau_s = config.rate_window_s / 4
         self.service_time_s = expected_service_s
         self.service_spread_s = 0.0
+        """Standard deviation of the service time (EWMA of squared deviations)."""
+        self._service_variance = 0.0
         self._drain = ObservedRate(config.drain_window_s)
         self._drain_measured_at = float("-inf")
         self._offered_count = [0] * bands
@@ -49,8 +51,9 @@ class PoolEstimates:
 
     def record_service(self, service_s: float) -> None:
         weight = self._config.service_time_weight
-        deviation = abs(service_s - self.service_time_s)
-        self.service_spread_s = ewma(self.service_spread_s, deviation, weight)
+        deviation = service_s - self.service_time_s
+        self._service_variance = ewma(self._service_variance, deviation * deviation, weight)
+        self.service_spread_s = self._service_variance**0.5
         self.service_time_s = ewma(self.service_time_s, service_s, weight)
         self._snapshot = None
 

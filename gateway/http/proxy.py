@@ -276,9 +276,7 @@ class _UpstreamTimer:
         self.handed_over = rt.controller.release_soon(self._lease, self.elapsed_s if self._ok else None)
 
 
-def served_names(
-    target: str, body: bytes, model: str, served: str, style: ErrorStyle
-) -> tuple[str, bytes]:
+def served_names(target: str, body: bytes, model: str, served: str, style: ErrorStyle) -> tuple[str, bytes]:
     """The path and body with the gateway's model name replaced by the backend's own.
 
     KServe names the model in the path; OpenAI in the body's `model`, which is then written anew

@@ -165,8 +165,8 @@ class _PoolCollector(Collector):
             labels=["model"],
         )
         arrivals = GaugeMetricFamily(
-            "gateway_arrival_rate",
-            "Requests arriving per second, admitted or not (exponentially decayed).",
+            "gateway_priority_arrival_rate",
+            "Requests of a class arriving per second, admitted or not (forgotten over seconds).",
             labels=["model", "priority"],
         )
         now = self._clock()

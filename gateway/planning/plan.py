@@ -130,7 +130,7 @@ def build_plan(
         current=current,
         recommendation=recommendation,
         one_fewer=at(recommendation.replicas - 1) if recommendation.replicas > 1 else None,
-        rows=tuple(at(count) for count in sorted(shown) if count >= 1),
+        rows=tuple(at(count) for count in sorted(shown) if 1 <= count <= MAX_REPLICAS),
         growth=growth,
         before=at(base),
         after=at(grown),

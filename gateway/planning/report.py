@@ -276,7 +276,7 @@ def _num(value: float) -> str:
     if value == 0:
         return "0"
     # Whole numbers from 1000 up read better than 1.019e+04; tiny waits keep their exponent.
-    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return f"{value:.0f}" if 1000 <= abs(value) < 1e15 else f"{value:.4g}"
 
 
 def _percent(share: float) -> str:

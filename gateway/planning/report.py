@@ -15,55 +15,57 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     """The plan as JSON-ready data: times in `units.time`, rates per that unit, null for unbounded."""
     workload, targets, recommendation, burst = plan.workload, plan.targets, plan.recommendation, plan.burst
     trace = plan.trace
-    return {
-        "model": plan.model,
-        "units": {"time": plan.unit, "rate": f"per {plan.unit}"},
-        "inputs": {
-            "arrival_rate": workload.arrival_rate,
-            "service_time": workload.service_time,
-            "service_rate": workload.service_rate,
-            "service_cv": workload.service_cv,
-            "slots_per_replica": plan.slots_per_replica,
-            "target_mean_wait": targets.mean_wait,
-            "target_p_wait": targets.p_wait,
-            "max_utilization": targets.max_utilization,
-            "percentile": plan.percentile,
-            "current_replicas": plan.current,
-            "trace": None
-            if trace is None
-            else {
-                "path": trace.path,
-                "requests": trace.requests,
-                "span_s": trace.span_s,
-                "arrival_cv": trace.arrival_cv,
+    return _null_for_unbounded(
+        {
+            "model": plan.model,
+            "units": {"time": plan.unit, "rate": f"per {plan.unit}"},
+            "inputs": {
+                "arrival_rate": workload.arrival_rate,
+                "service_time": workload.service_time,
+                "service_rate": workload.service_rate,
+                "service_cv": workload.service_cv,
+                "slots_per_replica": plan.slots_per_replica,
+                "target_mean_wait": targets.mean_wait,
+                "target_p_wait": targets.p_wait,
+                "max_utilization": targets.max_utilization,
+                "percentile": plan.percentile,
+                "current_replicas": plan.current,
+                "trace": None
+                if trace is None
+                else {
+                    "path": trace.path,
+                    "requests": trace.requests,
+                    "span_s": trace.span_s,
+                    "arrival_cv": trace.arrival_cv,
+                },
             },
-        },
-        "recommendation": {
-            **_scenario_json(plan, Scenario(recommendation.replicas, recommendation.estimate)),
-            "bound_by": recommendation.bound_by,
-            "met": recommendation.met,
-        },
-        "table": [
-            {**_scenario_json(plan, row), "recommended": row.replicas == recommendation.replicas}
-            for row in plan.rows
-        ],
-        "growth": {
-            "factor": plan.growth,
-            "before": _scenario_json(plan, plan.before),
-            "after": _scenario_json(plan, plan.after),
-        },
-        "burst": {
-            "interpretation": "burst_replicas replicas' worth of extra arrivals on the same replicas",
-            "burst_replicas": burst.replicas,
-            "extra_arrival_rate": burst.extra_arrival_rate,
-            "during": _scenario_json(plan, burst.during),
-            "backlog_growth_rate": burst.backlog_growth_rate,
-            "drain_rate_after": burst.drain_rate_after,
-            "replicas_needed": burst.needed.replicas,
-            "replicas_needed_met": burst.needed.met,
-            "with_added_replicas": _scenario_json(plan, burst.with_added),
-        },
-    }
+            "recommendation": {
+                **_scenario_json(plan, Scenario(recommendation.replicas, recommendation.estimate)),
+                "bound_by": recommendation.bound_by,
+                "met": recommendation.met,
+            },
+            "table": [
+                {**_scenario_json(plan, row), "recommended": row.replicas == recommendation.replicas}
+                for row in plan.rows
+            ],
+            "growth": {
+                "factor": plan.growth,
+                "before": _scenario_json(plan, plan.before),
+                "after": _scenario_json(plan, plan.after),
+            },
+            "burst": {
+                "interpretation": "burst_replicas replicas' worth of extra arrivals on the same replicas",
+                "burst_replicas": burst.replicas,
+                "extra_arrival_rate": burst.extra_arrival_rate,
+                "during": _scenario_json(plan, burst.during),
+                "backlog_growth_rate": burst.backlog_growth_rate,
+                "drain_rate_after": burst.drain_rate_after,
+                "replicas_needed": burst.needed.replicas,
+                "replicas_needed_met": burst.needed.met,
+                "with_added_replicas": _scenario_json(plan, burst.with_added),
+            },
+        }
+    )
 
 
 def _scenario_json(plan: Plan, scenario: Scenario) -> dict[str, Any]:
@@ -73,13 +75,20 @@ def _scenario_json(plan: Plan, scenario: Scenario) -> dict[str, Any]:
         "slots": estimate.servers,
         "utilization": estimate.utilization,
         "p_wait": estimate.p_wait,
-        "mean_wait": _finite(estimate.mean_wait),
-        "percentile_wait": _finite(estimate.wait_percentile(plan.percentile / 100)),
+        "mean_wait": estimate.mean_wait,
+        "percentile_wait": estimate.wait_percentile(plan.percentile / 100),
     }
 
 
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
+def _null_for_unbounded(value: Any) -> Any:
+    """JSON has no infinity: an unbounded wait (or an overflowing rate) becomes null."""
+    if isinstance(value, dict):
+        return {key: _null_for_unbounded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_null_for_unbounded(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def render(plan: Plan) -> str:

@@ -86,6 +86,13 @@ def test_json_writes_an_unbounded_wait_as_null(capsys):
     assert data["burst"]["during"]["percentile_wait"] is None
 
 
+def test_json_stays_valid_when_the_load_overflows(capsys):
+    data = plan_json(capsys, "--arrival-rate", "1e300", "--service-rate", "1e-300")
+    assert data["recommendation"]["met"] is False
+    assert data["recommendation"]["utilization"] is None
+    assert all(row["utilization"] is None for row in data["table"])
+
+
 def test_growth_answer_multiplies_the_current_replicas_and_rounds_up(capsys):
     data = plan_json(capsys, "--arrival-rate", "7", "--service-time", "1", "--replicas", "9")
     assert data["growth"]["before"]["replicas"] == 9

@@ -1,4 +1,4 @@
-"""`inference-gateway serve | sim | demo`: the command line."""
+"""`inference-gateway serve | sim | demo | plan`: the command line."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 import uvicorn
 
+from gateway.planning import command as plan
 from gateway.serving import bind, run, url_of
 from gateway.settings import ConfigError, Settings, parse_settings
 from gateway.sim.server import SimOptions, build_sim
@@ -59,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run the simulator and the gateway in front of it")
     demo.add_argument("--port", type=int, default=8080)
     demo.set_defaults(command=_demo)
+
+    plan.register(commands)
     return parser
 
 

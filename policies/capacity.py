@@ -106,9 +106,15 @@ class Recommendation:
 
 
 def erlang_b(servers: int, offered_load: float) -> float:
-    """Erlang B: the probability that all `servers` are busy in a loss system offered `offered_load`."""
+    """Erlang B: the probability that all `servers` are busy in a loss system offered `offered_load`.
+
+    An infinite load (a rate ratio that overflowed) keeps every server busy: 1.0.
+    """
     _check_servers(servers)
-    _check_nonnegative("offered_load", offered_load)
+    if not offered_load >= 0.0:
+        raise ValueError(f"offered_load must be >= 0, got {offered_load}")
+    if math.isinf(offered_load):
+        return 1.0
     blocking = 1.0
     for k in range(1, servers + 1):
         blocking = offered_load * blocking / (k + offered_load * blocking)
@@ -177,8 +183,9 @@ def replicas_for(
     _check_servers(max_replicas)
     load = arrival_rate / service_rate
     # Start just below the utilization ceiling's minimum and walk up, carrying Erlang B along.
-    first = max(1, math.floor(load / (servers_per_replica * targets.max_utilization)) - 1)
-    first = min(first, max_replicas)
+    # (The min() keeps an overflowing load, inf, away from floor().)
+    at_ceiling = load / (servers_per_replica * targets.max_utilization)
+    first = max(1, math.floor(min(at_ceiling, max_replicas + 1.0)) - 1)
     servers = first * servers_per_replica
     blocking = erlang_b(servers, load)
     previous: WaitEstimate | None = None

@@ -170,8 +170,9 @@ def test_replicas_for_counts_every_slot_of_a_replica():
     assert recommendation.estimate.servers == 16
 
 
-def test_replicas_for_stops_at_its_limit_and_says_the_targets_are_unmet():
-    recommendation = replicas_for(1e7, 1.0, Targets(mean_wait=1.0), max_replicas=1000)
+@pytest.mark.parametrize(("arrival", "service"), [(1e7, 1.0), (1e300, 1e-300)])  # the second load is inf
+def test_replicas_for_stops_at_its_limit_and_says_the_targets_are_unmet(arrival, service):
+    recommendation = replicas_for(arrival, service, Targets(mean_wait=1.0), max_replicas=1000)
     assert recommendation.replicas == 1000
     assert not recommendation.met
     assert recommendation.estimate.mean_wait == math.inf

@@ -1,0 +1,1 @@
+"""Capacity planning: `inference-gateway plan`, from rates or a request trace, over `policies.capacity`."""

@@ -32,6 +32,7 @@ from gateway.telemetry.scaling import ScalingHints
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.client import create_session
 from gateway.upstream.discovery import TritonDiscovery
+from gateway.upstream.endpoints import EndpointDiscovery
 from gateway.upstream.health import HealthChecker
 
 
@@ -92,6 +93,18 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
             interval_s=settings.signals.discovery_interval_ms / 1000,
             timeout_s=settings.health.timeout_ms / 1000,
         )
+
+        def backends_moved(model: str) -> None:
+            rt.store.backends_changed(model)
+            rt.signals.follow(model)
+
+        endpoints = EndpointDiscovery(
+            list(rt.pools.values()),
+            settings.models,
+            backends_moved,
+            interval_s=settings.signals.endpoints_interval_ms / 1000,
+        )
+        await endpoints.refresh_all()
         await discovery.discover_all()
         await rt.health.check_all()
         await rt.store.start()
@@ -99,6 +112,7 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
         loops = [
             asyncio.create_task(rt.health.run()),
             asyncio.create_task(discovery.run()),
+            asyncio.create_task(endpoints.run()),
             asyncio.create_task(rt.hints.run()),
         ]
         # Everything built so far lives as long as the process: keep it out of the collector's

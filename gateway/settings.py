@@ -86,6 +86,8 @@ class Backend(_Frozen):
     """Triton's or vLLM's /metrics: its queue counts into admission and dispatch."""
     served_model: str | None = None
     """The model's name on this backend, when it differs from the name clients use."""
+    discover: Literal["none", "dns"] = "none"
+    """dns: one backend per address the URL's host resolves to (a headless Service's pods)."""
     health_path: str | None = None
     """Defaults by kind: /v2/health/ready, /v2/models/{model}/ready, /health ({model}: served name)."""
 
@@ -161,6 +163,8 @@ class Signals(_Frozen):
     """A source that fails this many scrapes in a row is stale: decisions stop using it."""
     discovery_interval_ms: PositiveMs = 10_000.0
     """How often Triton backends' model config is read again."""
+    endpoints_interval_ms: PositiveMs = 5_000.0
+    """How often `discover: dns` backends' names are resolved again."""
 
 
 class Kueue(_Frozen):

@@ -34,6 +34,8 @@ class _Capacity:
     backend: BackendState
     divisor: int
     inflight: int = 0
+    departed: bool = False
+    """The backend left the pool: its slots in use still count, none is handed out."""
 
     @property
     def max_concurrency(self) -> int:
@@ -42,7 +44,7 @@ class _Capacity:
 
     @property
     def ready(self) -> bool:
-        return self.backend.ready
+        return self.backend.ready and not self.departed
 
     @property
     def external_waiting(self) -> float:
@@ -52,8 +54,10 @@ class _Capacity:
 class _ModelQueue:
     def __init__(self, pool: ModelPool, bands: int, estimation: Estimation, slot_divisor: int) -> None:
         self.pool = pool
-        self.capacity = [_Capacity(b, slot_divisor) for b in pool.backends]
-        self.capacity_of = {c.backend: c for c in self.capacity}
+        self.slot_divisor = slot_divisor
+        self.capacity: list[_Capacity] = []
+        self.capacity_of: dict[BackendState, _Capacity] = {}
+        self.follow_backends()
         self.heaps: list[list[_HeapEntry]] = [[] for _ in range(bands)]
         self.depth = [0] * bands
         self.live: set[Ticket] = set()
@@ -73,6 +77,17 @@ class _ModelQueue:
                 if not waiter.done():
                     waiter.set_result(None)
             self.idle_waiters.clear()
+
+    def follow_backends(self) -> None:
+        """Match the pool's backends, which endpoint discovery may change; a backend that left
+        keeps its count until its last slot comes back."""
+        current = {b: self.capacity_of.get(b) or _Capacity(b, self.slot_divisor) for b in self.pool.backends}
+        for backend, capacity in self.capacity_of.items():
+            if backend not in current and capacity.inflight:
+                capacity.departed = True
+                current[backend] = capacity
+        self.capacity_of = current
+        self.capacity = list(current.values())
 
     def stats(self) -> QueueStats:
         return QueueStats(queued_by_band=tuple(self.depth), free_slots=free_slots(self.capacity))
@@ -174,7 +189,11 @@ class MemoryQueue:
 
     def charge(self, slot: Slot) -> None:
         """Count a slot another store granted against this store's share, until `discharge`."""
-        self._models[slot.model].capacity_of[slot.backend].inflight += 1
+        queue = self._models[slot.model]
+        if slot.backend not in queue.capacity_of:  # a backend that already left the pool
+            queue.capacity_of[slot.backend] = _Capacity(slot.backend, queue.slot_divisor, departed=True)
+            queue.capacity.append(queue.capacity_of[slot.backend])
+        queue.capacity_of[slot.backend].inflight += 1
 
     def discharge(self, slot: Slot) -> None:
         queue = self._models[slot.model]
@@ -221,14 +240,18 @@ class MemoryQueue:
             return False
         slot.released = True
         queue = self._models[slot.model]
-        queue.capacity_of[slot.backend].inflight -= 1
+        capacity = queue.capacity_of[slot.backend]
+        capacity.inflight -= 1
         slot.backend.inflight -= 1
+        if capacity.departed and not capacity.inflight:
+            queue.follow_backends()
         handed_over = self._dispatch(queue, now) > 0
         queue.wake_if_idle()
         return handed_over
 
     def backends_changed(self, model: str) -> None:
         queue = self._models[model]
+        queue.follow_backends()
         if queue.pool.any_ready:
             self._dispatch(queue, now=None)
             return

@@ -93,7 +93,6 @@ class _Model:
     tag: str
     estimates: PoolEstimates
     view: _GlobalView
-    by_url: dict[str, BackendState]
     waiting: dict[str, Ticket] = field(default_factory=dict)
     held: dict[str, Slot] = field(default_factory=dict)
     refused_locally: list[int] = field(default_factory=list)
@@ -102,6 +101,14 @@ class _Model:
     early_grants: dict[str, tuple[float, str]] = field(default_factory=dict)
     # Tickets withdrawn after Redis had granted them: their grants are on the way, to be freed.
     withdrawn: dict[str, float] = field(default_factory=dict)
+
+    def backend(self, url: str) -> BackendState:
+        """The backend a grant names. One that left the pool since (endpoint discovery) is kept
+        as a detached, unready record: the grant's slot is real and is given back through it."""
+        for backend in self.pool.backends:
+            if backend.url == url:
+                return backend
+        return BackendState(self.pool.name, url, 0, "", ready=False)
 
     @property
     def backend_args(self) -> list[Any]:
@@ -157,7 +164,6 @@ class RedisQueue:
                 tag=f"{{{key_prefix}:{pool.name}}}",
                 estimates=PoolEstimates(bands, pool.expected_service_s, estimation),
                 view=empty,
-                by_url={b.url: b for b in pool.backends},
                 refused_locally=[0] * bands,
             )
         self._tasks: list[asyncio.Task[None]] = []
@@ -358,7 +364,7 @@ class RedisQueue:
         return self._estimation.rate_window_s, self._estimation.rate_window_s / 4
 
     def _slot(self, state: _Model, lease: str, url: str) -> Slot:
-        backend = state.by_url[url]
+        backend = state.backend(url)
         backend.inflight += 1  # this replica's share, for its metrics
         slot = Slot(state.pool.name, backend, lease=lease)
         state.held[lease] = slot

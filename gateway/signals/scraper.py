@@ -93,6 +93,8 @@ class SignalBoard:
         self.backend_signals: dict[int, BackendSignal] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._own_sessions: list[aiohttp.ClientSession] = []
+        self._backend_loops: dict[str, asyncio.Task[None]] = {}
+        self._session: aiohttp.ClientSession | None = None
 
     def external_waiting(self, model: str) -> float:
         pool = next(p for p in self._pools if p.name == model)
@@ -102,27 +104,45 @@ class SignalBoard:
         return self.cluster.backlog if self.cluster is not None else None
 
     def start(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
         for pool in self._pools:
-            for backend in pool.backends:
-                if backend.metrics_url:
-                    self._loop(session, backend.metrics_url, self._backend_scrape(pool, backend))
+            self.follow(pool.name)
         if self._kueue is not None:
             self._own_sessions.append(self._kueue_session(self._kueue))
             self._loop(self._own_sessions[-1], "kueue", self._kueue_scrape(self._kueue))
 
+    def follow(self, model: str) -> None:
+        """Scrape the model's backends as they are now: endpoint discovery adds and removes them."""
+        if self._session is None:
+            return
+        pool = next(p for p in self._pools if p.name == model)
+        current = {b.metrics_url: b for b in pool.backends if b.metrics_url}
+        for url, task in list(self._backend_loops.items()):
+            if url not in current:
+                task.cancel()
+                del self._backend_loops[url]
+                self._metrics.signal_up.remove(url)
+        for url, backend in current.items():
+            if url not in self._backend_loops:
+                self._backend_loops[url] = self._loop(self._session, url, self._backend_scrape(pool, backend))
+
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = self._tasks + list(self._backend_loops.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for session in self._own_sessions:
             await session.close()
 
     # -- the loop --------------------------------------------------------------------------------
 
-    def _loop(self, session: aiohttp.ClientSession, name: str, scrape: Scrape) -> None:
+    def _loop(self, session: aiohttp.ClientSession, name: str, scrape: Scrape) -> asyncio.Task[None]:
         state = SourceState(name)
         self._metrics.signal_up.labels(name).set(0)
-        self._tasks.append(asyncio.create_task(self._run(session, state, scrape), name=f"scrape {name}"))
+        task = asyncio.create_task(self._run(session, state, scrape), name=f"scrape {name}")
+        if name == "kueue":
+            self._tasks.append(task)
+        return task
 
     async def _run(self, session: aiohttp.ClientSession, state: SourceState, scrape: Scrape) -> None:
         interval_s = self._config.scrape_interval_ms / 1000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.settings import Model
+from gateway.settings import Backend, Model
 
 
 @dataclass(slots=True, eq=False)
@@ -27,6 +27,22 @@ class BackendState:
     reported_waiting: float = 0.0
     reported_running: float | None = None
     max_batch_size: int = 0
+    origin: str = ""
+    """The configured URL this backend comes from (a discovered one: its host name's)."""
+
+    @classmethod
+    def from_settings(cls, model: Model, backend: Backend, *, origin: str = "") -> BackendState:
+        return cls(
+            model=model.name,
+            url=backend.url,
+            max_concurrency=backend.max_concurrency or 0,
+            health_path=backend.readiness_path.replace("{model}", backend.served_model or model.name),
+            metrics_url=backend.metrics_url,
+            kind=backend.kind,
+            served_model=backend.served_model or model.name,
+            configured_slots=backend.max_concurrency is not None,
+            origin=origin or backend.url,
+        )
 
     @property
     def external_waiting(self) -> float:
@@ -58,19 +74,8 @@ class ModelPool:
     def from_settings(cls, model: Model) -> ModelPool:
         return cls(
             name=model.name,
-            backends=[
-                BackendState(
-                    model=model.name,
-                    url=b.url,
-                    max_concurrency=b.max_concurrency or 0,
-                    health_path=b.readiness_path.replace("{model}", b.served_model or model.name),
-                    metrics_url=b.metrics_url,
-                    kind=b.kind,
-                    served_model=b.served_model or model.name,
-                    configured_slots=b.max_concurrency is not None,
-                )
-                for b in model.backends
-            ],
+            # Backends found by DNS appear once their name resolves (gateway.upstream.endpoints).
+            backends=[BackendState.from_settings(model, b) for b in model.backends if b.discover == "none"],
             expected_service_s=model.expected_service_ms / 1000,
             upstream_timeout_s=model.upstream_timeout_ms / 1000,
         )

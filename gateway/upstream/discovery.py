@@ -56,17 +56,18 @@ class TritonDiscovery:
         interval_s: float,
         timeout_s: float,
     ) -> None:
-        self._backends = [(p, b) for p in pools for b in p.backends if b.kind == "triton"]
+        self._pools = pools
         self._on_change = on_change
         self._interval_s = interval_s
         self._timeout_s = timeout_s
 
     async def discover_all(self) -> None:
-        await asyncio.gather(*(self._discover(pool, backend) for pool, backend in self._backends))
+        # Backends may come and go (endpoint discovery): take the list as it is now.
+        await asyncio.gather(
+            *(self._discover(p, b) for p in self._pools for b in p.backends if b.kind == "triton")
+        )
 
     async def run(self) -> None:
-        if not self._backends:
-            return
         while True:
             await asyncio.sleep(self._interval_s)
             await self.discover_all()

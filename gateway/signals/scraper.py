@@ -109,7 +109,7 @@ class SignalBoard:
             self.follow(pool.name)
         if self._kueue is not None:
             self._own_sessions.append(self._kueue_session(self._kueue))
-            self._loop(self._own_sessions[-1], "kueue", self._kueue_scrape(self._kueue))
+            self._tasks.append(self._loop(self._own_sessions[-1], "kueue", self._kueue_scrape(self._kueue)))
 
     def follow(self, model: str) -> None:
         """Scrape the model's backends as they are now: endpoint discovery adds and removes them."""
@@ -139,10 +139,7 @@ class SignalBoard:
     def _loop(self, session: aiohttp.ClientSession, name: str, scrape: Scrape) -> asyncio.Task[None]:
         state = SourceState(name)
         self._metrics.signal_up.labels(name).set(0)
-        task = asyncio.create_task(self._run(session, state, scrape), name=f"scrape {name}")
-        if name == "kueue":
-            self._tasks.append(task)
-        return task
+        return asyncio.create_task(self._run(session, state, scrape), name=f"scrape {name}")
 
     async def _run(self, session: aiohttp.ClientSession, state: SourceState, scrape: Scrape) -> None:
         interval_s = self._config.scrape_interval_ms / 1000

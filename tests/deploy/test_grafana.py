@@ -35,9 +35,7 @@ def test_panels_have_unique_ids_and_a_query_each():
 def test_every_query_selects_only_known_metrics(title, expr):
     names = set(SELECTOR.findall(expr)) | set(PREFIXED.findall(expr))
     assert names, f"{title}: no metric in {expr}"
-    unknown = {
-        n for n in names if metric_family(n) not in EXPORTED and n not in KUBE_STATE_METRICS
-    }
+    unknown = {n for n in names if metric_family(n) not in EXPORTED and n not in KUBE_STATE_METRICS}
     assert not unknown, f"{title}: {sorted(unknown)}"
 
 

@@ -4,7 +4,9 @@ queue making the gateway admit less."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import time
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
@@ -94,9 +96,6 @@ async def test_requests_straight_to_triton_make_the_gateway_admit_less(tritonser
 
 
 def _post(url: str):
-    import http.client
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
     connection.request(

@@ -86,6 +86,7 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
             rt.store.backends_changed,
             interval_s=settings.health.interval_ms / 1000,
             timeout_s=settings.health.timeout_ms / 1000,
+            failures_to_down=settings.health.failures_to_down,
         )
         discovery = TritonDiscovery(
             list(rt.pools.values()),

@@ -140,6 +140,8 @@ class RetryAfter(_Frozen):
     min_ms: PositiveMs = 10.0
     max_ms: PositiveMs = 60_000.0
     jitter: float = Field(0.1, ge=0.0, lt=1.0)
+    adapt_s: float = Field(5.0, gt=0)
+    """How fast the advice stretches while refused clients keep coming back too soon."""
 
     @model_validator(mode="after")
     def _min_below_max(self) -> RetryAfter:
@@ -148,7 +150,9 @@ class RetryAfter(_Frozen):
         return self
 
     def policy(self) -> RetryAfterConfig:
-        return RetryAfterConfig(min_s=self.min_ms / 1000, max_s=self.max_ms / 1000, jitter=self.jitter)
+        return RetryAfterConfig(
+            min_s=self.min_ms / 1000, max_s=self.max_ms / 1000, jitter=self.jitter, adapt_tau_s=self.adapt_s
+        )
 
 
 class Admission(_Frozen):
@@ -186,6 +190,8 @@ class Kueue(_Frozen):
 class Health(_Frozen):
     interval_ms: PositiveMs = 1000.0
     timeout_ms: PositiveMs = 1000.0
+    failures_to_down: int = Field(2, ge=1)
+    """Failed probes in a row before a backend counts as down (a refused connection counts at once)."""
 
 
 class Estimation(_Frozen):

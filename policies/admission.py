@@ -30,7 +30,6 @@ from policies.wait import (
     QueueStats,
     Throughput,
     band_drain_rate_per_s,
-    offered_load,
     positions_to_drain,
 )
 
@@ -141,7 +140,7 @@ def refuse(
         excess_wait_s=cautious_wait_s(positions, throughput, request.band, config.safety_sigmas)
         - max(allowed, 0.0),
         band_drain_rate_per_s=drain,
-        offered_load=offered_load(throughput, request.band),
+        spread=throughput.retry_spread(request.band),
         jitter_u=jitter_u,
         config=config.retry,
     )

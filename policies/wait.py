@@ -40,6 +40,11 @@ class Throughput:
     """All arrivals per second (admitted or not), per band."""
     service_spread_s: float = 0.0
     """Standard deviation of the service time."""
+    retry_spread_by_band: tuple[float, ...] = ()
+    """Retry-After spread factors per band (policies.retry_after.next_spread); 1 when absent."""
+
+    def retry_spread(self, band: int) -> float:
+        return self.retry_spread_by_band[band] if band < len(self.retry_spread_by_band) else 1.0
 
 
 def positions_to_drain(stats: QueueStats, band: int) -> int:
@@ -64,9 +69,8 @@ def predicted_wait_s(stats: QueueStats, throughput: Throughput, band: int) -> fl
 
 
 def offered_load(throughput: Throughput, band: int) -> float:
-    """Arrivals competing for `band`'s slots per unit of drain: above 1 the queue cannot shrink."""
-    offered = sum(throughput.offered_rate_by_band[: band + 1])
-    return offered / throughput.drain_rate_per_s
+    """The band's arrivals (admitted or not) per hand-over it gets: above 1 it cannot all be served."""
+    return throughput.offered_rate_by_band[band] / band_drain_rate_per_s(throughput, band)
 
 
 def drain_rate_from_slots(slots: int, service_time_s: float) -> float:

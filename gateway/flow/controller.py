@@ -16,13 +16,21 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from gateway.flow.estimates import RetrySpreads
 from gateway.queues.base import Full, Granted, RequestQueue, Slot, Ticket, Unavailable
 from gateway.settings import PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
-from policies.admission import AdmissionConfig, AdmissionRequest, allowed_wait_s, max_positions, refuse
+from policies.admission import (
+    AdmissionConfig,
+    AdmissionRequest,
+    Reject,
+    allowed_wait_s,
+    max_positions,
+    refuse,
+)
 from policies.outcomes import Outcome
 from policies.shedding import BacklogLimits, ClusterBacklog, backlog_retry_after_s, first_shed_band
-from policies.wait import Throughput
+from policies.wait import QueueStats, Throughput
 
 _DEFAULT_ADMISSION = AdmissionConfig()
 
@@ -76,6 +84,7 @@ class AdmissionController:
         self._admission = admission
         self._clock = clock
         self._jitter = jitter
+        self._spreads: dict[str, RetrySpreads] = {}
 
     async def acquire(
         self,
@@ -105,8 +114,7 @@ class AdmissionController:
             self._metrics.observe_queue_wait(model, self._class_names[band], 0.0)
             return Lease(offer.slot, 0.0)
         if isinstance(offer, Full):
-            stats = replace(offer.stats, external_waiting=external)
-            reject = refuse(request, stats, throughput, self._jitter(), self._admission)
+            reject = self._advise(model, request, replace(offer.stats, external_waiting=external), throughput)
             return self._refusal(model, band, reject.reason, reject.retry_after_s)
         if isinstance(offer, Unavailable):
             return Refusal(Outcome.STORE_UNAVAILABLE, offer.retry_after_s)
@@ -117,15 +125,8 @@ class AdmissionController:
             self._metrics.observe_queue_wait(model, self._class_names[band], waited_s)
             return Lease(result, waited_s)
         if result is Outcome.DEADLINE_EXPIRED_IN_QUEUE:
-            now = self._clock()
-            reject = refuse(
-                request,
-                self._store.stats(model),
-                self._store.throughput(model, now),
-                self._jitter(),
-                self._admission,
-                reason=result,
-            )
+            flow = self._store.throughput(model, self._clock())
+            reject = self._advise(model, request, self._store.stats(model), flow, reason=result)
             return self._refusal(model, band, result, reject.retry_after_s)
         return Refusal(result)
 
@@ -159,9 +160,25 @@ class AdmissionController:
         if first is None or request.band < first:
             return None
         stats = replace(self._store.stats(model), external_waiting=external)
-        advice = refuse(request, stats, throughput, self._jitter(), self._admission).retry_after_s
+        advice = self._advise(model, request, stats, throughput).retry_after_s
         advice = backlog_retry_after_s(advice, backlog, self._admission.retry.max_s)
         return self._refusal(model, request.band, Outcome.CLUSTER_BACKLOGGED, advice)
+
+    def _advise(
+        self,
+        model: str,
+        request: AdmissionRequest,
+        stats: QueueStats,
+        flow: Throughput,
+        *,
+        reason: Outcome | None = None,
+    ) -> Reject:
+        """The refusal, with Retry-After stretched by the band's spread against returning clients."""
+        spreads = self._spreads.get(model)
+        if spreads is None:
+            spreads = self._spreads[model] = RetrySpreads(len(self._class_names), self._admission.retry)
+        flow = spreads.follow(flow, self._clock())
+        return refuse(request, stats, flow, self._jitter(), self._admission, reason=reason)
 
     def _refusal(self, model: str, band: int, outcome: Outcome, retry_after_s: float) -> Refusal:
         self._metrics.observe_retry_after(model, self._class_names[band], retry_after_s)

@@ -22,12 +22,16 @@ class HealthChecker:
         *,
         interval_s: float,
         timeout_s: float,
+        failures_to_down: int = 2,
     ) -> None:
         self._session = session
         self._pools = pools
         self._on_change = on_change
         self._interval_s = interval_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        # One slow probe on a busy host is not a dead backend: it takes this many in a row.
+        self._failures_to_down = failures_to_down
+        self._failures: dict[int, int] = {}
 
     async def check_all(self) -> None:
         """Probe every backend once, concurrently."""
@@ -43,12 +47,18 @@ class HealthChecker:
         self._set(pool, backend, ready=False)
 
     async def _check(self, pool: ModelPool, backend: BackendState) -> None:
+        refused = False
         try:
             async with self._session.get(backend.url + backend.health_path, timeout=self._timeout) as reply:
                 ready = reply.status == 200
+        except aiohttp.ClientConnectorError:
+            ready, refused = False, True  # nothing listens there: down at once
         except (aiohttp.ClientError, TimeoutError):
             ready = False
-        self._set(pool, backend, ready)
+        failures = 0 if ready else self._failures.get(id(backend), 0) + 1
+        self._failures[id(backend)] = failures
+        if ready or refused or failures >= self._failures_to_down or not backend.ready:
+            self._set(pool, backend, ready)
 
     def _set(self, pool: ModelPool, backend: BackendState, ready: bool) -> None:
         ready = ready and backend.max_concurrency > 0  # a Triton backend's slots come from discovery

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.retry_after import RetryAfterConfig, header_values, retry_after_s
+from policies.retry_after import RetryAfterConfig, band_retry_load, header_values, next_spread, retry_after_s
 
 NO_JITTER = RetryAfterConfig(min_s=0.01, max_s=60.0, jitter=0.0)
 
@@ -10,10 +10,10 @@ NO_JITTER = RetryAfterConfig(min_s=0.01, max_s=60.0, jitter=0.0)
 @pytest.mark.parametrize(
     ("excess", "drain", "load", "expected"),
     [
-        (2.0, 100.0, 0.5, 2.0),  # the queue needs 2 s to drain enough
-        (0.0, 100.0, 0.5, 0.01),  # fits already: one slot turnover
-        (-1.0, 10.0, 0.0, 0.1),  # never below one turnover of the band
-        (1.0, 100.0, 3.0, 3.0),  # 3x overload: spread the returns 3x
+        (2.0, 100.0, 1.0, 2.0),  # the queue needs 2 s to drain enough
+        (0.0, 100.0, 1.0, 0.01),  # fits already: one slot turnover
+        (-1.0, 10.0, 1.0, 0.1),  # never below one turnover of the band
+        (1.0, 100.0, 3.0, 3.0),  # a spread of 3 stretches the advice 3x
         (100.0, 100.0, 1.0, 60.0),  # clamped to max
     ],
 )
@@ -55,3 +55,46 @@ def test_advice_stays_within_bounds(excess, drain, load, u):
     seconds, millis = header_values(advice)
     assert int(seconds) >= 1
     assert int(seconds) * 1000 >= int(millis)
+
+
+SPREAD = RetryAfterConfig(max_s=60.0, adapt_tau_s=5.0)
+
+
+def test_spread_grows_by_the_overload_over_one_time_constant():
+    assert next_spread(1.0, 2.0, 40.0, 5.0, SPREAD) == pytest.approx(2.0)
+    assert next_spread(2.0, 2.0, 40.0, 2.5, SPREAD) == pytest.approx(2 * 2**0.5)
+
+
+def test_spread_shrinks_when_returns_thin_out_and_never_below_one():
+    assert next_spread(8.0, 0.5, 40.0, 5.0, SPREAD) == pytest.approx(4.0)
+    assert next_spread(1.5, 0.1, 40.0, 5.0, SPREAD) == 1.0
+    assert next_spread(50.0, 0.0, 40.0, 60.0, SPREAD) == 1.0  # an idle band forgets quickly
+
+
+def test_spread_cannot_wind_up_past_useful_advice():
+    # One turnover at 40/s is 25 ms; past 60 s of advice the factor stops growing.
+    assert next_spread(1e9, 3.0, 40.0, 100.0, SPREAD) == pytest.approx(60.0 * 40.0)
+
+
+@pytest.mark.parametrize(
+    ("offered", "admitted", "drain", "load"),
+    [
+        (24.0, 6.0, 29.0, 4.0),  # refusing three in four: grow by arrivals per admission
+        (10.0, 10.0, 40.0, 0.25),  # refusing none: shrink by arrivals per hand-over
+        (20.0, 0.0, 40.0, 1000.0),  # refusing all: grow fast, but finitely
+    ],
+)
+def test_the_load_the_spread_follows(offered, admitted, drain, load):
+    assert band_retry_load(offered, admitted, drain) == pytest.approx(load)
+
+
+def test_spread_settles_where_returning_clients_find_room():
+    """N clients that each return after the advice offer N / advice; the band admits up to its
+    drain: the spread settles where returns match what the band admits."""
+    clients, drain, turnover = 200, 40.0, 1 / 40.0
+    spread = 1.0
+    for _ in range(3000):  # 300 s in 0.1 s steps
+        offered = clients / (turnover * spread)
+        load = band_retry_load(offered, min(offered, drain), drain)
+        spread = next_spread(spread, load, drain, 0.1, SPREAD)
+    assert turnover * spread == pytest.approx(clients / drain, rel=0.1)  # about 5 s

@@ -56,10 +56,10 @@ def test_band_drain_rate_never_falls_below_its_floor():
     assert band_drain_rate_per_s(flow, 1) == pytest.approx(100.0 * MIN_DRAIN_SHARE)
 
 
-def test_offered_load_sums_own_and_more_urgent_bands():
-    flow = throughput(drain=100.0, admitted=(0.0, 0.0), offered=(50.0, 250.0))
+def test_offered_load_is_the_bands_arrivals_per_hand_over_it_gets():
+    flow = throughput(drain=100.0, admitted=(40.0, 0.0), offered=(50.0, 120.0))
     assert offered_load(flow, 0) == pytest.approx(0.5)
-    assert offered_load(flow, 1) == pytest.approx(3.0)
+    assert offered_load(flow, 1) == pytest.approx(2.0)  # 120 arrivals for the 60 hand-overs left
 
 
 def test_drain_rate_from_slots_is_slots_over_service_time():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -130,6 +131,13 @@ class PassThroughProcess(ServerProcess):
         super().__init__(
             "passthrough", [], log_dir, "/", module="loadtests.passthrough", extra=["--upstream", upstream]
         )
+
+
+TARGETS = ("direct", "passthrough", "haproxy", "gateway", "floor")
+
+
+def is_target(name: str) -> bool:
+    return name in TARGETS or (name.startswith("redis") and name.removeprefix("redis").isdigit())
 
 
 def start_target(target: str, log_dir: Path, sim: Sim) -> tuple[list[str], list[Any]]:
@@ -243,11 +251,16 @@ def main() -> None:
     parser.add_argument("--targets", default="direct,passthrough,haproxy,gateway,floor")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
+    targets = args.targets.split(",")
+    if unknown := [t for t in targets if not is_target(t)]:
+        parser.error(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}, redisN")
+    if {"haproxy", "floor"} & set(targets) and shutil.which("haproxy") is None:
+        parser.error("the haproxy and floor targets need HAProxy: apt-get install haproxy")
     log_dir = Path(tempfile.mkdtemp(prefix="bench-"))
     report: dict[str, Any] = {"machine": f"{os.cpu_count()} cores", "seed": args.seed, "scenarios": {}}
     for name in args.scenarios.split(","):
         scenario = SCENARIOS[name]
-        results = [run_one(scenario, target, log_dir, args.seed) for target in args.targets.split(",")]
+        results = [run_one(scenario, target, log_dir, args.seed) for target in targets]
         report["scenarios"][name] = results
         print(table(scenario, results), "\n", flush=True)
     out = Path(__file__).parent / "results" / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -28,6 +28,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -140,7 +141,9 @@ def is_target(name: str) -> bool:
     return name in TARGETS or (name.startswith("redis") and name.removeprefix("redis").isdigit())
 
 
-def start_target(target: str, log_dir: Path, sim: Sim) -> tuple[list[str], list[Any]]:
+def start_target(
+    target: str, log_dir: Path, sim: Sim, python: str = sys.executable
+) -> tuple[list[str], list[Any]]:
     """The URLs to load (in turn) and the processes whose CPU counts (none for direct)."""
     if target == "direct":
         return [sim.url], []
@@ -157,15 +160,17 @@ def start_target(target: str, log_dir: Path, sim: Sim) -> tuple[list[str], list[
         replicas = int(target.removeprefix("redis"))
         redis = [RedisServer()]
         config["store"] = {"kind": "redis", "url": redis[0].url, "replicas": replicas}
-    gateways = [Gateway(log_dir, config) for _ in range(replicas)]
+    gateways = [Gateway(log_dir, config, python=python) for _ in range(replicas)]
     for gateway in gateways:
         gateway.wait_ready()
     return [g.url for g in gateways], [*gateways, *redis]
 
 
-def run_one(scenario: Scenario, target: str, log_dir: Path, seed: int) -> dict[str, Any]:
+def run_one(
+    scenario: Scenario, target: str, log_dir: Path, seed: int, python: str = sys.executable
+) -> dict[str, Any]:
     sim = Sim(log_dir, slots=SLOTS, base_ms=SERVICE_MS)
-    urls, servers = start_target(target, log_dir, sim)
+    urls, servers = start_target(target, log_dir, sim, python)
     try:
         schedule = poisson_schedule(CAPACITY_RPS * scenario.load, scenario.duration_s, seed=seed)
         run_fast(run(urls, poisson_schedule(50, 0.5, seed=seed + 1)))  # warm the connections
@@ -217,9 +222,9 @@ def table(scenario: Scenario, results: list[dict[str, Any]]) -> str:
         f"{scenario.duration_s:g} s",
         "",
         "| target | class | sent | goodput/s | steady goodput/s | p50 ms | p99 ms | refusals "
-        "| refusal p50 ms | refusal p99 ms | with Retry-After | backend busy | slot idle gap p50/p99 ms "
-        "| CPU ms/req |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| refusal p50 ms | refusal p99 ms | expired in queue | refusal p99 ms without them "
+        "| with Retry-After | backend busy | slot idle gap p50/p99 ms | CPU ms/req |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         for priority, raw in result["classes"].items():
@@ -232,7 +237,8 @@ def table(scenario: Scenario, results: list[dict[str, Any]]) -> str:
                 f"| {result['target']} | {priority} | {c.sent} | {c.goodput_rps:.1f} "
                 f"| {c.steady_goodput_rps:.1f} "
                 f"| {_ms(c.p50_ms)} | {_ms(c.p99_ms)} | {refusals} | {_ms(c.rejection_p50_ms)} "
-                f"| {_ms(c.rejection_p99_ms)} | {share} | {result['backend_busy']:.1%} "
+                f"| {_ms(c.rejection_p99_ms)} | {c.expired_in_queue or '-'} "
+                f"| {_ms(c.arrival_rejection_p99_ms)} | {share} | {result['backend_busy']:.1%} "
                 f"| {_ms(gap['p50'])}/{_ms(gap['p99'])} | {'-' if cpu is None else f'{cpu:.2f}'} |"
             )
     rows += [
@@ -250,6 +256,11 @@ def main() -> None:
     parser.add_argument("--scenarios", default="light,saturate,overload")
     parser.add_argument("--targets", default="direct,passthrough,haproxy,gateway,floor")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--gateway-python",
+        default=sys.executable,
+        help="the interpreter that runs the gateway targets (one with the project installed)",
+    )
     args = parser.parse_args()
     targets = args.targets.split(",")
     if unknown := [t for t in targets if not is_target(t)]:
@@ -257,10 +268,15 @@ def main() -> None:
     if {"haproxy", "floor"} & set(targets) and shutil.which("haproxy") is None:
         parser.error("the haproxy and floor targets need HAProxy: apt-get install haproxy")
     log_dir = Path(tempfile.mkdtemp(prefix="bench-"))
-    report: dict[str, Any] = {"machine": f"{os.cpu_count()} cores", "seed": args.seed, "scenarios": {}}
+    report: dict[str, Any] = {
+        "machine": f"{os.cpu_count()} cores",
+        "seed": args.seed,
+        "gateway_python": args.gateway_python,
+        "scenarios": {},
+    }
     for name in args.scenarios.split(","):
         scenario = SCENARIOS[name]
-        results = [run_one(scenario, target, log_dir, args.seed) for target in targets]
+        results = [run_one(scenario, target, log_dir, args.seed, args.gateway_python) for target in targets]
         report["scenarios"][name] = results
         print(table(scenario, results), "\n", flush=True)
     out = Path(__file__).parent / "results" / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"

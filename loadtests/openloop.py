@@ -49,8 +49,11 @@ class Outcome:
     latency_s: float
     retry_after: bool = False
     error: str | None = None
+    expired_in_queue: bool = False
+    """A refusal after waiting in the queue (the gateway's `deadline_expired_in_queue`)."""
 
 
+_EXPIRED_IN_QUEUE = b'"deadline_expired_in_queue"'
 MIX = (TrafficClass("high", 0.2, 250), TrafficClass("low", 0.8, 1000))
 
 
@@ -98,13 +101,14 @@ async def run(
             scheduled = started + arrival.at_s
             try:
                 async with session.post(url + path, data=body, headers=headers, timeout=timeout) as reply:
-                    await reply.read()
+                    answer = await reply.read()
                     outcomes.append(
                         Outcome(
                             arrival,
                             reply.status,
                             time.monotonic() - scheduled,
                             "Retry-After" in reply.headers,
+                            expired_in_queue=reply.status == 429 and _EXPIRED_IN_QUEUE in answer,
                         )
                     )
             except (aiohttp.ClientError, TimeoutError) as error:
@@ -150,6 +154,10 @@ class ClassSummary:
     rejection_p50_ms: float | None = None
     rejection_p99_ms: float | None = None
     retry_after_share: float | None = None
+    expired_in_queue: int = 0
+    """Refusals after a wait in the queue: admissions that turned out wrong."""
+    arrival_rejection_p99_ms: float | None = None
+    """p99 of the other refusals: the cost of the refusal path itself."""
 
 
 def summarize(
@@ -176,6 +184,7 @@ def summarize(
         answered = [o for o in refused if o.status is not None]
         ok_ms = [o.latency_s * 1000 for o in ok]
         refused_ms = [o.latency_s * 1000 for o in answered]
+        at_arrival_ms = [o.latency_s * 1000 for o in answered if not o.expired_in_queue]
         summary[priority] = ClassSummary(
             sent=len(mine),
             good=len(good),
@@ -187,6 +196,8 @@ def summarize(
             rejection_p50_ms=percentile(refused_ms, 0.5),
             rejection_p99_ms=percentile(refused_ms, 0.99),
             retry_after_share=(sum(o.retry_after for o in answered) / len(answered)) if answered else None,
+            expired_in_queue=sum(o.expired_in_queue for o in answered),
+            arrival_rejection_p99_ms=percentile(at_arrival_ms, 0.99),
         )
     return summary
 

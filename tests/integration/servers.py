@@ -53,10 +53,11 @@ class ServerProcess:
         *,
         module: str = "gateway",
         extra: list[str] | None = None,
+        python: str = sys.executable,
     ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
-        command = [sys.executable, "-m", module, *(["--log-level", "info"] if module == "gateway" else [])]
+        command = [python, "-m", module, *(["--log-level", "info"] if module == "gateway" else [])]
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 [*command, *args, *(extra or [])],
@@ -169,10 +170,12 @@ def gateway_config(backends: list[tuple[str, int]], **overrides: Any) -> dict[st
 
 
 class Gateway(ServerProcess):
-    def __init__(self, log_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, log_dir: Path, config: dict[str, Any], *, python: str = sys.executable) -> None:
         self.config_path = log_dir / f"gateway-{time.monotonic_ns()}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
-        super().__init__("gateway", ["serve", "--config", str(self.config_path)], log_dir, "/healthz")
+        super().__init__(
+            "gateway", ["serve", "--config", str(self.config_path)], log_dir, "/healthz", python=python
+        )
 
     def metrics(self) -> str:
         return http_get(self.url + "/metrics")[1].decode()

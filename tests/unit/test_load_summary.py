@@ -1,0 +1,44 @@
+"""The load generator's summary: what the benchmark tables are computed from."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtests.openloop import Arrival, Outcome, poisson_schedule, summarize
+
+
+def _outcome(at_s: float, status: int | None, latency_ms: float, **extra: object) -> Outcome:
+    return Outcome(Arrival(at_s, "low", 1000), status, latency_ms / 1000, **extra)  # type: ignore[arg-type]
+
+
+def test_goodput_counts_answers_within_deadline_and_the_steady_window() -> None:
+    outcomes = [
+        _outcome(0.5, 200, 100),  # good, but in the warm-up
+        _outcome(2.0, 200, 900),  # good, steady
+        _outcome(3.0, 200, 1200),  # answered after its deadline: not goodput
+        _outcome(9.5, 200, 10),  # good, in the cool-down
+    ]
+    low = summarize(outcomes, duration_s=10, warmup_s=1, cooldown_s=1)["low"]
+    assert (low.sent, low.good) == (4, 3)
+    assert low.steady_goodput_rps == pytest.approx(1 / 8)
+    assert low.goodput_rps == pytest.approx(3 / 10)
+
+
+def test_refusals_after_a_wait_are_told_apart_from_refusals_at_arrival() -> None:
+    at_arrival = [_outcome(1 + i / 100, 429, 1.0, retry_after=True) for i in range(99)]
+    expired = [_outcome(2.0, 429, 958.0, retry_after=True, expired_in_queue=True)]
+    timed_out = [_outcome(3.0, None, 3000.0, error="TimeoutError")]
+    low = summarize(at_arrival + expired + timed_out, duration_s=10, warmup_s=1, cooldown_s=1)["low"]
+    assert low.rejections == {"429": 100, "TimeoutError": 1}
+    assert low.expired_in_queue == 1
+    assert low.rejection_p99_ms == pytest.approx(958.0)
+    assert low.arrival_rejection_p99_ms == pytest.approx(1.0)
+    assert low.retry_after_share == 1.0
+
+
+def test_the_schedule_is_reproducible_and_poisson_like() -> None:
+    first = poisson_schedule(200, 10, seed=3)
+    assert first == poisson_schedule(200, 10, seed=3)
+    assert 1800 < len(first) < 2200
+    high_share = sum(a.priority == "high" for a in first) / len(first)
+    assert 0.15 < high_share < 0.25

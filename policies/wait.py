@@ -76,3 +76,16 @@ def offered_load(throughput: Throughput, band: int) -> float:
 def drain_rate_from_slots(slots: int, service_time_s: float) -> float:
     """The drain rate implied by the slot count and service time, used until one is measured."""
     return max(slots, 1) / service_time_s
+
+
+def pool_drain_rate_per_s(measured_per_s: float | None, slots: int, service_time_s: float) -> float:
+    """The pool's drain rate: as measured, but never above what its slots can sustain.
+
+    Each slot holds one request for the service time on average, so by Little's law hand-overs
+    cannot outpace slots / service time for long. A measurement above that is a transient: after an
+    idle spell the first hand-overs come as fast as the requests that filled the slots arrived
+    (under a sudden overload, three times the real rate), and admitting on it fills the queue with
+    requests that then expire in it. Without a measurement the bound itself is the estimate.
+    """
+    ceiling = drain_rate_from_slots(slots, service_time_s)
+    return min(measured_per_s, ceiling) if measured_per_s else ceiling

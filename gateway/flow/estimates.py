@@ -7,7 +7,7 @@ from dataclasses import replace
 from gateway.settings import Estimation
 from policies.estimators import ObservedRate, blend_rate, ewma
 from policies.retry_after import RetryAfterConfig, band_retry_load, next_spread
-from policies.wait import Throughput, band_drain_rate_per_s, drain_rate_from_slots
+from policies.wait import Throughput, band_drain_rate_per_s, pool_drain_rate_per_s
 
 # Arrivals are counted per interval of this length and blended into the rates when it ends.
 _TICK_S = 0.05
@@ -17,7 +17,8 @@ class PoolEstimates:
     """Service time, drain rate and per-band arrival rates of one model.
 
     The drain rate is measured from the gaps between slot hand-overs while requests were waiting
-    the whole time; without a recent measurement it falls back to slots / service time.
+    the whole time, bounded by slots / service time (policies.wait.pool_drain_rate_per_s); without a
+    recent measurement it is that bound.
 
     Admitted rates feed the drain left to less urgent bands, so they are read as the larger of a
     slow and a fast estimate: quick to believe that urgent traffic rose (a low request admitted
@@ -71,10 +72,8 @@ class PoolEstimates:
         drain_fresh = now - self._drain_measured_at <= self._config.drain_stale_after_s
         key = (slots, drain_fresh)
         if self._snapshot is None or key != self._snapshot_key:
-            measured = self._drain.per_s
-            drain = (
-                measured if drain_fresh and measured else drain_rate_from_slots(slots, self.service_time_s)
-            )
+            measured = self._drain.per_s if drain_fresh else None
+            drain = pool_drain_rate_per_s(measured, slots, self.service_time_s)
             self._snapshot = Throughput(
                 service_time_s=self.service_time_s,
                 drain_rate_per_s=drain,

@@ -35,7 +35,7 @@ from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
-from policies.wait import QueueStats, Throughput, drain_rate_from_slots
+from policies.wait import QueueStats, Throughput, pool_drain_rate_per_s
 
 log = logging.getLogger("gateway.redis")
 
@@ -208,7 +208,7 @@ class RedisQueue:
     def throughput(self, model: str, now: float) -> Throughput:
         state = self._models[model]
         estimates, view = state.estimates, state.view
-        drain = view.drain_per_s or drain_rate_from_slots(state.pool.total_slots, estimates.service_time_s)
+        drain = pool_drain_rate_per_s(view.drain_per_s, state.pool.total_slots, estimates.service_time_s)
         return Throughput(
             service_time_s=estimates.service_time_s,
             drain_rate_per_s=drain,

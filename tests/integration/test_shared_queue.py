@@ -143,8 +143,10 @@ async def test_redis_outage_falls_back_to_local_queues_and_recovers(start_sim, s
     # Each replica kept to its half of the slots meanwhile, counting what it still ran on shared
     # slots when Redis went, and while they rejoined the shared count presumed the other's half.
     # The one excess no replica can see: one that held more than its half when Redis went keeps it
-    # until those requests end (one 40 ms service), while the other fills its own half.
-    assert sim.stats()["peak_inflight"] <= 8 + 2
+    # until those requests end (one 40 ms service), while the other fills its own half. With k of
+    # the 8 held by one replica, max(k, 4) + max(8 - k, 4) are in flight at most: 12 when one
+    # replica held them all (rare, but the global FIFO allows it), never more.
+    assert sim.stats()["peak_inflight"] <= 8 + 8 // 2
     await wait_until(lambda: slots_in_use(redis_server.url, prefix) == 0, what="no stuck slots")
     assert all("Redis unreachable" in g.log() and "Redis is back" in g.log() for g in replicas)
 

@@ -9,6 +9,7 @@ from policies.wait import (
     band_drain_rate_per_s,
     drain_rate_from_slots,
     offered_load,
+    pool_drain_rate_per_s,
     positions_to_drain,
     predicted_wait_s,
 )
@@ -92,3 +93,21 @@ def test_wait_is_monotone_in_queue_position(stats, flow, band, extra):
 def test_more_urgent_band_never_predicts_a_longer_wait(stats, flow):
     waits = [predicted_wait_s(stats, flow, band) for band in range(3)]
     assert waits == sorted(waits)
+
+
+@pytest.mark.parametrize(
+    ("measured", "expected"),
+    [
+        (None, 200.0),  # nothing measured yet: slots / service time
+        (0.0, 200.0),
+        (150.0, 150.0),  # slower than the slots allow (hand-over costs, other clients): believed
+        (600.0, 200.0),  # the burst after an idle spell: bounded by Little's law
+    ],
+)
+def test_pool_drain_rate_is_measured_but_bounded_by_the_slots(measured, expected):
+    assert pool_drain_rate_per_s(measured, 8, 0.04) == pytest.approx(expected)
+
+
+@given(measured=st.none() | st.floats(0, 1e6), slots=st.integers(1, 1000), service=st.floats(1e-3, 100))
+def test_pool_drain_rate_never_exceeds_what_the_slots_sustain(measured, slots, service):
+    assert 0 <= pool_drain_rate_per_s(measured, slots, service) <= slots / service * (1 + 1e-12)

@@ -78,14 +78,24 @@ def drain_rate_from_slots(slots: int, service_time_s: float) -> float:
     return max(slots, 1) / service_time_s
 
 
-def pool_drain_rate_per_s(measured_per_s: float | None, slots: int, service_time_s: float) -> float:
-    """The pool's drain rate: as measured, but never above what its slots can sustain.
+DRAIN_PRIOR_S = 0.1
+"""Seconds of backlog the slots' bound counts for when blended with the measured hand-overs."""
+
+
+def pool_drain_rate_per_s(handovers: float, backlog_s: float, slots: int, service_time_s: float) -> float:
+    """The pool's drain rate from `handovers` seen in `backlog_s` seconds of backlog.
 
     Each slot holds one request for the service time on average, so by Little's law hand-overs
-    cannot outpace slots / service time for long. A measurement above that is a transient: after an
-    idle spell the first hand-overs come as fast as the requests that filled the slots arrived
-    (under a sudden overload, three times the real rate), and admitting on it fills the queue with
-    requests that then expire in it. Without a measurement the bound itself is the estimate.
+    cannot outpace slots / service time for long. The measurement is blended with that bound, which
+    counts as DRAIN_PRIOR_S seconds of observation, and capped by it:
+    - with little backlog seen, one odd gap (the first after a restart, or after Redis came back)
+      cannot swing the estimate to a tiny rate that would refuse everything;
+    - after an idle spell the first hand-overs come as fast as the requests that filled the slots
+      arrived (under a sudden overload, three times the real rate); believed, they would fill the
+      queue with requests that then expire in it.
+    Once seconds of backlog have been seen the measurement dominates (a 2 s window gives the bound
+    5%), so a pool slowed by other clients' traffic is seen as slow. Nothing seen: the bound.
     """
     ceiling = drain_rate_from_slots(slots, service_time_s)
-    return min(measured_per_s, ceiling) if measured_per_s else ceiling
+    blended = (handovers + ceiling * DRAIN_PRIOR_S) / (backlog_s + DRAIN_PRIOR_S)
+    return min(blended, ceiling)

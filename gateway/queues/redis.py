@@ -65,7 +65,9 @@ class _GlobalView:
     queued_by_band: tuple[int, ...]
     offered: tuple[float, ...]
     admitted: tuple[float, ...]
-    drain_per_s: float | None
+    drain_handovers: float
+    drain_backlog_s: float
+    """Hand-overs seen in seconds of backlog, forgotten over the drain window (0, 0 when stale)."""
 
     def positions_to_drain(self, band: int) -> int:
         return max(0, sum(self.queued_by_band[: band + 1]) + 1 - self.free_slots)
@@ -83,7 +85,8 @@ class _GlobalView:
             queued_by_band=tuple(int(per_band[3 * b]) for b in range(bands)),
             offered=tuple(float(per_band[3 * b + 1]) for b in range(bands)),
             admitted=tuple(float(per_band[3 * b + 2]) for b in range(bands)),
-            drain_per_s=events / observed if fresh else None,
+            drain_handovers=events if fresh else 0.0,
+            drain_backlog_s=observed if fresh else 0.0,
         )
 
 
@@ -158,7 +161,7 @@ class RedisQueue:
         self._scripts = {name: client.register_script(_script_source(name)) for name in _SCRIPTS}
         self._models: dict[str, _Model] = {}
         for pool in pools:
-            empty = _GlobalView(clock(), 0.0, 0, (0,) * bands, (0.0,) * bands, (0.0,) * bands, None)
+            empty = _GlobalView(clock(), 0.0, 0, (0,) * bands, (0.0,) * bands, (0.0,) * bands, 0.0, 0.0)
             self._models[pool.name] = _Model(
                 pool=pool,
                 tag=f"{{{key_prefix}:{pool.name}}}",
@@ -208,7 +211,9 @@ class RedisQueue:
     def throughput(self, model: str, now: float) -> Throughput:
         state = self._models[model]
         estimates, view = state.estimates, state.view
-        drain = pool_drain_rate_per_s(view.drain_per_s, state.pool.total_slots, estimates.service_time_s)
+        drain = pool_drain_rate_per_s(
+            view.drain_handovers, view.drain_backlog_s, state.pool.total_slots, estimates.service_time_s
+        )
         return Throughput(
             service_time_s=estimates.service_time_s,
             drain_rate_per_s=drain,

@@ -96,18 +96,23 @@ def test_more_urgent_band_never_predicts_a_longer_wait(stats, flow):
 
 
 @pytest.mark.parametrize(
-    ("measured", "expected"),
+    ("handovers", "backlog_s", "expected"),
     [
-        (None, 200.0),  # nothing measured yet: slots / service time
-        (0.0, 200.0),
-        (150.0, 150.0),  # slower than the slots allow (hand-over costs, other clients): believed
-        (600.0, 200.0),  # the burst after an idle spell: bounded by Little's law
+        (0, 0, 200.0),  # nothing seen: slots / service time
+        (300, 2.0, (300 + 20) / 2.1),  # seconds of backlog: the measurement dominates
+        (1, 0.5, 21 / 0.6),  # one slow gap after a restart: not a rate that refuses everything
+        (8, 0.013, 200.0),  # the burst after an idle spell: bounded by Little's law
     ],
 )
-def test_pool_drain_rate_is_measured_but_bounded_by_the_slots(measured, expected):
-    assert pool_drain_rate_per_s(measured, 8, 0.04) == pytest.approx(expected)
+def test_pool_drain_rate_is_measured_but_bounded_by_the_slots(handovers, backlog_s, expected):
+    assert pool_drain_rate_per_s(handovers, backlog_s, 8, 0.04) == pytest.approx(expected)
 
 
-@given(measured=st.none() | st.floats(0, 1e6), slots=st.integers(1, 1000), service=st.floats(1e-3, 100))
-def test_pool_drain_rate_never_exceeds_what_the_slots_sustain(measured, slots, service):
-    assert 0 <= pool_drain_rate_per_s(measured, slots, service) <= slots / service * (1 + 1e-12)
+@given(
+    handovers=st.floats(0, 1e6),
+    backlog_s=st.floats(0, 1e4),
+    slots=st.integers(1, 1000),
+    service=st.floats(1e-3, 100),
+)
+def test_pool_drain_rate_is_positive_and_within_what_the_slots_sustain(handovers, backlog_s, slots, service):
+    assert 0 < pool_drain_rate_per_s(handovers, backlog_s, slots, service) <= slots / service * (1 + 1e-12)

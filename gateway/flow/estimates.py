@@ -11,7 +11,6 @@ from policies.wait import Throughput, band_drain_rate_per_s, pool_drain_rate_per
 
 # Arrivals are counted per interval of this length and blended into the rates when it ends.
 _TICK_S = 0.05
-_NOTHING_SEEN = ObservedRate(1.0)
 
 
 class PoolEstimates:
@@ -73,8 +72,8 @@ class PoolEstimates:
         drain_fresh = now - self._drain_measured_at <= self._config.drain_stale_after_s
         key = (slots, drain_fresh)
         if self._snapshot is None or key != self._snapshot_key:
-            seen = self._drain if drain_fresh else _NOTHING_SEEN
-            drain = pool_drain_rate_per_s(seen.events, seen.observed_s, slots, self.service_time_s)
+            seen = (self._drain.events, self._drain.observed_s) if drain_fresh else (0.0, 0.0)
+            drain = pool_drain_rate_per_s(*seen, slots, self.service_time_s)
             self._snapshot = Throughput(
                 service_time_s=self.service_time_s,
                 drain_rate_per_s=drain,

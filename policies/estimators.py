@@ -55,6 +55,24 @@ def blend_rate(previous_per_s: float, events: int, elapsed_s: float, tau_s: floa
     return previous_per_s + weight * (events / elapsed_s - previous_per_s)
 
 
+def rate_jump(
+    rate_per_s: float, events: int, elapsed_s: float, z: float, min_events: int = 4
+) -> float | None:
+    """The new level of an event rate, when `events` in `elapsed_s` are too many for it to explain.
+
+    A Poisson count with mean m exceeds m + z * sqrt(m) rarely (z = 4: about once in 30,000
+    intervals), so such a count says the rate has stepped up: the count's own rate is returned as
+    the new level. None when the count fits the rate. An estimate that averages over seconds would
+    otherwise take seconds to follow a step to overload.
+    """
+    if elapsed_s <= 0 or events < min_events:
+        return None
+    expected = rate_per_s * elapsed_s
+    if events <= expected + z * math.sqrt(max(expected, 1.0)):
+        return None
+    return events / elapsed_s
+
+
 @dataclass(frozen=True, slots=True)
 class ObservedRate:
     """Events per second of observed time, with both exponentially forgotten over `tau_s`.

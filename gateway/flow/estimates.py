@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gateway.settings import Estimation
-from policies.estimators import ObservedRate, blend_rate, ewma
+from policies.estimators import ObservedRate, blend_rate, ewma, rate_jump
 from policies.retry_after import RetryAfterConfig, band_retry_load, next_spread
 from policies.wait import Throughput, band_drain_rate_per_s, pool_drain_rate_per_s
 
 # Arrivals are counted per interval of this length and blended into the rates when it ends.
 _TICK_S = 0.05
+_JUMP_Z = 4.0
 
 
 class PoolEstimates:
@@ -96,12 +97,17 @@ class PoolEstimates:
             zip(self._offered_count, self._admitted_count, strict=True)
         ):
             self._offered[band] = blend_rate(self._offered[band], offered, elapsed_s, self._slow_tau_s)
+            level = max(self._admitted_slow[band], self._admitted_fast[band])
+            jump = rate_jump(level, admitted, elapsed_s, _JUMP_Z)
             self._admitted_slow[band] = blend_rate(
                 self._admitted_slow[band], admitted, elapsed_s, self._slow_tau_s
             )
             self._admitted_fast[band] = blend_rate(
                 self._admitted_fast[band], admitted, elapsed_s, self._fast_tau_s
             )
+            if jump is not None:
+                self._admitted_slow[band] = max(self._admitted_slow[band], jump)
+                self._admitted_fast[band] = max(self._admitted_fast[band], jump)
             self._offered_count[band] = self._admitted_count[band] = 0
         self._tick_started_at = now
         self._snapshot = None

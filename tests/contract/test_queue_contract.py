@@ -193,3 +193,15 @@ async def test_drain_rate_is_measured_from_hand_overs_under_backlog(make_store):
         slot = await asyncio.wait_for(ticket.wakeup, 2)
     drain = sut.store.throughput(MODEL, now=time.monotonic()).drain_rate_per_s
     assert 12 < drain < 22  # 20 per second, give or take the machine's timing
+
+
+async def test_a_step_up_in_admissions_is_believed_within_one_counting_interval(make_store):
+    sut = await make_store(slots=(64,))
+    for _ in range(13):  # a burst, where nothing came before
+        await offer(sut, 0)
+    await asyncio.sleep(0.06)  # the counting interval (50 ms) ends
+    await offer(sut, 0)  # the next admission closes it
+    rate = sut.store.throughput(MODEL, now=time.monotonic()).admitted_rate_by_band[0]
+    # 13 admissions in about 60 ms: about 200 per second. Averaging over the estimators' windows
+    # alone would still say about 25 per second, and admit a lower band as if they never came.
+    assert rate > 100

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from policies.balancing import free_slots, pick_backend
 from policies.dispatch import next_band
-from policies.estimators import ObservedRate, blend_rate, ewma
+from policies.estimators import ObservedRate, blend_rate, ewma, rate_jump
 from policies.ordering import Ordering, score
 
 
@@ -97,3 +97,23 @@ def test_observed_rate_forgets_over_observed_time_not_samples():
     for _ in range(200):
         rate = rate.observe(1.0, 0.05)  # then 20/s for 10 s
     assert rate.per_s == pytest.approx(20.0, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("rate_per_s", "events", "elapsed_s", "expected"),
+    [
+        (10.0, 6, 0.05, 120.0),  # 0.5 expected, 6 seen: the rate stepped up
+        (120.0, 9, 0.05, None),  # 6 expected, 9 seen: noise
+        (120.0, 20, 0.05, 400.0),  # 6 expected, 20 seen: beyond 4 deviations
+        (0.0, 3, 0.05, None),  # too few events to say anything
+        (10.0, 6, 0.0, None),  # no time has passed
+    ],
+)
+def test_rate_jump_believes_only_counts_the_level_cannot_explain(rate_per_s, events, elapsed_s, expected):
+    jump = rate_jump(rate_per_s, events, elapsed_s, z=4.0)
+    assert jump == (None if expected is None else pytest.approx(expected))
+
+
+@given(rate=st.floats(1, 1000), elapsed=st.floats(0.01, 1))
+def test_rate_jump_is_rare_at_the_mean(rate, elapsed):
+    assert rate_jump(rate, round(rate * elapsed), elapsed, z=4.0) is None

@@ -116,6 +116,33 @@ local function count_events(field, now, tau, n)
   redis.call('HSET', tag .. ':stats', field, tostring(level), field .. '_at', fmt(now))
 end
 
+-- Admissions are also counted per interval of JUMP_TICK seconds. A count too large for the current
+-- level to explain (Poisson, JUMP_Z deviations: policies.estimators.rate_jump, with the constants of
+-- gateway.flow.estimates) sets both rates to the count's own rate, so that a step to overload is
+-- believed within one interval rather than after seconds of averaging.
+local JUMP_TICK, JUMP_Z, JUMP_MIN_EVENTS = 0.05, 4.0, 4
+
+local function count_admission(band, now, tau_slow, tau_fast)
+  local stats = tag .. ':stats'
+  local slow_field, fast_field, tick_field = 'adm:' .. band, 'admf:' .. band, 'admt:' .. band
+  local started = tonumber(redis.call('HGET', stats, tick_field .. '_at') or tostring(now))
+  local count = tonumber(redis.call('HGET', stats, tick_field) or '0')
+  local elapsed = now - started
+  if elapsed >= JUMP_TICK then
+    local level = math.max(rate_at(slow_field, now, tau_slow), rate_at(fast_field, now, tau_fast))
+    local expected = level * elapsed
+    if count >= JUMP_MIN_EVENTS and count > expected + JUMP_Z * math.sqrt(math.max(expected, 1)) then
+      local jump = fmt(count / elapsed)
+      redis.call('HSET', stats, slow_field, jump, slow_field .. '_at', fmt(now),
+        fast_field, jump, fast_field .. '_at', fmt(now))
+    end
+    started, count = now, 0
+  end
+  redis.call('HSET', stats, tick_field, tostring(count + 1), tick_field .. '_at', fmt(started))
+  count_events(slow_field, now, tau_slow, 1)
+  count_events(fast_field, now, tau_fast, 1)
+end
+
 -- Arrivals a replica refused on its own (from a fresh snapshot, without a round trip) still count
 -- towards the offered rates: ARGV carries them per band from `first`.
 local function count_refused_locally(first, nbands, now, tau)

@@ -18,8 +18,7 @@ count_events('off:' .. band, now, tau_slow, 1)
 if positions > max_positions then
   return {'full', snapshot(nbands, backends, now, tau_slow, tau_fast)}
 end
-count_events('adm:' .. band, now, tau_slow, 1)
-count_events('admf:' .. band, now, tau_fast, 1)
+count_admission(band, now, tau_slow, tau_fast)
 
 if positions == 0 then
   local backend = pick_backend(backends)

@@ -60,10 +60,12 @@ def rate_jump(
 ) -> float | None:
     """The new level of an event rate, when `events` in `elapsed_s` are too many for it to explain.
 
-    A Poisson count with mean m exceeds m + z * sqrt(m) rarely (z = 4: about once in 30,000
-    intervals), so such a count says the rate has stepped up: the count's own rate is returned as
-    the new level. None when the count fits the rate. An estimate that averages over seconds would
-    otherwise take seconds to follow a step to overload.
+    A Poisson count with mean m rarely exceeds m + z * sqrt(max(m, 1)): with z = 6, for any mean,
+    in fewer than one interval in 100,000 (z = 4 would pass one in 1,000 to 10,000, every few
+    minutes at 20 intervals a second). Such a count says the rate has stepped up, and its own rate
+    is returned as the new level; None when the count fits the rate. An estimate that averages
+    over seconds would otherwise take seconds to follow a step to overload, and admit less urgent
+    work meanwhile as if the urgent surge were not there.
     """
     if elapsed_s <= 0 or events < min_events:
         return None

@@ -11,7 +11,8 @@ from policies.wait import Throughput, band_drain_rate_per_s, pool_drain_rate_per
 
 # Arrivals are counted per interval of this length and blended into the rates when it ends.
 _TICK_S = 0.05
-_JUMP_Z = 4.0
+# Deviations a counting interval must exceed the current level by to be taken as a step up.
+_JUMP_Z = 6.0
 
 
 class PoolEstimates:
@@ -23,7 +24,9 @@ class PoolEstimates:
 
     Admitted rates feed the drain left to less urgent bands, so they are read as the larger of a
     slow and a fast estimate: quick to believe that urgent traffic rose (a low request admitted
-    on a stale, low estimate would expire in the queue), slow to believe that it fell.
+    on a stale, low estimate would expire in the queue), slow to believe that it fell. A counting
+    interval with far more admissions than the estimates explain (policies.estimators.rate_jump)
+    sets both to its own rate at once: the onset of an overload is believed within ~50 ms.
 
     Reading the estimates is on every request's path, so the Throughput snapshot is rebuilt only
     when something in it changed.

@@ -120,7 +120,7 @@ end
 -- level to explain (Poisson, JUMP_Z deviations: policies.estimators.rate_jump, with the constants of
 -- gateway.flow.estimates) sets both rates to the count's own rate, so that a step to overload is
 -- believed within one interval rather than after seconds of averaging.
-local JUMP_TICK, JUMP_Z, JUMP_MIN_EVENTS = 0.05, 4.0, 4
+local JUMP_TICK, JUMP_Z, JUMP_MIN_EVENTS = 0.05, 6.0, 4
 
 local function count_admission(band, now, tau_slow, tau_fast)
   local stats = tag .. ':stats'

@@ -55,8 +55,12 @@ def blend_rate(previous_per_s: float, events: int, elapsed_s: float, tau_s: floa
     return previous_per_s + weight * (events / elapsed_s - previous_per_s)
 
 
+JUMP_MIN_EVENTS = 4
+"""Fewer events in an interval never count as a step, however low the level."""
+
+
 def rate_jump(
-    rate_per_s: float, events: int, elapsed_s: float, z: float, min_events: int = 4
+    rate_per_s: float, events: int, elapsed_s: float, z: float, min_events: int = JUMP_MIN_EVENTS
 ) -> float | None:
     """The new level of an event rate, when `events` in `elapsed_s` are too many for it to explain.
 

@@ -10,9 +10,14 @@ from policies.retry_after import RetryAfterConfig, band_retry_load, next_spread
 from policies.wait import Throughput, band_drain_rate_per_s, pool_drain_rate_per_s
 
 # Arrivals are counted per interval of this length and blended into the rates when it ends.
-_TICK_S = 0.05
+TICK_S = 0.05
 # Deviations a counting interval must exceed the current level by to be taken as a step up.
-_JUMP_Z = 6.0
+JUMP_Z = 6.0
+
+
+def rate_taus(config: Estimation) -> tuple[float, float]:
+    """Time constants of the slow and the fast arrival-rate estimates."""
+    return config.rate_window_s, config.rate_window_s / 4
 
 
 class PoolEstimates:
@@ -34,8 +39,7 @@ class PoolEstimates:
 
     def __init__(self, bands: int, expected_service_s: float, config: Estimation) -> None:
         self._config = config
-        self._slow_tau_s = config.rate_window_s
-        self._fast_tau_s = config.rate_window_s / 4
+        self._slow_tau_s, self._fast_tau_s = rate_taus(config)
         self.service_time_s = expected_service_s
         self.service_spread_s = 0.0
         """Standard deviation of the service time (EWMA of squared deviations)."""
@@ -94,14 +98,14 @@ class PoolEstimates:
             self._tick_started_at = now
             return
         elapsed_s = now - self._tick_started_at
-        if elapsed_s < _TICK_S:
+        if elapsed_s < TICK_S:
             return
         for band, (offered, admitted) in enumerate(
             zip(self._offered_count, self._admitted_count, strict=True)
         ):
             self._offered[band] = blend_rate(self._offered[band], offered, elapsed_s, self._slow_tau_s)
             level = max(self._admitted_slow[band], self._admitted_fast[band])
-            jump = rate_jump(level, admitted, elapsed_s, _JUMP_Z)
+            jump = rate_jump(level, admitted, elapsed_s, JUMP_Z)
             self._admitted_slow[band] = blend_rate(
                 self._admitted_slow[band], admitted, elapsed_s, self._slow_tau_s
             )

@@ -29,10 +29,11 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.flow.estimates import PoolEstimates
+from gateway.flow.estimates import JUMP_Z, TICK_S, PoolEstimates, rate_taus
 from gateway.queues.base import Full, Granted, Offer, Queued, Slot, Ticket
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
+from policies.estimators import JUMP_MIN_EVENTS
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
 from policies.wait import QueueStats, Throughput, pool_drain_rate_per_s
@@ -244,6 +245,9 @@ class RedisQueue:
             allowed_wait_s,
             self._ttl_s,
             *self._rate_taus(),
+            TICK_S,
+            JUMP_Z,
+            JUMP_MIN_EVENTS,
             *state.take_refused_locally(),
             *state.backend_args,
         ]
@@ -366,7 +370,7 @@ class RedisQueue:
     # -- internals -------------------------------------------------------------------------------
 
     def _rate_taus(self) -> tuple[float, float]:
-        return self._estimation.rate_window_s, self._estimation.rate_window_s / 4
+        return rate_taus(self._estimation)
 
     def _slot(self, state: _Model, lease: str, url: str) -> Slot:
         backend = state.backend(url)

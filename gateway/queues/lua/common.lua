@@ -116,25 +116,23 @@ local function count_events(field, now, tau, n)
   redis.call('HSET', tag .. ':stats', field, tostring(level), field .. '_at', fmt(now))
 end
 
--- Admissions are also counted per interval of JUMP_TICK seconds. A count too large for the current
--- level to explain (Poisson, JUMP_Z deviations: policies.estimators.rate_jump, with the constants of
--- gateway.flow.estimates) sets both rates to the count's own rate, so that a step to overload is
--- believed within one interval rather than after seconds of averaging.
-local JUMP_TICK, JUMP_Z, JUMP_MIN_EVENTS = 0.05, 6.0, 4
-
-local function count_admission(band, now, tau_slow, tau_fast)
+-- Admissions are also counted per interval of `jump.tick` seconds. A count too large for the
+-- current level to explain (Poisson, `jump.z` deviations: policies.estimators.rate_jump) sets both
+-- rates to the count's own rate, so that a step to overload is believed within one interval
+-- rather than after seconds of averaging.
+local function count_admission(band, now, tau_slow, tau_fast, jump)
   local stats = tag .. ':stats'
   local slow_field, fast_field, tick_field = 'adm:' .. band, 'admf:' .. band, 'admt:' .. band
   local started = tonumber(redis.call('HGET', stats, tick_field .. '_at') or tostring(now))
   local count = tonumber(redis.call('HGET', stats, tick_field) or '0')
   local elapsed = now - started
-  if elapsed >= JUMP_TICK then
+  if elapsed >= jump.tick then
     local level = math.max(rate_at(slow_field, now, tau_slow), rate_at(fast_field, now, tau_fast))
     local expected = level * elapsed
-    if count >= JUMP_MIN_EVENTS and count > expected + JUMP_Z * math.sqrt(math.max(expected, 1)) then
-      local jump = fmt(count / elapsed)
-      redis.call('HSET', stats, slow_field, jump, slow_field .. '_at', fmt(now),
-        fast_field, jump, fast_field .. '_at', fmt(now))
+    if count >= jump.min_events and count > expected + jump.z * math.sqrt(math.max(expected, 1)) then
+      local level_now = fmt(count / elapsed)
+      redis.call('HSET', stats, slow_field, level_now, slow_field .. '_at', fmt(now),
+        fast_field, level_now, fast_field .. '_at', fmt(now))
     end
     started, count = now, 0
   end

@@ -9,14 +9,16 @@ must leave the queue.
 Both sides are taken with a safety margin of `safety_sigmas` (z) standard deviations, because a
 request admitted exactly at its limit would miss it half the time. The service time is taken as
 its mean plus z deviations. The wait for n hand-overs to its band, which receives mu_b of the
-pool's mu hand-overs per second, is taken as (n + z * sqrt(n * mu / mu_b)) / mu_b: reaching the
-n-th hand-over of band b takes about n * mu / mu_b hand-overs of the pool (the urgent bands take
-the rest), and a count of hand-overs that arrive like a Poisson stream has a variance equal to
-its mean.
+pool's mu hand-overs per second, is taken as (n + z * sqrt(n * v / mu_b)) / mu_b, where v is the
+variance per second of the count of hand-overs that reach the band (policies.wait.
+band_count_variance_rate): the time to count n of them is about n / mu_b, and over that time the
+count wavers by sqrt(v * n / mu_b). The variance comes from the backends' service times (a slot
+with a steady service time hands over like a clock, one with exponential service times like a
+Poisson stream) and from the urgent bands' arrivals, which take hand-overs at random.
 
 The check is also expressed as a position limit (`max_positions`), so that a store can make the
 check and the insert it guards one atomic operation: the admitted positions are exactly those
-with n + z * sqrt(n * mu / mu_b) <= allowed * mu_b.
+with n + z * sqrt(n * v / mu_b) <= allowed * mu_b.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from policies.retry_after import RetryAfterConfig, retry_after_s
 from policies.wait import (
     QueueStats,
     Throughput,
+    band_count_variance_rate,
     band_drain_rate_per_s,
     positions_to_drain,
 )
@@ -80,7 +83,7 @@ def allowed_wait_s(request: AdmissionRequest, throughput: Throughput, safety_sig
 def cautious_wait_s(positions: int, throughput: Throughput, band: int, safety_sigmas: float) -> float:
     """The wait for `positions` hand-overs to `band`, `safety_sigmas` deviations above its mean."""
     band_drain = band_drain_rate_per_s(throughput, band)
-    spread = math.sqrt(positions * throughput.drain_rate_per_s / band_drain)
+    spread = math.sqrt(positions * band_count_variance_rate(throughput, band) / band_drain)
     return (positions + safety_sigmas * spread) / band_drain
 
 
@@ -91,8 +94,8 @@ def max_positions(request: AdmissionRequest, throughput: Throughput, config: Adm
         return -1
     band_drain = band_drain_rate_per_s(throughput, request.band)
     budget = allowed * band_drain
-    # The largest n with n + c * sqrt(n) <= budget, c = z * sqrt(mu / mu_b): a quadratic in sqrt(n).
-    c = config.safety_sigmas * math.sqrt(throughput.drain_rate_per_s / band_drain)
+    # The largest n with n + c * sqrt(n) <= budget, c = z * sqrt(v / mu_b): a quadratic in sqrt(n).
+    c = config.safety_sigmas * math.sqrt(band_count_variance_rate(throughput, request.band) / band_drain)
     root = (-c + math.sqrt(c * c + 4 * budget)) / 2
     limit = math.floor(root * root)
     # Guard the floating-point edge so that the limit and cautious_wait_s always agree.

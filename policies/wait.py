@@ -40,6 +40,9 @@ class Throughput:
     """All arrivals per second (admitted or not), per band."""
     service_spread_s: float = 0.0
     """Standard deviation of the service time."""
+    service_cv: float = 1.0
+    """The service time's coefficient of variation (spread over mean); 1, as for exponential
+    service times, until enough have been measured to tell."""
     retry_spread_by_band: tuple[float, ...] = ()
     """Retry-After spread factors per band (policies.retry_after.next_spread); 1 when absent."""
 
@@ -58,6 +61,19 @@ def band_drain_rate_per_s(throughput: Throughput, band: int) -> float:
     urgent_rate = sum(throughput.admitted_rate_by_band[:band])
     floor = throughput.drain_rate_per_s * MIN_DRAIN_SHARE
     return max(throughput.drain_rate_per_s - urgent_rate, floor)
+
+
+def band_count_variance_rate(throughput: Throughput, band: int) -> float:
+    """Variance per second of the count of hand-overs that reach `band` while it waits.
+
+    The pool's slots hand over like renewal processes: over a long time t, k slots of mean service
+    m and coefficient of variation cv hand over mu * t times with variance mu * t * cv**2 (1 for
+    exponential service times, near 0 for a model whose every call takes the same time). The
+    urgent bands' admitted arrivals, taken as Poisson, take hand-overs away with variance equal to
+    their mean.
+    """
+    urgent_rate = sum(throughput.admitted_rate_by_band[:band])
+    return throughput.drain_rate_per_s * throughput.service_cv**2 + urgent_rate
 
 
 def predicted_wait_s(stats: QueueStats, throughput: Throughput, band: int) -> float:

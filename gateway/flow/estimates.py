@@ -44,6 +44,7 @@ class PoolEstimates:
         self.service_spread_s = 0.0
         """Standard deviation of the service time (EWMA of squared deviations)."""
         self._service_variance = 0.0
+        self._service_samples = 0
         self._drain = ObservedRate(config.drain_window_s)
         self._drain_measured_at = float("-inf")
         self._offered_count = [0] * bands
@@ -67,7 +68,16 @@ class PoolEstimates:
         self._service_variance = ewma(self._service_variance, deviation * deviation, weight)
         self.service_spread_s = self._service_variance**0.5
         self.service_time_s = ewma(self.service_time_s, service_s, weight)
+        self._service_samples += 1
         self._snapshot = None
+
+    @property
+    def service_cv(self) -> float:
+        """The service time's coefficient of variation; 1 (exponential) until the averages have
+        seen as many samples as they remember, since a spread that started at 0 reads low."""
+        if self._service_samples * self._config.service_time_weight < 1 or self.service_time_s <= 0:
+            return 1.0
+        return self.service_spread_s / self.service_time_s
 
     def record_handover_gap(self, gap_s: float, now: float) -> None:
         """One slot hand-over `gap_s` after the previous one, with requests waiting throughout."""
@@ -88,6 +98,7 @@ class PoolEstimates:
                 admitted_rate_by_band=tuple(map(max, self._admitted_slow, self._admitted_fast)),
                 offered_rate_by_band=tuple(self._offered),
                 service_spread_s=self.service_spread_s,
+                service_cv=self.service_cv,
             )
             self._snapshot_key = key
         return self._snapshot

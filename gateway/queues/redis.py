@@ -221,6 +221,7 @@ class RedisQueue:
             admitted_rate_by_band=view.admitted,
             offered_rate_by_band=view.offered,
             service_spread_s=estimates.service_spread_s,
+            service_cv=estimates.service_cv,
         )
 
     def record_service(self, model: str, service_s: float) -> None:

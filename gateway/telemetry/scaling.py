@@ -80,7 +80,7 @@ class ScalingHints(Collector):
             answer = desired_replicas(
                 hint.arrival_rate,
                 flow.service_time_s,
-                flow.service_spread_s / flow.service_time_s if flow.service_time_s > 0 else 1.0,
+                flow.service_cv,
                 round(sum(known) / len(known)) if known else 0,
                 self._targets,
             )

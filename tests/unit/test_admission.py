@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -28,6 +30,9 @@ FLOW = Throughput(
     admitted_rate_by_band=(0.0, 0.0),
     offered_rate_by_band=(0.0, 0.0),
 )
+# The same pool whose every call takes 40 ms: it hands over like a clock. (FLOW's service times
+# are not known yet, so they count as exponential: it hands over like a Poisson stream.)
+STEADY_FLOW = replace(FLOW, service_cv=0.0)
 HIGH = AdmissionRequest(band=0, max_queue_wait_s=0.25)
 LOW = AdmissionRequest(band=1, max_queue_wait_s=1.0)
 
@@ -63,18 +68,35 @@ def test_admission_against_class_limit(request_, queued, free, admitted):
 )
 def test_safety_margin_shortens_the_admitted_queue(queued, admitted):
     assert max_positions(LOW, FLOW, CAUTIOUS) == 173
-    assert isinstance(admit(LOW, queued, config=CAUTIOUS), Admit) is admitted
+    assert isinstance(admit(LOW, queued, flow=FLOW, config=CAUTIOUS), Admit) is admitted
 
 
-def test_cautious_wait_adds_sigmas_of_a_poisson_count():
+def test_cautious_wait_adds_sigmas_of_a_poisson_count_for_exponential_service():
     assert cautious_wait_s(100, FLOW, 0, 2.0) == pytest.approx((100 + 20) / 200)
     assert cautious_wait_s(0, FLOW, 0, 2.0) == 0.0
 
 
+def test_steady_service_times_leave_only_the_urgent_arrivals_to_doubt():
+    # Every call takes 40 ms: 100 hand-overs take 0.5 s, give or take nothing.
+    assert cautious_wait_s(100, STEADY_FLOW, 0, 2.0) == pytest.approx(100 / 200)
+    # High arrivals (Poisson, 100/s) take half the hand-overs: 100 for low take about 1 s, over
+    # which high's count wavers by sqrt(100) = 10 hand-overs.
+    urgent = replace(STEADY_FLOW, admitted_rate_by_band=(100.0, 0.0))
+    assert cautious_wait_s(100, urgent, 1, 2.0) == pytest.approx((100 + 2 * 10) / 100)
+
+
+def test_the_margin_grows_with_the_variation_of_service_times():
+    limits = [max_positions(LOW, replace(FLOW, service_cv=cv), CAUTIOUS) for cv in (0.0, 0.25, 1.0, 2.5)]
+    assert limits == sorted(limits, reverse=True)
+    assert limits[0] == 200  # steady service and no urgent traffic: the plain mean
+    assert limits[2] == 173
+
+
 def test_cautious_wait_of_a_band_counts_the_pool_hand_overs_it_must_sit_through():
-    # High takes 150 of 200 hand-overs per second: 100 for low means about 400 in all.
-    busy = Throughput(0.04, 200.0, admitted_rate_by_band=(150.0, 0.0), offered_rate_by_band=(150.0, 0.0))
-    assert cautious_wait_s(100, busy, 1, 2.0) == pytest.approx((100 + 2 * 20) / 50)
+    # High takes 150 of 200 hand-overs per second: 100 for low take about 2 s, over which the
+    # pool's count wavers with variance 200/s (exponential service) and high's with 150/s.
+    busy = replace(FLOW, admitted_rate_by_band=(150.0, 0.0), offered_rate_by_band=(150.0, 0.0))
+    assert cautious_wait_s(100, busy, 1, 2.0) == pytest.approx((100 + 2 * (2 * 350) ** 0.5) / 50)
 
 
 def test_admission_rejects_queue_full_with_reason():
@@ -136,6 +158,7 @@ flows = st.builds(
     admitted_rate_by_band=st.tuples(st.floats(0, 5000), st.floats(0, 5000)),
     offered_rate_by_band=st.tuples(st.floats(0, 5000), st.floats(0, 5000)),
     service_spread_s=st.floats(0, 1),
+    service_cv=st.floats(0, 5),
 )
 queue_stats = st.builds(
     QueueStats,

@@ -6,6 +6,7 @@ from policies.wait import (
     MIN_DRAIN_SHARE,
     QueueStats,
     Throughput,
+    band_count_variance_rate,
     band_drain_rate_per_s,
     drain_rate_from_slots,
     offered_load,
@@ -116,3 +117,19 @@ def test_pool_drain_rate_is_measured_but_bounded_by_the_slots(handovers, backlog
 )
 def test_pool_drain_rate_is_positive_and_within_what_the_slots_sustain(handovers, backlog_s, slots, service):
     assert 0 < pool_drain_rate_per_s(handovers, backlog_s, slots, service) <= slots / service * (1 + 1e-12)
+
+
+@pytest.mark.parametrize(
+    ("cv", "admitted", "band", "variance_rate"),
+    [
+        (1.0, (0.0, 0.0), 0, 100.0),  # exponential service: a Poisson count of 100/s
+        (0.0, (0.0, 0.0), 0, 0.0),  # every call 40 ms: a clock
+        (0.5, (0.0, 0.0), 0, 25.0),
+        (0.0, (30.0, 0.0), 1, 30.0),  # high's Poisson arrivals take hand-overs from low at random
+        (0.0, (30.0, 0.0), 0, 0.0),  # ... but not from high itself
+        (1.0, (30.0, 0.0), 1, 130.0),
+    ],
+)
+def test_count_variance_adds_service_variation_and_urgent_arrivals(cv, admitted, band, variance_rate):
+    flow = Throughput(0.04, 100.0, admitted, admitted, service_cv=cv)
+    assert band_count_variance_rate(flow, band) == pytest.approx(variance_rate)

@@ -1,0 +1,118 @@
+"""What does aiohttp's client cost per proxied request? A diagnostic, not a benchmark.
+
+    python -m loadtests.probes.client_cost
+
+Sends sequential requests, shaped like a KServe infer call, to a minimal HTTP server in the same
+process on 127.0.0.1. It measures two ways of sending them, in turn, twice each:
+- aiohttp's `session.request(...)` followed by `read()`, with the gateway's session settings;
+- a bare asyncio Protocol that writes a request serialized up front and parses the answer with
+  httptools.
+
+Both share the server's cost and the event loop (uvloop when installed), so the difference per
+request is the client's own. On the hand-over path the gateway pays that cost when it completes
+one answer and when it sends the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import cast
+
+import aiohttp
+import httptools
+
+from gateway.serving import run
+
+BODY = b'{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
+ANSWER = b'{"model_name":"sim","outputs":[{"name":"OUTPUT0","shape":[1,4],"datatype":"FP32","data":[1,2]}]}'
+RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+    len(ANSWER),
+    ANSWER,
+)
+HEADERS = [("content-type", "application/json"), ("x-priority", "low")]
+REQUESTS = 4000
+
+
+class _Server(asyncio.Protocol):
+    """Answers every request on the connection with the same response."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._parser = httptools.HttpRequestParser(self)
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        self._transport.write(RESPONSE)
+
+
+class _BareClient(asyncio.Protocol):
+    """One keep-alive connection: write prepared bytes, resolve `answer` when the body is complete."""
+
+    def __init__(self) -> None:
+        self._parser = httptools.HttpResponseParser(self)
+        self._body: list[bytes] = []
+        self.answer: asyncio.Future[bytes] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed_data(data)
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        assert self.answer is not None
+        self.answer.set_result(b"".join(self._body))
+        self._body = []
+
+
+async def _aiohttp_round(url: str) -> None:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
+        cookie_jar=aiohttp.DummyCookieJar(),
+    ) as session:
+        for _ in range(REQUESTS):
+            timeout = aiohttp.ClientTimeout(total=5)
+            async with session.request("POST", url, headers=HEADERS, data=BODY, timeout=timeout) as reply:
+                await reply.read()
+
+
+async def _bare_round(port: int) -> None:
+    loop = asyncio.get_running_loop()
+    transport, client = await loop.create_connection(_BareClient, "127.0.0.1", port)
+    head = "".join(f"{name}: {value}\r\n" for name, value in HEADERS)
+    request = (
+        f"POST /v2/models/sim/infer HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{head}"
+        f"content-length: {len(BODY)}\r\n\r\n"
+    ).encode() + BODY
+    for _ in range(REQUESTS):
+        client.answer = loop.create_future()
+        client.transport.write(request)
+        await asyncio.wait_for(client.answer, 5)
+    transport.close()
+
+
+async def main() -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_Server, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v2/models/sim/infer"
+    for label in ("aiohttp", "bare", "aiohttp", "bare"):
+        wall, cpu = time.perf_counter(), time.process_time()
+        await (_aiohttp_round(url) if label == "aiohttp" else _bare_round(port))
+        wall_us = (time.perf_counter() - wall) / REQUESTS * 1e6
+        cpu_us = (time.process_time() - cpu) / REQUESTS * 1e6
+        print(f"{label:8s} {wall_us:6.1f} us per request, {cpu_us:6.1f} us CPU (client and server)")
+    server.close()
+
+
+if __name__ == "__main__":
+    run(main)

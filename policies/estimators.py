@@ -55,6 +55,17 @@ def blend_rate(previous_per_s: float, events: int, elapsed_s: float, tau_s: floa
     return previous_per_s + weight * (events / elapsed_s - previous_per_s)
 
 
+def coefficient_of_variation(mean: float, spread: float, samples: int, weight: float) -> float:
+    """Spread over mean of a quantity averaged by an EWMA of `weight` from a spread of 0.
+
+    1 (as for exponential times) until the averages have seen as many samples as they remember
+    (1 / weight): a spread that started at 0 reads low until then.
+    """
+    if samples * weight < 1 or mean <= 0:
+        return 1.0
+    return spread / mean
+
+
 JUMP_MIN_EVENTS = 4
 """Fewer events in an interval never count as a step, however low the level."""
 

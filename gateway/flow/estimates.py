@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gateway.settings import Estimation
-from policies.estimators import ObservedRate, blend_rate, ewma, rate_jump
+from policies.estimators import ObservedRate, blend_rate, coefficient_of_variation, ewma, rate_jump
 from policies.retry_after import RetryAfterConfig, band_retry_load, next_spread
 from policies.wait import Throughput, band_drain_rate_per_s, pool_drain_rate_per_s
 
@@ -73,11 +73,10 @@ class PoolEstimates:
 
     @property
     def service_cv(self) -> float:
-        """The service time's coefficient of variation; 1 (exponential) until the averages have
-        seen as many samples as they remember, since a spread that started at 0 reads low."""
-        if self._service_samples * self._config.service_time_weight < 1 or self.service_time_s <= 0:
-            return 1.0
-        return self.service_spread_s / self.service_time_s
+        weight = self._config.service_time_weight
+        return coefficient_of_variation(
+            self.service_time_s, self.service_spread_s, self._service_samples, weight
+        )
 
     def record_handover_gap(self, gap_s: float, now: float) -> None:
         """One slot hand-over `gap_s` after the previous one, with requests waiting throughout."""

@@ -36,7 +36,7 @@ from gateway.upstream.backends import BackendState, ModelPool
 from policies.estimators import JUMP_MIN_EVENTS
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
-from policies.wait import QueueStats, Throughput, pool_drain_rate_per_s
+from policies.wait import QueueStats, Throughput, pool_drain_rate_per_s, positions_to_drain
 
 log = logging.getLogger("gateway.redis")
 
@@ -71,7 +71,7 @@ class _GlobalView:
     """Hand-overs seen in seconds of backlog, forgotten over the drain window (0, 0 when stale)."""
 
     def positions_to_drain(self, band: int) -> int:
-        return max(0, sum(self.queued_by_band[: band + 1]) + 1 - self.free_slots)
+        return positions_to_drain(QueueStats(self.queued_by_band, self.free_slots), band)
 
     @classmethod
     def parse(cls, raw: list[Any], bands: int, seen_at: float, stale_after_s: float) -> _GlobalView:
@@ -155,6 +155,7 @@ class RedisQueue:
         self._listener = listener
         self._bands = bands
         self._estimation = estimation
+        self._rate_taus = rate_taus(estimation)
         self._replica = replica_id
         self._ttl_s = lease_ttl_s
         self._ordering = ordering
@@ -245,7 +246,7 @@ class RedisQueue:
             self._ordering.value,
             allowed_wait_s,
             self._ttl_s,
-            *self._rate_taus(),
+            *self._rate_taus,
             TICK_S,
             JUMP_Z,
             JUMP_MIN_EVENTS,
@@ -275,7 +276,7 @@ class RedisQueue:
                 ticket.band,
                 self._replica,
                 self._bands,
-                *self._rate_taus(),
+                *self._rate_taus,
                 *state.backend_args,
             ]
             reply = await self._shielded(self._run("withdraw", state, args))
@@ -370,9 +371,6 @@ class RedisQueue:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _rate_taus(self) -> tuple[float, float]:
-        return rate_taus(self._estimation)
-
     def _slot(self, state: _Model, lease: str, url: str) -> Slot:
         backend = state.backend(url)
         backend.inflight += 1  # this replica's share, for its metrics
@@ -396,7 +394,7 @@ class RedisQueue:
             self._bands,
             self._ttl_s,
             self._estimation.drain_window_s,
-            *self._rate_taus(),
+            *self._rate_taus,
             self._replica,
             *state.backend_args,
         ]
@@ -473,7 +471,7 @@ class RedisQueue:
         await self._run("ready", state, args)
 
     async def _refresh(self, state: _Model) -> None:
-        args = [self._bands, *self._rate_taus(), *state.take_refused_locally(), *state.backend_args]
+        args = [self._bands, *self._rate_taus, *state.take_refused_locally(), *state.backend_args]
         reply = await self._run("snapshot", state, args)
         self._take_view(state, reply)
 

@@ -68,7 +68,7 @@ def test_admission_against_class_limit(request_, queued, free, admitted):
 )
 def test_safety_margin_shortens_the_admitted_queue(queued, admitted):
     assert max_positions(LOW, FLOW, CAUTIOUS) == 173
-    assert isinstance(admit(LOW, queued, flow=FLOW, config=CAUTIOUS), Admit) is admitted
+    assert isinstance(admit(LOW, queued, config=CAUTIOUS), Admit) is admitted
 
 
 def test_cautious_wait_adds_sigmas_of_a_poisson_count_for_exponential_service():

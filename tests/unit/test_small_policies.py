@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from policies.balancing import free_slots, pick_backend
 from policies.dispatch import next_band
-from policies.estimators import ObservedRate, blend_rate, ewma, rate_jump
+from policies.estimators import ObservedRate, blend_rate, coefficient_of_variation, ewma, rate_jump
 from policies.ordering import Ordering, score
 
 
@@ -117,3 +117,17 @@ def test_rate_jump_believes_only_counts_the_level_cannot_explain(rate_per_s, eve
 @given(rate=st.floats(1, 1000), elapsed=st.floats(0.01, 1))
 def test_rate_jump_is_rare_at_the_mean(rate, elapsed):
     assert rate_jump(rate, round(rate * elapsed), elapsed, z=4.0) is None
+
+
+@pytest.mark.parametrize(
+    ("mean", "spread", "samples", "cv"),
+    [
+        (0.04, 0.0, 0, 1.0),  # nothing measured: exponential
+        (0.04, 0.0, 9, 1.0),  # 9 of the 10 samples a 0.1 average remembers
+        (0.04, 0.0, 10, 0.0),
+        (0.04, 0.02, 50, 0.5),
+        (0.0, 0.02, 50, 1.0),  # no mean to divide by
+    ],
+)
+def test_coefficient_of_variation_counts_as_exponential_until_measured(mean, spread, samples, cv):
+    assert coefficient_of_variation(mean, spread, samples, weight=0.1) == pytest.approx(cv)

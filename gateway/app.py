@@ -34,6 +34,7 @@ from gateway.upstream.client import create_session
 from gateway.upstream.discovery import TritonDiscovery
 from gateway.upstream.endpoints import EndpointDiscovery
 from gateway.upstream.health import HealthChecker
+from gateway.upstream.http1 import UpstreamClient
 
 
 def build_runtime(
@@ -80,6 +81,7 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         rt.session = create_session()
+        rt.upstream = UpstreamClient()
         rt.health = HealthChecker(
             rt.session,
             list(rt.pools.values()),
@@ -128,6 +130,7 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
             await rt.signals.stop()
             await rt.store.stop()
             await rt.session.close()
+            await rt.upstream.close()
 
     async def not_found(request: Request, exc: Exception) -> JSONResponse:
         status = exc.status_code if isinstance(exc, HTTPException) else 404

@@ -18,6 +18,7 @@ from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.scaling import ScalingHints
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.health import HealthChecker
+from gateway.upstream.http1 import UpstreamClient
 
 
 @dataclass(eq=False)
@@ -32,6 +33,9 @@ class Runtime:
     hints: ScalingHints
     clock: Callable[[], float] = time.monotonic
     session: aiohttp.ClientSession | None = None
+    """For the gateway's own calls: health checks, discovery, metric scrapes."""
+    upstream: UpstreamClient | None = None
+    """For proxied requests."""
     health: HealthChecker | None = None
     draining: bool = False
     active_requests: int = 0

@@ -92,10 +92,12 @@ class AdmissionController:
         band: int,
         budget_s: float | None,
         until_disconnect: Callable[[], Awaitable[object]],
+        on_grant: Callable[[Slot], None] | None = None,
     ) -> Lease | Refusal:
         """A slot for a request of `band`, or the reason it gets none.
 
         `until_disconnect` returns when the client goes away; it is awaited only while queued.
+        `on_grant` runs inside the store's grant when a queued request gets its slot (see Ticket).
         """
         arrived_at = self._clock()
         request = AdmissionRequest(band=band, max_queue_wait_s=self._max_wait_s[band], budget_s=budget_s)
@@ -119,6 +121,7 @@ class AdmissionController:
         if isinstance(offer, Unavailable):
             return Refusal(Outcome.STORE_UNAVAILABLE, offer.retry_after_s)
 
+        offer.ticket.on_grant = on_grant
         result = await self._wait(offer.ticket, allowed_s, until_disconnect)
         waited_s = self._clock() - arrived_at
         if isinstance(result, Slot):
@@ -138,16 +141,16 @@ class AdmissionController:
             self._store.record_service(lease.slot.model, service_s)
         await self._store.release(lease.slot, self._clock())
 
-    def release_soon(self, lease: Lease, service_s: float | None = None) -> bool:
+    def release_soon(self, slot: Slot, service_s: float | None = None) -> bool:
         """`release` for synchronous callbacks: the moment the backend's answer is complete.
 
         True when the slot went straight to a waiting request.
         """
-        if lease.slot.released:
+        if slot.released:
             return False
         if service_s is not None:
-            self._store.record_service(lease.slot.model, service_s)
-        return self._store.release_soon(lease.slot, self._clock())
+            self._store.record_service(slot.model, service_s)
+        return self._store.release_soon(slot, self._clock())
 
     def _shed(
         self, model: str, request: AdmissionRequest, throughput: Throughput, external: int

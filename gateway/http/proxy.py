@@ -10,26 +10,30 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 from dataclasses import dataclass
 
-import aiohttp
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import ErrorStyle, error_response
 from gateway.flow.controller import Lease, Refusal
 from gateway.http.exchange import RawHeaders, send_response, until_disconnect
 from gateway.http.request_meta import RequestMeta
+from gateway.queues.base import Slot
 from gateway.runtime import Runtime
 from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.client import downstream_response_headers, upstream_request_headers
+from gateway.upstream.http1 import (
+    ConnectFailed,
+    Origin,
+    Reply,
+    UpstreamClient,
+    UpstreamError,
+    origin_of,
+    serialize_request,
+)
 from policies.outcomes import Outcome
 
 log = logging.getLogger("gateway.proxy")
-
-# Event-loop turns a woken waiter needs to put its request on the wire: one to run, and on Python
-# before 3.12 one more for the task in which aiohttp writes the body (3.12 starts it eagerly).
-_DISPATCH_TURNS = 1 if sys.version_info >= (3, 12) else 2
 
 # Answers up to this size with a Content-Length are read whole, so the slot frees before the
 # client write; longer or open-ended ones (SSE) stream chunk by chunk.
@@ -101,24 +105,34 @@ class Proxy:
                 retry_after_s=self._no_backend_retry_s,
             )
             return
-        lease = await rt.controller.acquire(
-            pool.name, meta.band, meta.budget_s, lambda: until_disconnect(exchange.receive)
-        )
-        if isinstance(lease, Refusal):
-            retry_after_s = lease.retry_after_s
-            if lease.outcome is Outcome.NO_BACKEND:
-                retry_after_s = self._no_backend_retry_s
-            await self.fail(
-                exchange, lease.outcome, model=pool.name, priority=meta.priority, retry_after_s=retry_after_s
-            )
-            return
-        timeout_s = pool.upstream_timeout_s
-        if meta.budget_s is not None:
-            timeout_s = max(0.001, meta.budget_s - lease.queue_wait_s)
+        call = _UpstreamCall(rt, exchange, pool, meta.budget_s)
         try:
-            outcome = await self._forward(exchange, pool, lease, timeout_s)
+            lease = await rt.controller.acquire(
+                pool.name,
+                meta.band,
+                meta.budget_s,
+                lambda: until_disconnect(exchange.receive),
+                on_grant=call.start_at_grant,
+            )
+            if isinstance(lease, Refusal):
+                call.abandon()
+                retry_after_s = lease.retry_after_s
+                if lease.outcome is Outcome.NO_BACKEND:
+                    retry_after_s = self._no_backend_retry_s
+                await self.fail(
+                    exchange,
+                    lease.outcome,
+                    model=pool.name,
+                    priority=meta.priority,
+                    retry_after_s=retry_after_s,
+                )
+                return
+            try:
+                outcome = await self._forward(exchange, pool, lease, call)
+            finally:
+                await rt.controller.release(lease)
         finally:
-            await rt.controller.release(lease)
+            call.abandon()  # an exchange cut short must not leave its connection in the pool
         rt.metrics.count(pool.name, meta.priority, outcome)
 
     async def unmetered(self, exchange: Exchange, pool: ModelPool) -> None:
@@ -127,16 +141,20 @@ class Proxy:
         if backend is None:
             await self._reply_error(exchange, Outcome.NO_BACKEND, retry_after_s=self._no_backend_retry_s)
             return
+        call = _UpstreamCall(self._rt, exchange, pool, None)
         try:
-            async with self._request(exchange, backend, pool.upstream_timeout_s) as reply:
-                body = await reply.read()
+            reply = await call.start(backend)
+            await reply.head()
+            body = await reply.read()
         except TimeoutError:
             await self._reply_error(exchange, Outcome.UPSTREAM_TIMEOUT)
             return
-        except aiohttp.ClientError as error:
+        except UpstreamError as error:
             await self._reply_error(exchange, Outcome.UPSTREAM_ERROR, detail=type(error).__name__)
             return
-        headers = downstream_response_headers(reply.raw_headers)
+        finally:
+            call.abandon()
+        headers = downstream_response_headers(reply.headers)
         headers.append((b"content-length", str(len(body)).encode()))
         await send_response(exchange.send, reply.status, headers, body)
 
@@ -157,59 +175,32 @@ class Proxy:
             headers.append((b"connection", b"close"))
         await send_response(exchange.send, status, headers, body)
 
-    def _request(
-        self, exchange: Exchange, backend: BackendState, timeout_s: float
-    ) -> aiohttp.client._RequestContextManager:
-        scope = exchange.scope
-        target = scope["raw_path"].decode("latin-1") if scope.get("raw_path") else scope["path"]
-        body = exchange.body
-        if backend.served_model != backend.model:
-            target, body = served_names(target, body, backend.model, backend.served_model, exchange.style)
-        if scope["query_string"]:
-            target += "?" + scope["query_string"].decode("latin-1")
-        assert self._rt.session is not None, "the session is created in the lifespan"
-        return self._rt.session.request(
-            scope["method"],
-            backend.url + target,
-            headers=upstream_request_headers(scope["headers"]),
-            data=body or None,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        )
-
-    async def _forward(self, exchange: Exchange, pool: ModelPool, lease: Lease, timeout_s: float) -> Outcome:
+    async def _forward(
+        self, exchange: Exchange, pool: ModelPool, lease: Lease, call: _UpstreamCall
+    ) -> Outcome:
         rt = self._rt
         backend = lease.slot.backend
-        started_at = rt.clock()
         try:
-            async with self._request(exchange, backend, timeout_s) as reply:
-                headers = downstream_response_headers(reply.raw_headers)
-                length = reply.content_length
-                if length is None or length > _BUFFER_LIMIT_BYTES or _is_event_stream(headers):
-                    return await self._stream(exchange, pool, lease, reply, headers, started_at)
-                upstream = _UpstreamTimer(rt, pool.name, lease, started_at, ok=reply.status < 400)
-                # Give the slot back inside the protocol callback that completes the body: the next
-                # waiter is woken one event-loop turn sooner than if this task had to run first.
-                reply.content.on_eof(upstream.finished)
-                body = await reply.read()
-                upstream.finished()
-            if upstream.handed_over:
-                # The slot went straight to a waiter: let its request reach the backend before this
-                # answer is written back, so the slot idles as little as possible.
-                for _ in range(_DISPATCH_TURNS):
-                    await asyncio.sleep(0)
-        except aiohttp.ClientConnectorError:
+            reply = call.reply or await call.start(backend, lease.slot)
+            await reply.head()
+            headers = downstream_response_headers(reply.headers)
+            length = reply.content_length
+            if length is None or length > _BUFFER_LIMIT_BYTES or _is_event_stream(headers):
+                return await self._stream(exchange, lease, call, reply, headers)
+            body = await reply.read()
+        except ConnectFailed:
             if rt.health is not None:
                 rt.health.mark_unreachable(pool, backend)
             outcome, retry_after_s = Outcome.NO_BACKEND, self._no_backend_retry_s
         except TimeoutError:
             outcome, retry_after_s = Outcome.UPSTREAM_TIMEOUT, None
-        except aiohttp.ClientError as error:
-            log.warning("backend %s failed: %r", backend.url, error)
+        except UpstreamError as error:
+            log.warning("backend %s failed: %s", backend.url, error)
             outcome, retry_after_s = Outcome.UPSTREAM_ERROR, None
         else:
             headers += [
                 (b"content-length", str(len(body)).encode()),
-                _server_timing(lease.queue_wait_s, upstream.elapsed_s or 0.0),
+                _server_timing(lease.queue_wait_s, call.elapsed_s or 0.0),
             ]
             await send_response(exchange.send, reply.status, headers, body)
             return Outcome.OK
@@ -220,60 +211,118 @@ class Proxy:
     async def _stream(
         self,
         exchange: Exchange,
-        pool: ModelPool,
         lease: Lease,
-        reply: aiohttp.ClientResponse,
+        call: _UpstreamCall,
+        reply: Reply,
         headers: RawHeaders,
-        started_at: float,
     ) -> Outcome:
         """Pass the answer through chunk by chunk (SSE stays chunked, nothing is buffered).
 
         Once the status line is out an upstream failure can no longer become an error status:
         the answer is cut short, so the client sees a broken stream rather than a clean end.
         """
-        rt = self._rt
-        headers.append(_server_timing(lease.queue_wait_s, rt.clock() - started_at))
+        headers.append(_server_timing(lease.queue_wait_s, self._rt.clock() - call.started_at))
         send = exchange.send
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         client_gone = asyncio.ensure_future(until_disconnect(exchange.receive))
         try:
-            async for chunk in reply.content.iter_any():
+            async for chunk in reply.iter_chunks():
                 if client_gone.done():
                     return Outcome.CLIENT_DISCONNECTED
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (TimeoutError, aiohttp.ClientError) as error:
-            log.warning("backend %s failed mid-stream: %r", lease.slot.backend.url, error)
+        except (TimeoutError, UpstreamError) as error:
+            log.warning("backend %s failed mid-stream: %s", lease.slot.backend.url, error)
             outcome = Outcome.UPSTREAM_TIMEOUT if isinstance(error, TimeoutError) else Outcome.UPSTREAM_ERROR
-            await rt.controller.release(lease)
             return outcome  # without the final body message the server closes the connection
         finally:
             client_gone.cancel()
-        _UpstreamTimer(rt, pool.name, lease, started_at, ok=reply.status < 400).finished()
         await send({"type": "http.response.body", "body": b""})
         return Outcome.OK
 
 
-class _UpstreamTimer:
-    """Ends one upstream exchange exactly once: records its time and gives the slot back."""
+class _UpstreamCall:
+    """One request's exchange with a backend: prepared while the request waits, started the moment
+    it has a slot, and ended exactly once: its time recorded and its slot given back inside the
+    callback that completes the answer, so the next waiter's request follows at once."""
 
-    __slots__ = ("_lease", "_model", "_ok", "_rt", "_started_at", "elapsed_s", "handed_over")
+    __slots__ = (
+        "_budget_at",
+        "_exchange",
+        "_headers",
+        "_pool",
+        "_rt",
+        "_slot",
+        "elapsed_s",
+        "reply",
+        "started_at",
+    )
 
-    def __init__(self, rt: Runtime, model: str, lease: Lease, started_at: float, *, ok: bool) -> None:
+    def __init__(self, rt: Runtime, exchange: Exchange, pool: ModelPool, budget_s: float | None) -> None:
         self._rt = rt
-        self._model = model
-        self._lease = lease
-        self._started_at = started_at
-        self._ok = ok
+        self._exchange = exchange
+        self._pool = pool
+        self._budget_at = None if budget_s is None else rt.clock() + budget_s
+        self._headers = upstream_request_headers(exchange.scope["headers"])
+        self._slot: Slot | None = None
+        self.reply: Reply | None = None
+        self.started_at = 0.0
         self.elapsed_s: float | None = None
-        self.handed_over = False
 
-    def finished(self) -> None:
-        if self.elapsed_s is not None:
-            return
+    def start_at_grant(self, slot: Slot) -> None:
+        """The grant hook: send at once when a pooled connection to the backend is idle."""
+        assert self._rt.upstream is not None, "the upstream client is created in the lifespan"
+        backend = slot.backend
+        origin = origin_of(backend.url)
+        self.reply = self._rt.upstream.try_send(
+            origin, self._request(backend, origin), lambda: self._new_reply(slot)
+        )
+
+    async def start(self, backend: BackendState, slot: Slot | None = None) -> Reply:
+        """Send on a pooled or new connection; `slot` is released when the answer completes."""
+        assert self._rt.upstream is not None, "the upstream client is created in the lifespan"
+        origin = origin_of(backend.url)
+        reply = self.reply = self._new_reply(slot)
+        await self._rt.upstream.send(origin, self._request(backend, origin), reply)
+        return reply
+
+    def abandon(self) -> None:
+        if self.reply is not None:
+            UpstreamClient.abandon(self.reply)
+
+    def _new_reply(self, slot: Slot | None) -> Reply:
         rt = self._rt
-        self.elapsed_s = rt.clock() - self._started_at
-        rt.metrics.observe_upstream(self._model, self.elapsed_s)
-        self.handed_over = rt.controller.release_soon(self._lease, self.elapsed_s if self._ok else None)
+        self._slot = slot
+        self.started_at = now = rt.clock()
+        timeout_s = self._pool.upstream_timeout_s
+        if self._budget_at is not None:
+            timeout_s = max(0.001, self._budget_at - now)
+        reply = Reply(
+            asyncio.get_running_loop(), timeout_s, head_only=self._exchange.scope["method"] == "HEAD"
+        )
+        reply.on_complete = self._finished
+        return reply
+
+    def _finished(self) -> None:
+        rt = self._rt
+        reply = self.reply
+        self.elapsed_s = rt.clock() - self.started_at
+        if self._slot is None or reply is None:
+            return
+        rt.metrics.observe_upstream(self._pool.name, self.elapsed_s)
+        ok = reply.complete and reply.status < 400
+        rt.controller.release_soon(self._slot, self.elapsed_s if ok else None)
+
+    def _request(self, backend: BackendState, origin: Origin) -> bytes:
+        scope = self._exchange.scope
+        target = scope["raw_path"].decode("latin-1") if scope.get("raw_path") else scope["path"]
+        body = self._exchange.body
+        if backend.served_model != backend.model:
+            target, body = served_names(
+                target, body, backend.model, backend.served_model, self._exchange.style
+            )
+        if scope["query_string"]:
+            target += "?" + scope["query_string"].decode("latin-1")
+        return serialize_request(scope["method"], target, origin, self._headers, body)
 
 
 def served_names(target: str, body: bytes, model: str, served: str, style: ErrorStyle) -> tuple[str, bytes]:

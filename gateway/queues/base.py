@@ -7,18 +7,23 @@ and the count of backend slots in use. Its rules:
 - `withdraw` and `release` are idempotent, so cleanup paths may call them without bookkeeping,
   and they run to completion even when their caller is cancelled (a store that does I/O shields
   it), so cleanup in a `finally` never leaks a slot;
-- a ticket's `wakeup` is resolved exactly once: with a Slot (granted) or an Outcome (it left).
+- a ticket's `wakeup` is resolved exactly once: with a Slot (granted, through `Ticket.grant`) or
+  an Outcome (it left).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.upstream.backends import BackendState
 from policies.outcomes import Outcome
 from policies.wait import QueueStats, Throughput
+
+log = logging.getLogger("gateway.queues")
 
 
 @dataclass(slots=True, eq=False)
@@ -43,6 +48,18 @@ class Ticket:
     wakeup: asyncio.Future[Slot | Outcome] = field(repr=False)
     id: str = ""
     """The store's id for the ticket, where it keeps one (Redis)."""
+    on_grant: Callable[[Slot], None] | None = field(default=None, repr=False)
+    """Called inside the store's grant, before the waiter runs: it may start the request's
+    exchange at once (the proxy writes it on an idle connection). It must not raise."""
+
+    def grant(self, slot: Slot) -> None:
+        """End the wait with `slot` (the store checked that the wait had not ended)."""
+        self.wakeup.set_result(slot)
+        if self.on_grant is not None:
+            try:
+                self.on_grant(slot)
+            except Exception:  # the store's dispatch must go on whatever a hook does
+                log.exception("a grant hook failed")
 
     def interrupt(self, outcome: Outcome) -> None:
         """End the wait with `outcome` unless a slot or another outcome came first."""

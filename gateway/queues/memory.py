@@ -270,7 +270,7 @@ class MemoryQueue:
                 break
             if ticket.wakeup.done():
                 continue  # its wait already ended; it only awaited removal
-            ticket.wakeup.set_result(Slot(ticket.model, queue.take(index)))
+            ticket.grant(Slot(ticket.model, queue.take(index)))
             granted += 1
             if now is not None and queue.backlogged_handover_at is not None:
                 queue.estimates.record_handover_gap(now - queue.backlogged_handover_at, now)

@@ -417,7 +417,7 @@ class RedisQueue:
             self._free_grant(state, grant)  # its waiter left in the meantime
             return
         _, lease, url = grant.split("|", 2)
-        ticket.wakeup.set_result(self._slot(state, lease, url))
+        ticket.grant(self._slot(state, lease, url))
 
     def _free_grant(self, state: _Model, grant: str) -> None:
         _, lease, url = grant.split("|", 2)

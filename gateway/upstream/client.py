@@ -1,10 +1,13 @@
-"""The proxy client: one pooled aiohttp session, and the header rules of RFC 9110 for a proxy.
+"""The header rules of RFC 9110 for a proxy, and the aiohttp session for the gateway's own calls.
 
-Bodies pass byte for byte: no automatic decompression, no default headers the client did not
-send, no cookie jar shared between clients.
+Proxied requests go through gateway.upstream.http1; health checks, Triton discovery and metric
+scrapes use the aiohttp session. Bodies pass byte for byte: no automatic decompression, no default
+headers the client did not send, no cookie jar shared between clients.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import aiohttp
 
@@ -24,7 +27,7 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-# Set again by the client library for the upstream hop.
+# Set again for the upstream hop.
 _REQUEST_REWRITTEN = frozenset({b"host", b"content-length", b"expect"})
 # Set again by the gateway's server for the downstream hop (it may re-frame the body, and it
 # stamps its own Date).
@@ -40,13 +43,13 @@ def _connection_tokens(headers: RawHeaders) -> frozenset[bytes]:
     return frozenset(tokens)
 
 
-def upstream_request_headers(headers: RawHeaders) -> list[tuple[str, str]]:
-    """The client's headers as the backend should see them."""
+def upstream_request_headers(headers: RawHeaders) -> RawHeaders:
+    """The client's headers (names lower-cased, as ASGI gives them) as the backend should see them."""
     drop = HOP_BY_HOP | _REQUEST_REWRITTEN | _connection_tokens(headers)
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers if k not in drop]
+    return [(k, v) for k, v in headers if k not in drop]
 
 
-def downstream_response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> RawHeaders:
+def downstream_response_headers(raw: Sequence[tuple[bytes, bytes]]) -> RawHeaders:
     """The backend's response headers as the client should see them (names lower-cased)."""
     headers = [(k.lower(), v) for k, v in raw]
     drop = HOP_BY_HOP | _RESPONSE_REWRITTEN | _connection_tokens(headers)
@@ -54,7 +57,7 @@ def downstream_response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> RawHead
 
 
 def create_session() -> aiohttp.ClientSession:
-    """A session for proxying: unlimited pooled keep-alive connections, nothing added or decoded."""
+    """A session for the gateway's own calls: pooled keep-alive connections, nothing added or decoded."""
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
     return aiohttp.ClientSession(
         connector=connector,

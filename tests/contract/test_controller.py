@@ -108,3 +108,42 @@ async def test_overload_is_refused_at_arrival_with_a_computed_retry_after(make_s
     assert refusal.retry_after_s == pytest.approx(1 / 25)
     for waiter in waiters:
         waiter.cancel()
+
+
+async def test_grant_hook_runs_with_the_slot_inside_the_release(make_store):
+    sut = await make_store(slots=(1,))
+    controller = controller_for(sut)
+    held = await controller.acquire(MODEL, 1, None, never)
+    hooked: list[tuple[object, bool]] = []
+
+    def hook(slot: object) -> None:
+        hooked.append((slot, waiting.done()))
+
+    waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, never, on_grant=hook))
+    await asyncio.sleep(0.01)
+    assert hooked == []
+    await controller.release(held)
+    lease = await waiting
+    assert isinstance(lease, Lease)
+    # The hook ran once, with the slot the waiter got, before the waiter's task went on.
+    assert [(slot, done) for slot, done in hooked] == [(lease.slot, False)]
+    await controller.release(lease)
+    assert sut.backend().inflight == 0
+
+
+async def test_a_failing_grant_hook_neither_breaks_dispatch_nor_loses_the_slot(make_store):
+    sut = await make_store(slots=(1,))
+    controller = controller_for(sut)
+    held = await controller.acquire(MODEL, 1, None, never)
+
+    def broken(slot: object) -> None:
+        raise RuntimeError("hook failed")
+
+    waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, never, on_grant=broken))
+    await asyncio.sleep(0.01)
+    await controller.release(held)
+    lease = await waiting
+    assert isinstance(lease, Lease)
+    await controller.release(lease)
+    assert sut.backend().inflight == 0
+    assert sut.store.stats(MODEL).free_slots == 1

@@ -23,9 +23,9 @@ def test_request_drops_hop_by_hop_and_connection_named_fields():
         (b"content-type", b"application/octet-stream"),
     ]
     assert upstream_request_headers(headers) == [
-        ("inference-header-content-length", "99"),
-        ("x-priority", "high"),
-        ("content-type", "application/octet-stream"),
+        (b"inference-header-content-length", b"99"),
+        (b"x-priority", b"high"),
+        (b"content-type", b"application/octet-stream"),
     ]
 
 

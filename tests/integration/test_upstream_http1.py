@@ -1,0 +1,370 @@
+"""The proxy's HTTP/1.1 client against real sockets: scripted servers on 127.0.0.1 that answer
+the way model servers (and broken ones) do."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from gateway.upstream.http1 import (
+    ConnectFailed,
+    Origin,
+    Reply,
+    UpstreamBroken,
+    UpstreamClient,
+    origin_of,
+    serialize_request,
+)
+
+pytestmark = pytest.mark.anyio
+
+Handler = Callable[["ScriptedServer", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+class ScriptedServer:
+    """A TCP server on an ephemeral port whose every connection runs `handler`."""
+
+    def __init__(self, handler: Handler) -> None:
+        self._handler = handler
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.closed_by_peer = asyncio.Event()
+
+    async def __aenter__(self) -> ScriptedServer:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.origin = Origin("127.0.0.1", self._server.sockets[0].getsockname()[1], tls=False)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self._handler(self, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def read_request(self, reader: asyncio.StreamReader) -> bytes:
+        """One request, head and Content-Length body; b"" when the client closed."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            self.closed_by_peer.set()
+            return b""
+        length = next(
+            (
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            ),
+            0,
+        )
+        request = head + await reader.readexactly(length)
+        self.requests.append(request)
+        return request
+
+
+def answer_each(*responses: bytes) -> Handler:
+    """Answer every request on a connection with the next of `responses`, then keep reading."""
+
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        for response in responses:
+            if not await server.read_request(reader):
+                return
+            writer.write(response)
+            await writer.drain()
+        await server.read_request(reader)
+
+    return handler
+
+
+async def exchange(client: UpstreamClient, origin: Origin, request: bytes, timeout_s: float = 5.0) -> Reply:
+    reply = Reply(asyncio.get_running_loop(), timeout_s)
+    await client.send(origin, request, reply)
+    await reply.head()
+    return reply
+
+
+def infer(origin: Origin, body: bytes = b'{"inputs":[]}') -> bytes:
+    return serialize_request(
+        "POST", "/v2/models/sim/infer", origin, [(b"content-type", b"application/json")], body
+    )
+
+
+def test_requests_are_serialized_with_host_and_length():
+    origin = Origin("127.0.0.1", 8000, tls=False)
+    assert serialize_request("POST", "/x?a=1", origin, [(b"x-priority", b"high")], b"{}") == (
+        b"POST /x?a=1 HTTP/1.1\r\nhost: 127.0.0.1:8000\r\nx-priority: high\r\ncontent-length: 2\r\n\r\n{}"
+    )
+    assert serialize_request("GET", "/v2/models/sim", origin, [], b"") == (
+        b"GET /v2/models/sim HTTP/1.1\r\nhost: 127.0.0.1:8000\r\n\r\n"
+    )
+    # A POST without a body still says so, or the backend would wait for one.
+    assert b"content-length: 0\r\n" in serialize_request("POST", "/x", origin, [], b"")
+    assert Origin("::1", 8000, tls=False).host_header == b"[::1]:8000"
+
+
+def test_origins_come_from_backend_urls():
+    assert origin_of("http://127.0.0.1:8000") == Origin("127.0.0.1", 8000, tls=False)
+    assert origin_of("https://triton.example") == Origin("triton.example", 443, tls=True)
+    with pytest.raises(ValueError, match="not an http"):
+        origin_of("ftp://127.0.0.1")
+
+
+async def test_answer_is_read_whole_and_the_connection_reused():
+    async with ScriptedServer(answer_each(OK, OK, OK)) as server:
+        client = UpstreamClient()
+        for _ in range(3):
+            reply = await exchange(client, server.origin, infer(server.origin))
+            assert (reply.status, await reply.read()) == (200, b"{}")
+            assert reply.content_length == 2
+            assert (b"content-type", b"application/json") in reply.headers
+        assert server.connections == 1
+        assert server.requests[0].endswith(b'\r\n\r\n{"inputs":[]}')
+        await client.close()
+
+
+async def test_try_send_writes_at_once_on_an_idle_connection_and_only_then():
+    async with ScriptedServer(answer_each(OK, OK)) as server:
+        client = UpstreamClient()
+        loop = asyncio.get_running_loop()
+        assert client.try_send(server.origin, infer(server.origin), lambda: Reply(loop, 5.0)) is None
+        await (await exchange(client, server.origin, infer(server.origin))).read()
+        reply = client.try_send(server.origin, infer(server.origin), lambda: Reply(loop, 5.0))
+        assert reply is not None
+        await reply.head()
+        assert await reply.read() == b"{}"
+        assert server.connections == 1
+        await client.close()
+
+
+async def test_chunked_answer_streams_chunk_by_chunk():
+    second_chunk_may_go = asyncio.Event()
+
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        writer.write(b"7\r\ndata: 1\r\n")
+        await writer.drain()
+        await second_chunk_may_go.wait()
+        writer.write(b"7\r\ndata: 2\r\n0\r\n\r\n")
+        await writer.drain()
+        await server.read_request(reader)
+
+    async with ScriptedServer(handler) as server:
+        client = UpstreamClient()
+        reply = await exchange(client, server.origin, infer(server.origin))
+        assert reply.content_length is None
+        chunks = reply.iter_chunks()
+        assert await anext(chunks) == b"data: 1"  # before the backend has sent the rest
+        second_chunk_may_go.set()
+        assert [chunk async for chunk in chunks] == [b"data: 2"]
+        assert reply.complete
+        await client.close()
+
+
+async def test_body_ended_by_the_connection_closing_is_complete_and_not_reused():
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nall of it")
+        await writer.drain()
+
+    async with ScriptedServer(handler) as server:
+        client = UpstreamClient()
+        for _ in range(2):
+            reply = await exchange(client, server.origin, infer(server.origin))
+            assert await reply.read() == b"all of it"
+        assert server.connections == 2
+        await client.close()
+
+
+async def test_connection_close_answer_is_not_reused():
+    closing = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}"
+    async with ScriptedServer(answer_each(closing)) as server:
+        client = UpstreamClient()
+        for _ in range(2):
+            assert await (await exchange(client, server.origin, infer(server.origin))).read() == b"{}"
+        assert server.connections == 2
+        await client.close()
+
+
+async def test_backend_dying_mid_answer_breaks_the_exchange():
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part")
+        await writer.drain()
+
+    async with ScriptedServer(handler) as server:
+        client = UpstreamClient()
+        reply = await exchange(client, server.origin, infer(server.origin))
+        with pytest.raises(UpstreamBroken, match="closed the connection"):
+            await reply.read()
+        await client.close()
+
+
+async def test_backend_closing_before_any_answer_breaks_the_exchange():
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_request(reader)
+
+    async with ScriptedServer(handler) as server:
+        client = UpstreamClient()
+        reply = Reply(asyncio.get_running_loop(), 5.0)
+        await client.send(server.origin, infer(server.origin), reply)
+        with pytest.raises(UpstreamBroken):
+            await reply.head()
+        await client.close()
+
+
+async def test_idle_connection_the_backend_closed_is_not_used_again():
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        # then close the idle keep-alive connection, as servers do after their idle timeout
+
+    async with ScriptedServer(handler) as server:
+        client = UpstreamClient()
+        await (await exchange(client, server.origin, infer(server.origin))).read()
+        await asyncio.sleep(0.05)  # the close reaches the client
+        assert await (await exchange(client, server.origin, infer(server.origin))).read() == b"{}"
+        assert server.connections == 2
+        await client.close()
+
+
+async def test_idle_connection_past_keepalive_is_closed_instead_of_reused():
+    now = [0.0]
+    async with ScriptedServer(answer_each(OK, OK)) as server:
+        client = UpstreamClient(keepalive_s=4.0, clock=lambda: now[0])
+        await (await exchange(client, server.origin, infer(server.origin))).read()
+        now[0] = 5.0
+        await (await exchange(client, server.origin, infer(server.origin))).read()
+        assert server.connections == 2
+        await asyncio.wait_for(server.closed_by_peer.wait(), 5)  # the stale one was closed
+        await client.close()
+
+
+async def test_refused_connection_is_a_connect_failure():
+    async with ScriptedServer(answer_each()) as server:
+        origin = server.origin
+    client = UpstreamClient()
+    with pytest.raises(ConnectFailed):
+        await exchange(client, origin, infer(origin))
+    await client.close()
+
+
+async def test_silent_backend_times_out_and_its_connection_is_dropped():
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_request(reader)
+        await server.read_request(reader)  # never answers; returns when the client hangs up
+
+    async with ScriptedServer(handler) as server:
+        client = UpstreamClient()
+        with pytest.raises(TimeoutError):
+            await exchange(client, server.origin, infer(server.origin), timeout_s=0.1)
+        await asyncio.wait_for(server.closed_by_peer.wait(), 5)
+        await client.close()
+
+
+async def test_malformed_answer_breaks_the_exchange():
+    async with ScriptedServer(answer_each(b"HTTP/1.1 abc nonsense\r\n\r\n")) as server:
+        client = UpstreamClient()
+        with pytest.raises(UpstreamBroken, match="malformed"):
+            await exchange(client, server.origin, infer(server.origin))
+        await client.close()
+
+
+async def test_interim_answer_is_skipped():
+    async with ScriptedServer(answer_each(b"HTTP/1.1 100 Continue\r\n\r\n" + OK)) as server:
+        client = UpstreamClient()
+        reply = await exchange(client, server.origin, infer(server.origin))
+        assert (reply.status, await reply.read()) == (200, b"{}")
+        await client.close()
+
+
+async def test_head_answer_ends_at_its_headers():
+    async with ScriptedServer(answer_each(b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\n")) as server:
+        client = UpstreamClient()
+        reply = Reply(asyncio.get_running_loop(), 5.0, head_only=True)
+        await client.send(server.origin, serialize_request("HEAD", "/", server.origin, [], b""), reply)
+        await reply.head()
+        assert (reply.status, reply.content_length, await reply.read()) == (200, 50, b"")
+        await client.close()
+
+
+async def test_abandoned_exchange_closes_its_connection():
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npart")
+        await writer.drain()
+        await server.read_request(reader)
+
+    async with ScriptedServer(handler) as server:
+        client = UpstreamClient()
+        reply = await exchange(client, server.origin, infer(server.origin))
+        client.abandon(reply)
+        with pytest.raises(UpstreamBroken, match="abandoned"):
+            await reply.read()
+        await asyncio.wait_for(server.closed_by_peer.wait(), 5)
+        await client.close()
+
+
+async def test_completion_callback_runs_once_before_the_reader_resumes():
+    async with ScriptedServer(answer_each(OK)) as server:
+        client = UpstreamClient()
+        reply = Reply(asyncio.get_running_loop(), 5.0)
+        seen: list[bool] = []
+        reply.on_complete = lambda: seen.append(reply.complete)
+        await client.send(server.origin, infer(server.origin), reply)
+        await reply.head()
+        await reply.read()
+        assert seen == [True]
+        await client.close()
+
+
+async def test_slow_reader_stops_the_backend_socket_being_read():
+    body_bytes = 8 << 20
+
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % body_bytes)
+        writer.write(b"x" * body_bytes)
+        await writer.drain()
+        await server.read_request(reader)
+
+    async with ScriptedServer(handler) as server:
+        client = UpstreamClient()
+        reply = await exchange(client, server.origin, infer(server.origin))
+        await asyncio.sleep(0.2)  # the backend writes as fast as it can; nobody reads yet
+        assert reply.buffered_bytes < 1 << 20
+        received = 0
+        async for chunk in reply.iter_chunks():
+            received += len(chunk)
+        assert received == body_bytes
+        await client.close()

@@ -24,7 +24,6 @@ from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.client import downstream_response_headers, upstream_request_headers
 from gateway.upstream.http1 import (
     ConnectFailed,
-    Origin,
     Reply,
     UpstreamClient,
     UpstreamError,
@@ -250,6 +249,7 @@ class _UpstreamCall:
         "_exchange",
         "_headers",
         "_pool",
+        "_prepared",
         "_rt",
         "_slot",
         "elapsed_s",
@@ -267,22 +267,23 @@ class _UpstreamCall:
         self.reply: Reply | None = None
         self.started_at = 0.0
         self.elapsed_s: float | None = None
+        self._prepared: tuple[BackendState, bytes] | None = None
+        if len(pool.backends) == 1:  # the usual case: serialize now, off the hand-over's path
+            self._request(pool.backends[0])
 
     def start_at_grant(self, slot: Slot) -> None:
         """The grant hook: send at once when a pooled connection to the backend is idle."""
         assert self._rt.upstream is not None, "the upstream client is created in the lifespan"
         backend = slot.backend
-        origin = origin_of(backend.url)
         self.reply = self._rt.upstream.try_send(
-            origin, self._request(backend, origin), lambda: self._new_reply(slot)
+            origin_of(backend.url), self._request(backend), lambda: self._new_reply(slot)
         )
 
     async def start(self, backend: BackendState, slot: Slot | None = None) -> Reply:
         """Send on a pooled or new connection; `slot` is released when the answer completes."""
         assert self._rt.upstream is not None, "the upstream client is created in the lifespan"
-        origin = origin_of(backend.url)
         reply = self.reply = self._new_reply(slot)
-        await self._rt.upstream.send(origin, self._request(backend, origin), reply)
+        await self._rt.upstream.send(origin_of(backend.url), self._request(backend), reply)
         return reply
 
     def abandon(self) -> None:
@@ -308,11 +309,15 @@ class _UpstreamCall:
         self.elapsed_s = rt.clock() - self.started_at
         if self._slot is None or reply is None:
             return
-        rt.metrics.observe_upstream(self._pool.name, self.elapsed_s)
+        if reply.complete:
+            rt.metrics.observe_upstream(self._pool.name, self.elapsed_s)
         ok = reply.complete and reply.status < 400
         rt.controller.release_soon(self._slot, self.elapsed_s if ok else None)
 
-    def _request(self, backend: BackendState, origin: Origin) -> bytes:
+    def _request(self, backend: BackendState) -> bytes:
+        """The request as `backend` gets it (kept for the backend it was last made for)."""
+        if self._prepared is not None and self._prepared[0] is backend:
+            return self._prepared[1]
         scope = self._exchange.scope
         target = scope["raw_path"].decode("latin-1") if scope.get("raw_path") else scope["path"]
         body = self._exchange.body
@@ -322,7 +327,9 @@ class _UpstreamCall:
             )
         if scope["query_string"]:
             target += "?" + scope["query_string"].decode("latin-1")
-        return serialize_request(scope["method"], target, origin, self._headers, body)
+        request = serialize_request(scope["method"], target, origin_of(backend.url), self._headers, body)
+        self._prepared = (backend, request)
+        return request
 
 
 def served_names(target: str, body: bytes, model: str, served: str, style: ErrorStyle) -> tuple[str, bytes]:

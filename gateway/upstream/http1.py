@@ -8,7 +8,7 @@ writes it on an idle connection from inside the callback that freed the slot.
 
 The client's rules:
 - one request at a time per connection; a connection returns to the pool only after a complete
-  answer that allows keep-alive, and idle ones are closed after `keepalive_s`;
+  answer that allows keep-alive, and one idle for longer than `keepalive_s` is closed, not reused;
 - an answer's body is framed by the parser (Content-Length, chunked, or the connection's end);
 - an exchange that does not finish (timeout, cancellation, a broken answer) aborts its connection,
   since a half-read answer would corrupt the next one;
@@ -315,7 +315,10 @@ class _Connection(asyncio.Protocol):
 class UpstreamClient:
     """A pool of keep-alive connections per origin; build it in the lifespan, `close` at the end."""
 
-    keepalive_s: float = 30.0
+    keepalive_s: float = 4.0
+    """Idle connections are closed after this: before the 5 s idle timeout of uvicorn (vLLM's
+    server) and most others, so a request is never written onto a connection the backend is
+    closing at that moment."""
     clock: Callable[[], float] = time.monotonic
     _idle: dict[Origin, list[_Connection]] = field(default_factory=dict)
     _open: set[_Connection] = field(default_factory=set)

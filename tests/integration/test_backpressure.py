@@ -155,11 +155,16 @@ async def test_backend_never_sees_more_than_max_concurrency(start_sim, start_gat
     classes = [{"name": "high", "max_wait_ms": 30_000}, {"name": "low", "max_wait_ms": 30_000}]
     gateway = start_gateway(gateway_config([(sim.url, 4)], priorities=classes, expected_service_ms=20))
     sim.reset()
+    priorities = ["high" if i % 3 == 0 else "low" for i in range(120)]
     async with session() as http:
-        results = await asyncio.gather(
-            *(infer(http, gateway, "high" if i % 3 == 0 else "low") for i in range(120))
-        )
-    assert [status for status, _, _ in results] == [200] * 120
+        results = await asyncio.gather(*(infer(http, gateway, priority) for priority in priorities))
+    served = [priority for priority, (status, _, _) in zip(priorities, results, strict=True) if status == 200]
+    # 40 high requests within a few ms read as a step in the high class's rate, which the low class
+    # must then wait behind (policies.estimators.rate_jump): some low requests may be refused with
+    # queue_full. Nothing else may go wrong, and nothing refused may reach the backend.
+    refused = [body for status, _, body in results if status != 200]
+    assert all(body["reason"] == "queue_full" for body in refused)
+    assert served.count("high") == 40 and len(served) >= 100
     stats = sim.stats()
     assert stats["peak_inflight"] == 4
-    assert stats["completed"] == 120
+    assert stats["completed"] == len(served)

@@ -298,7 +298,10 @@ class _UpstreamCall:
         if self._budget_at is not None:
             timeout_s = max(0.001, self._budget_at - now)
         reply = Reply(
-            asyncio.get_running_loop(), timeout_s, head_only=self._exchange.scope["method"] == "HEAD"
+            asyncio.get_running_loop(),
+            timeout_s,
+            head_only=self._exchange.scope["method"] == "HEAD",
+            whole_up_to_bytes=_BUFFER_LIMIT_BYTES,
         )
         reply.on_complete = self._finished
         return reply

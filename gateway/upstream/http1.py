@@ -87,13 +87,27 @@ def serialize_request(method: str, target: str, origin: Origin, headers: RawHead
 
 
 class Reply:
-    """One upstream answer as it arrives: status and headers first, then the body."""
+    """One upstream answer as it arrives: status and headers first, then the body.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float, *, head_only: bool = False) -> None:
+    An answer whose Content-Length is at most `whole_up_to_bytes` is announced (`head` returns)
+    only once it is complete: its reader then wakes once, not for the headers and again for the
+    body, which often arrive in separate segments.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        timeout_s: float,
+        *,
+        head_only: bool = False,
+        whole_up_to_bytes: int = 0,
+    ) -> None:
         self.status = 0
         self.headers: RawHeaders = []
         self.content_length: int | None = None
         self.head_only = head_only
+        self.headers_received = False
+        self._whole_up_to_bytes = whole_up_to_bytes
         self.on_complete: Callable[[], None] | None = None
         """Called inside the protocol callback that completes the answer (or fails it)."""
         self._loop = loop
@@ -123,7 +137,11 @@ class Reply:
 
     async def read(self) -> bytes:
         """The whole body."""
-        chunks = [chunk async for chunk in self.iter_chunks()]
+        if not self.complete:
+            chunks = [chunk async for chunk in self.iter_chunks()]
+        else:  # the usual case for a short answer: no need to iterate
+            chunks, self._buffered_bytes = list(self._chunks), 0
+            self._chunks.clear()
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
@@ -149,19 +167,23 @@ class Reply:
 
     def _headers_done(self, status: int, headers: RawHeaders, content_length: int | None) -> None:
         self.status, self.headers, self.content_length = status, headers, content_length
-        if not self._head.done():
+        self.headers_received = True
+        if content_length is None or content_length > self._whole_up_to_bytes:
             self._head.set_result(None)
 
     def _feed(self, chunk: bytes) -> bool:
-        """Buffer a body chunk; True when the buffer is full enough to stop reading."""
+        """Buffer a body chunk; True when the buffer is full enough to stop reading (only while it
+        is read as a stream: an answer held whole is bounded by `whole_up_to_bytes`)."""
         self._chunks.append(chunk)
         self._buffered_bytes += len(chunk)
         self._wake()
-        return self._buffered_bytes > _PAUSE_ABOVE_BYTES
+        return self._buffered_bytes > _PAUSE_ABOVE_BYTES and self._head.done()
 
     def _finish(self) -> None:
         self.complete = True
         self._timer.cancel()
+        if not self._head.done():
+            self._head.set_result(None)
         self._wake()
         self._notify()
 
@@ -249,7 +271,7 @@ class _Connection(asyncio.Protocol):
         reply, self.reply = self.reply, None
         if reply is None or reply.finished:
             return
-        if reply._head.done() and not self._framed and not reply.head_only:
+        if reply.headers_received and not self._framed and not reply.head_only:
             reply._finish()  # a body without Content-Length or chunking ends with the connection
         else:
             reply._fail(UpstreamBroken("the backend closed the connection before the answer was complete"))
@@ -293,7 +315,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         reply = self.reply
-        if reply is None or not reply._head.done():
+        if reply is None or not reply.headers_received:
             return  # the end of an interim answer
         self.reply = None
         reply._connection = None

@@ -368,3 +368,50 @@ async def test_slow_reader_stops_the_backend_socket_being_read():
             received += len(chunk)
         assert received == body_bytes
         await client.close()
+
+
+async def test_short_answer_is_announced_once_complete():
+    body_may_go = asyncio.Event()
+
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+        await writer.drain()
+        await body_may_go.wait()
+        writer.write(b"{}")
+        await writer.drain()
+        await server.read_request(reader)
+
+    async with ScriptedServer(handler) as server:
+        client = UpstreamClient()
+        reply = Reply(asyncio.get_running_loop(), 5.0, whole_up_to_bytes=1 << 20)
+        await client.send(server.origin, infer(server.origin), reply)
+        head = asyncio.ensure_future(reply.head())
+        await asyncio.sleep(0.05)
+        assert reply.headers_received and not head.done()
+        body_may_go.set()
+        await head
+        assert reply.complete and await reply.read() == b"{}"
+        await client.close()
+
+
+async def test_answer_held_whole_is_read_past_the_streaming_pause():
+    body_bytes = 900 << 10  # above the point where a streamed answer stops being read
+
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % body_bytes + b"x" * body_bytes)
+        await writer.drain()
+        await server.read_request(reader)
+
+    async with ScriptedServer(handler) as server:
+        client = UpstreamClient()
+        reply = Reply(asyncio.get_running_loop(), 5.0, whole_up_to_bytes=1 << 20)
+        await client.send(server.origin, infer(server.origin), reply)
+        await reply.head()
+        assert len(await reply.read()) == body_bytes
+        await client.close()

@@ -342,9 +342,10 @@ class UpstreamClient:
     server) and most others, so a request is never written onto a connection the backend is
     closing at that moment."""
     clock: Callable[[], float] = time.monotonic
+    tls: ssl.SSLContext | None = None
+    """For https backends; the system's trusted CAs by default."""
     _idle: dict[Origin, list[_Connection]] = field(default_factory=dict)
     _open: set[_Connection] = field(default_factory=set)
-    _tls: ssl.SSLContext | None = None
 
     def try_send(self, origin: Origin, request: bytes, make_reply: Callable[[], Reply]) -> Reply | None:
         """Send on an idle pooled connection at once, without awaiting; None when none is idle."""
@@ -364,19 +365,19 @@ class UpstreamClient:
         if self.try_send(origin, request, lambda: reply) is not None:
             return
         loop = asyncio.get_running_loop()
-        if origin.tls and self._tls is None:
-            self._tls = ssl.create_default_context()
+        if origin.tls and self.tls is None:
+            self.tls = ssl.create_default_context()
         try:
             async with asyncio.timeout_at(reply.deadline):
                 _, protocol = await loop.create_connection(
                     lambda: _Connection(self, origin),
                     origin.host,
                     origin.port,
-                    ssl=self._tls if origin.tls else None,
+                    ssl=self.tls if origin.tls else None,
                 )
         except TimeoutError:
             raise
-        except OSError as error:  # refused, unreachable, unresolvable
+        except OSError as error:  # refused, unreachable, unresolvable, an untrusted certificate
             raise ConnectFailed(f"{origin.host}:{origin.port}: {error.strerror or error}") from error
         connection = cast(_Connection, protocol)
         self._open.add(connection)

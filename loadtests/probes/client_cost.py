@@ -1,12 +1,11 @@
-"""What does aiohttp's client cost per proxied request? A diagnostic, not a benchmark.
+"""What does an upstream client cost per proxied request? A diagnostic, not a benchmark.
 
     python -m loadtests.probes.client_cost
 
 Sends sequential requests, shaped like a KServe infer call, to a minimal HTTP server in the same
-process on 127.0.0.1. It measures two ways of sending them, in turn, twice each:
-- aiohttp's `session.request(...)` followed by `read()`, with the gateway's session settings;
-- a bare asyncio Protocol that writes a request serialized up front and parses the answer with
-  httptools.
+process on 127.0.0.1. It measures two clients, in turn, twice each:
+- aiohttp's `session.request(...)` followed by `read()`, with the settings the gateway used;
+- the gateway's own client (gateway.upstream.http1), as the proxy uses it.
 
 Both share the server's cost and the event loop (uvloop when installed), so the difference per
 request is the client's own. On the hand-over path the gateway pays that cost when it completes
@@ -23,6 +22,7 @@ import aiohttp
 import httptools
 
 from gateway.serving import run
+from gateway.upstream.http1 import Origin, Reply, UpstreamClient, serialize_request
 
 BODY = b'{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
 ANSWER = b'{"model_name":"sim","outputs":[{"name":"OUTPUT0","shape":[1,4],"datatype":"FP32","data":[1,2]}]}'
@@ -48,29 +48,6 @@ class _Server(asyncio.Protocol):
         self._transport.write(RESPONSE)
 
 
-class _BareClient(asyncio.Protocol):
-    """One keep-alive connection: write prepared bytes, resolve `answer` when the body is complete."""
-
-    def __init__(self) -> None:
-        self._parser = httptools.HttpResponseParser(self)
-        self._body: list[bytes] = []
-        self.answer: asyncio.Future[bytes] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        self._parser.feed_data(data)
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        assert self.answer is not None
-        self.answer.set_result(b"".join(self._body))
-        self._body = []
-
-
 async def _aiohttp_round(url: str) -> None:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(
@@ -85,19 +62,18 @@ async def _aiohttp_round(url: str) -> None:
                 await reply.read()
 
 
-async def _bare_round(port: int) -> None:
+async def _http1_round(port: int) -> None:
     loop = asyncio.get_running_loop()
-    transport, client = await loop.create_connection(_BareClient, "127.0.0.1", port)
-    head = "".join(f"{name}: {value}\r\n" for name, value in HEADERS)
-    request = (
-        f"POST /v2/models/sim/infer HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{head}"
-        f"content-length: {len(BODY)}\r\n\r\n"
-    ).encode() + BODY
+    client = UpstreamClient()
+    origin = Origin("127.0.0.1", port, tls=False)
+    headers = [(name.encode(), value.encode()) for name, value in HEADERS]
     for _ in range(REQUESTS):
-        client.answer = loop.create_future()
-        client.transport.write(request)
-        await asyncio.wait_for(client.answer, 5)
-    transport.close()
+        request = serialize_request("POST", "/v2/models/sim/infer", origin, headers, BODY)
+        reply = Reply(loop, 5.0, whole_up_to_bytes=1 << 20)
+        await client.send(origin, request, reply)
+        await reply.head()
+        await reply.read()
+    await client.close()
 
 
 async def main() -> None:
@@ -105,9 +81,9 @@ async def main() -> None:
     server = await loop.create_server(_Server, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     url = f"http://127.0.0.1:{port}/v2/models/sim/infer"
-    for label in ("aiohttp", "bare", "aiohttp", "bare"):
+    for label in ("aiohttp", "http1", "aiohttp", "http1"):
         wall, cpu = time.perf_counter(), time.process_time()
-        await (_aiohttp_round(url) if label == "aiohttp" else _bare_round(port))
+        await (_aiohttp_round(url) if label == "aiohttp" else _http1_round(port))
         wall_us = (time.perf_counter() - wall) / REQUESTS * 1e6
         cpu_us = (time.process_time() - cpu) / REQUESTS * 1e6
         print(f"{label:8s} {wall_us:6.1f} us per request, {cpu_us:6.1f} us CPU (client and server)")

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import shutil
 import ssl
-import subprocess
 import time
 
 import aiohttp
@@ -109,36 +107,6 @@ async def test_vllm_metrics_feed_the_backend_queue(start_sim, start_gateway):
         assert gateway.metric("gateway_backend_saturation") == pytest.approx(7.0)
     finally:
         await runner.cleanup()
-
-
-@pytest.fixture
-def tls_cert(tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
 
 
 class FakeKueue:

@@ -4,7 +4,9 @@ the way model servers (and broken ones) do."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -27,15 +29,17 @@ OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\
 class ScriptedServer:
     """A TCP server on an ephemeral port whose every connection runs `handler`."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, *, tls: ssl.SSLContext | None = None) -> None:
         self._handler = handler
+        self._tls = tls
         self.connections = 0
         self.requests: list[bytes] = []
         self.closed_by_peer = asyncio.Event()
 
     async def __aenter__(self) -> ScriptedServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.origin = Origin("127.0.0.1", self._server.sockets[0].getsockname()[1], tls=False)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self._tls)
+        port = self._server.sockets[0].getsockname()[1]
+        self.origin = Origin("127.0.0.1", port, tls=self._tls is not None)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -414,4 +418,29 @@ async def test_answer_held_whole_is_read_past_the_streaming_pause():
         await client.send(server.origin, infer(server.origin), reply)
         await reply.head()
         assert len(await reply.read()) == body_bytes
+        await client.close()
+
+
+def server_tls(cert: Path, key: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+async def test_https_backend_is_reached_with_a_trusted_certificate(tls_cert):
+    cert, key = tls_cert
+    async with ScriptedServer(answer_each(OK, OK), tls=server_tls(cert, key)) as server:
+        client = UpstreamClient(tls=ssl.create_default_context(cafile=cert))
+        for _ in range(2):
+            assert await (await exchange(client, server.origin, infer(server.origin))).read() == b"{}"
+        assert server.connections == 1
+        await client.close()
+
+
+async def test_https_backend_with_an_untrusted_certificate_is_a_connect_failure(tls_cert):
+    cert, key = tls_cert
+    async with ScriptedServer(answer_each(OK), tls=server_tls(cert, key)) as server:
+        client = UpstreamClient()  # the system's CAs do not know the test certificate
+        with pytest.raises(ConnectFailed, match="CERTIFICATE_VERIFY_FAILED"):
+            await exchange(client, server.origin, infer(server.origin))
         await client.close()

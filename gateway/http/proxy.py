@@ -113,25 +113,24 @@ class Proxy:
                 lambda: until_disconnect(exchange.receive),
                 on_grant=call.start_at_grant,
             )
-            if isinstance(lease, Refusal):
-                call.abandon()
-                retry_after_s = lease.retry_after_s
-                if lease.outcome is Outcome.NO_BACKEND:
-                    retry_after_s = self._no_backend_retry_s
-                await self.fail(
-                    exchange,
-                    lease.outcome,
-                    model=pool.name,
-                    priority=meta.priority,
-                    retry_after_s=retry_after_s,
-                )
-                return
-            try:
-                outcome = await self._forward(exchange, pool, lease, call)
-            finally:
-                await rt.controller.release(lease)
+        except BaseException:
+            call.abandon()  # granted and sent from the hook, then cancelled before it ran
+            raise
+        if isinstance(lease, Refusal):
+            retry_after_s = lease.retry_after_s
+            if lease.outcome is Outcome.NO_BACKEND:
+                retry_after_s = self._no_backend_retry_s
+            await self.fail(
+                exchange, lease.outcome, model=pool.name, priority=meta.priority, retry_after_s=retry_after_s
+            )
+            return
+        try:
+            outcome = await self._forward(exchange, pool, lease, call)
         finally:
-            call.abandon()  # an exchange cut short must not leave its connection in the pool
+            # An exchange cut short closes its connection (a backend such as vLLM then stops
+            # generating) before its slot goes to the next request.
+            call.abandon()
+            await rt.controller.release(lease)
         rt.metrics.count(pool.name, meta.priority, outcome)
 
     async def unmetered(self, exchange: Exchange, pool: ModelPool) -> None:

@@ -2,7 +2,7 @@
 
 Why not aiohttp on this path (it still does health checks and metric scrapes): a freed backend slot
 idles until the next request reaches it, and with aiohttp that request can only be built and sent
-by the waiting task once the event loop runs it, through about 0.3 ms of Python per request
+by the waiting task once the event loop runs it, through 0.1-0.3 ms of Python per request
 (loadtests/probes/client_cost.py). Here a request is serialized while it waits, and `try_send`
 writes it on an idle connection from inside the callback that freed the slot.
 
@@ -338,9 +338,9 @@ class UpstreamClient:
     """A pool of keep-alive connections per origin; build it in the lifespan, `close` at the end."""
 
     keepalive_s: float = 4.0
-    """Idle connections are closed after this: before the 5 s idle timeout of uvicorn (vLLM's
-    server) and most others, so a request is never written onto a connection the backend is
-    closing at that moment."""
+    """A connection idle for longer is closed instead of reused: this is shorter than the 5 s idle
+    timeout of uvicorn (vLLM's server) and most others, so a request is not written onto a
+    connection the backend is closing at that moment."""
     clock: Callable[[], float] = time.monotonic
     tls: ssl.SSLContext | None = None
     """For https backends; the system's trusted CAs by default."""

@@ -1,8 +1,9 @@
 """The proxy path: admit, wait for a slot, forward to the backend, stream the answer back.
 
-The slot is given back as soon as the backend's answer is complete, before it is written to the
-client, so the next waiter reaches the backend while this answer is still on its way out.
-Every request is counted exactly once, with the outcome it ended with.
+The slot is given back inside the callback that completes the backend's answer, and the store's
+grant writes the next waiting request (serialized while it waited) onto an idle connection in that
+same callback: the next request is on its way to the backend before this answer is written back to
+its client. Every request is counted exactly once, with the outcome it ended with.
 """
 
 from __future__ import annotations

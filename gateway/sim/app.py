@@ -173,7 +173,7 @@ class SimApp:
         ident = f"{'chatcmpl' if chat else 'cmpl'}-sim-{self._ids}"
         service = self.engine.service
         if request.get("stream") is True:
-            await self._stream(send, model, ident, tokens, chat=chat)
+            await self._stream(receive, send, model, ident, tokens, chat=chat)
             return
         await self.engine.compute(model, (service.base_ms + tokens * service.token_ms) / 1000, 1)
         text = " ".join(f"tok{i}" for i in range(tokens))
@@ -195,12 +195,16 @@ class SimApp:
             },
         )
 
-    async def _stream(self, send: Send, model: str, ident: str, tokens: int, *, chat: bool) -> None:
+    async def _stream(
+        self, receive: Receive, send: Send, model: str, ident: str, tokens: int, *, chat: bool
+    ) -> None:
+        """Tokens as server-sent events; like vLLM, generation stops when the client goes away."""
         engine = self.engine
         service = engine.service
         arrived_at = await engine.acquire(model)
         started_at = time.monotonic()
         created = int(time.time())
+        client_gone = asyncio.ensure_future(_until_disconnect(receive))
         try:
             await _sleep_ms(service.base_ms)
             await send(
@@ -213,6 +217,8 @@ class SimApp:
             for i in range(tokens):
                 if i:
                     await _sleep_ms(service.token_ms)
+                if client_gone.done():
+                    return
                 last = i == tokens - 1
                 piece = f"tok{i}" + ("" if last else " ")
                 choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if last else None}
@@ -235,6 +241,7 @@ class SimApp:
                     }
                 )
         finally:
+            client_gone.cancel()
             engine.release(model, arrived_at, started_at, 1)
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
@@ -268,6 +275,11 @@ class SimApp:
 def _vector(text: str) -> list[float]:
     digest = hashlib.sha256(text.encode()).digest()
     return [round(b / 255.0, 4) for b in digest[:8]]
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _sleep_ms(ms: float) -> None:

@@ -90,6 +90,27 @@ async def test_backend_dying_mid_stream_breaks_the_stream(start_sim, start_gatew
     assert gateway.metric("gateway_requests_total", outcome="upstream_error") == 1
 
 
+async def test_client_leaving_mid_stream_frees_its_slot_at_once(start_sim, start_gateway):
+    sim = start_sim(slots=2, base_ms=5, token_ms=50)
+    gateway = start_gateway(gateway_config([(sim.url, 1)]))
+    chat = {"model": "sim", "stream": True, "max_tokens": 200, "messages": [{"role": "user", "content": "x"}]}
+    async with aiohttp.ClientSession() as http:
+        reply = await http.post(gateway.url + "/v1/chat/completions", json=chat)
+        assert (await reply.content.readline()).startswith(b"data: ")
+        reply.close()  # the client goes away; the whole stream would take 10 s
+    deadline = time.monotonic() + 3
+    while gateway.metric("gateway_inflight_requests", model="sim") != 0:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    assert gateway.metric("gateway_requests_total", outcome="client_disconnected") == 1
+    # The gateway closed its upstream connection, so the backend stopped generating too.
+    while sim.stats()["inflight"] != 0:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    # The slot and the upstream connection pool are fine for the next request.
+    assert (await infer(gateway))[0] == 200
+
+
 async def test_sigterm_drains_in_flight_work_and_refuses_new(start_sim, start_gateway):
     sim = start_sim(slots=2, base_ms=500)
     gateway = start_gateway(gateway_config([(sim.url, 2)], expected_service_ms=500))

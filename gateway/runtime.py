@@ -33,7 +33,7 @@ class Runtime:
     hints: ScalingHints
     clock: Callable[[], float] = time.monotonic
     session: aiohttp.ClientSession | None = None
-    """For the gateway's own calls: health checks, discovery, metric scrapes."""
+    """For the gateway's own calls: health checks and metric scrapes."""
     upstream: UpstreamClient | None = None
     """For proxied requests."""
     health: HealthChecker | None = None

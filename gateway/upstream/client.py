@@ -1,8 +1,8 @@
 """The header rules of RFC 9110 for a proxy, and the aiohttp session for the gateway's own calls.
 
-Proxied requests go through gateway.upstream.http1; health checks, Triton discovery and metric
-scrapes use the aiohttp session. Bodies pass byte for byte: no automatic decompression, no default
-headers the client did not send, no cookie jar shared between clients.
+Proxied requests go through gateway.upstream.http1; health checks and metric scrapes use the
+aiohttp session (Triton discovery uses tritonclient). Bodies pass byte for byte: no automatic
+decompression, no default headers the client did not send, no cookie jar shared between clients.
 """
 
 from __future__ import annotations

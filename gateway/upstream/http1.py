@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from functools import cache
+from functools import lru_cache
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -64,9 +64,9 @@ class Origin:
         return f"{host}:{self.port}".encode("latin-1")
 
 
-@cache
+@lru_cache(maxsize=1024)  # bounded: endpoint discovery brings new pod addresses over time
 def origin_of(url: str) -> Origin:
-    """The origin of a backend's base URL (cached: a few backends, looked up per request)."""
+    """The origin of a backend's base URL (cached: looked up per request)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) URL: {url!r}")

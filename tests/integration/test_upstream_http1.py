@@ -91,6 +91,23 @@ def answer_each(*responses: bytes) -> Handler:
     return handler
 
 
+def answer_in_two_parts(first: bytes, rest: bytes, rest_may_go: asyncio.Event) -> Handler:
+    """Answer one request with `first`, and with `rest` once `rest_may_go` is set."""
+
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(first)
+        await writer.drain()
+        await rest_may_go.wait()
+        writer.write(rest)
+        await writer.drain()
+        await server.read_request(reader)
+
+    return handler
+
+
 async def exchange(client: UpstreamClient, origin: Origin, request: bytes, timeout_s: float = 5.0) -> Reply:
     reply = Reply(asyncio.get_running_loop(), timeout_s)
     await client.send(origin, request, reply)
@@ -153,20 +170,12 @@ async def test_try_send_writes_at_once_on_an_idle_connection_and_only_then():
 
 async def test_chunked_answer_streams_chunk_by_chunk():
     second_chunk_may_go = asyncio.Event()
-
-    async def handler(
-        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        await server.read_request(reader)
-        writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-        )
-        writer.write(b"7\r\ndata: 1\r\n")
-        await writer.drain()
-        await second_chunk_may_go.wait()
-        writer.write(b"7\r\ndata: 2\r\n0\r\n\r\n")
-        await writer.drain()
-        await server.read_request(reader)
+    handler = answer_in_two_parts(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"7\r\ndata: 1\r\n",
+        b"7\r\ndata: 2\r\n0\r\n\r\n",
+        second_chunk_may_go,
+    )
 
     async with ScriptedServer(handler) as server:
         client = UpstreamClient()
@@ -376,17 +385,7 @@ async def test_slow_reader_stops_the_backend_socket_being_read():
 
 async def test_short_answer_is_announced_once_complete():
     body_may_go = asyncio.Event()
-
-    async def handler(
-        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
-        await writer.drain()
-        await body_may_go.wait()
-        writer.write(b"{}")
-        await writer.drain()
-        await server.read_request(reader)
+    handler = answer_in_two_parts(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n", b"{}", body_may_go)
 
     async with ScriptedServer(handler) as server:
         client = UpstreamClient()

@@ -36,6 +36,8 @@ RawHeaders = list[tuple[bytes, bytes]]
 # socket stops being read (TCP flow control pushes back).
 _PAUSE_ABOVE_BYTES = 1 << 18
 _RESUME_BELOW_BYTES = 1 << 16
+# An answer's status line and headers may take this much; a backend that sends more is broken.
+MAX_HEAD_BYTES = 1 << 16
 
 
 class UpstreamError(Exception):
@@ -226,6 +228,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._parser = httptools.HttpResponseParser(self)
         self._headers: RawHeaders = []
+        self._head_bytes = 0
         self._content_length: int | None = None
         self._framed = False
         self._paused = False
@@ -261,7 +264,12 @@ class _Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
-            self._broken(UpstreamBroken(f"malformed answer: {error}"))
+            refused = error.__context__  # what one of our callbacks raised, if it was that
+            self._broken(
+                refused
+                if isinstance(refused, UpstreamBroken)
+                else UpstreamBroken(f"malformed answer: {error}")
+            )
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -280,10 +288,14 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._headers = []
+        self._head_bytes = 0
         self._content_length = None
         self._framed = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise UpstreamBroken(f"answer headers over {MAX_HEAD_BYTES} bytes")
         self._headers.append((name, value))
         lowered = name.lower()
         if lowered == b"content-length":

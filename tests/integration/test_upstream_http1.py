@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.upstream.http1 import (
+    MAX_HEAD_BYTES,
     ConnectFailed,
     Origin,
     Reply,
@@ -305,6 +306,15 @@ async def test_malformed_answer_breaks_the_exchange():
     async with ScriptedServer(answer_each(b"HTTP/1.1 abc nonsense\r\n\r\n")) as server:
         client = UpstreamClient()
         with pytest.raises(UpstreamBroken, match="malformed"):
+            await exchange(client, server.origin, infer(server.origin))
+        await client.close()
+
+
+async def test_answer_with_oversized_headers_breaks_the_exchange():
+    flood = b"".join(b"x-pad-%d: %s\r\n" % (i, b"y" * 1000) for i in range(MAX_HEAD_BYTES // 1000 + 1))
+    async with ScriptedServer(answer_each(b"HTTP/1.1 200 OK\r\n" + flood + b"\r\n")) as server:
+        client = UpstreamClient()
+        with pytest.raises(UpstreamBroken, match="headers over"):
             await exchange(client, server.origin, infer(server.origin))
         await client.close()
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from gateway.http.exchange import until_disconnect
 from gateway.sim.engine import SimEngine
 from gateway.sim.exposition import render
 from gateway.sim.tensors import TensorError, infer_response, parse_infer
@@ -204,7 +205,7 @@ class SimApp:
         arrived_at = await engine.acquire(model)
         started_at = time.monotonic()
         created = int(time.time())
-        client_gone = asyncio.ensure_future(_until_disconnect(receive))
+        client_gone = asyncio.ensure_future(until_disconnect(receive))
         try:
             await _sleep_ms(service.base_ms)
             await send(
@@ -275,11 +276,6 @@ class SimApp:
 def _vector(text: str) -> list[float]:
     digest = hashlib.sha256(text.encode()).digest()
     return [round(b / 255.0, 4) for b in digest[:8]]
-
-
-async def _until_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _sleep_ms(ms: float) -> None:

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-RawHeaders = list[tuple[bytes, bytes]]
+from gateway.upstream.client import RawHeaders
 
 # An answer streamed faster than the client takes it is buffered up to this, then the backend's
 # socket stops being read (TCP flow control pushes back).

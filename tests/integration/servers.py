@@ -181,14 +181,35 @@ class Gateway(ServerProcess):
         return http_get(self.url + "/metrics")[1].decode()
 
     def metric(self, name: str, **labels: str) -> float:
-        """The value of one sample from /metrics, parsed by prometheus-client (0.0 when absent)."""
-        from prometheus_client.parser import text_string_to_metric_families
+        """The value of the one sample from /metrics named `name` with (at least) these labels.
 
-        for family in text_string_to_metric_families(self.metrics()):
-            for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                    return float(sample.value)
-        return 0.0
+        A sample that is not there fails the test (AssertionError), naming what is there instead:
+        a renamed metric or a mistyped label must not read as 0.
+        """
+        exposition = _Exposition(self.metrics())
+        matches = exposition.matching(name, labels)
+        if not matches:
+            raise AssertionError(exposition.absent(name, labels))
+        return matches[0][1]
+
+    def metric_by(self, name: str, label: str, **labels: str) -> dict[str, float]:
+        """The samples named `name` with these labels, by the value of `label`: {} when none.
+
+        For an exact assertion on a labelled counter, whose label sets appear only once counted:
+        `metric_by("gateway_requests_total", "priority", outcome="ok") == {"low": 1.0}`. The metric
+        itself must be declared in /metrics, even if it has no sample yet.
+        """
+        exposition = _Exposition(self.metrics())
+        if not exposition.declares(name):
+            raise AssertionError(exposition.absent(name, labels))
+        values: dict[str, float] = {}
+        for sample_labels, value in exposition.matching(name, labels):
+            key = sample_labels.get(label)
+            if key is None or key in values:
+                where = f"{name}{_braces(labels)}"
+                raise AssertionError(f"{where}: label {label!r} does not tell its samples apart")
+            values[key] = value
+        return values
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -196,3 +217,45 @@ class Gateway(ServerProcess):
             if time.monotonic() > deadline:
                 raise AssertionError(f"gateway not ready:\n{self.log()}")
             time.sleep(0.02)
+
+
+_SAMPLE_SUFFIXES = ("", "_total", "_created", "_bucket", "_count", "_sum", "_gcount", "_gsum", "_info")
+
+
+def _braces(labels: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+class _Exposition:
+    """/metrics text parsed by prometheus-client, for looking samples up and saying what is missing."""
+
+    def __init__(self, text: str) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        self.families = list(text_string_to_metric_families(text))
+        self.samples = [(s.name, s.labels, float(s.value)) for f in self.families for s in f.samples]
+
+    def matching(self, name: str, labels: dict[str, str]) -> list[tuple[dict[str, str], float]]:
+        return [
+            (sample_labels, value)
+            for sample_name, sample_labels, value in self.samples
+            if sample_name == name and all(sample_labels.get(k) == v for k, v in labels.items())
+        ]
+
+    def declares(self, name: str) -> bool:
+        return any(name == family.name + suffix for family in self.families for suffix in _SAMPLE_SUFFIXES)
+
+    def absent(self, name: str, labels: dict[str, str]) -> str:
+        """Why there is no `name{labels}`: the label sets it has, else the names alike that exist."""
+        message = f"no sample {name}{_braces(labels)} in /metrics"
+        present = [sample_labels for sample_name, sample_labels, _ in self.samples if sample_name == name]
+        if present:
+            return f"{message}; {name} has only {', '.join(_braces(p) for p in present)}"
+        names = sorted({sample_name for sample_name, _, _ in self.samples})
+        words = name.split("_")
+        for size in range(len(words) - 1, 0, -1):
+            prefix = "_".join(words[:size]) + "_"
+            alike = [n for n in names if n.startswith(prefix)]
+            if alike:
+                return f"{message}; metrics named {prefix}*: {', '.join(alike)}"
+        return f"{message}; it has {', '.join(names) or 'no samples at all'}"

@@ -7,11 +7,11 @@ store at scrape time by a collector, so the request path never updates a gauge.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.upstream.backends import ModelPool
@@ -107,6 +107,41 @@ class GatewayMetrics:
     ) -> None:
         """Export queue depth, slots in use and the pool's measured speeds, read at each scrape."""
         self.registry.register(_PoolCollector(pools, priorities, store, clock))
+
+    def watch_loops(self, supervisors: Sequence[LoopView]) -> None:
+        """Export whether each supervised background loop runs, and its restarts, read at each scrape."""
+        self.registry.register(_LoopCollector(supervisors))
+
+
+class LoopView(Protocol):
+    """A supervisor, as metrics read it; loop names are fixed in the code, a closed set."""
+
+    def loops_up(self) -> Mapping[str, bool]: ...
+    def restarts(self) -> Mapping[str, int]: ...
+
+
+class _LoopCollector(Collector):
+    def __init__(self, supervisors: Sequence[LoopView]) -> None:
+        self._supervisors = supervisors
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "gateway_loop_up",
+            "1 while every background loop of the name runs; 0 while one waits to be restarted.",
+            labels=["loop"],
+        )
+        restarts = CounterMetricFamily(
+            "gateway_loop_restarts", "Restarts of a background loop after it crashed.", labels=["loop"]
+        )
+        for supervisor in self._supervisors:
+            for name, running in supervisor.loops_up().items():
+                up.add_metric([name], 1.0 if running else 0.0)
+            for name, count in supervisor.restarts().items():
+                restarts.add_metric([name], count)
+        yield from (up, restarts)
+
+    def describe(self) -> Iterable[Metric]:
+        return []
 
 
 class QueueView(Protocol):

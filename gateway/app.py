@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import random
@@ -27,6 +26,7 @@ from gateway.queues.configured import configured_store
 from gateway.runtime import Runtime
 from gateway.settings import Settings
 from gateway.signals.scraper import SignalBoard
+from gateway.supervision import Supervisor
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.scaling import ScalingHints
 from gateway.upstream.backends import ModelPool
@@ -43,12 +43,16 @@ def build_runtime(
     registry: CollectorRegistry | None = None,
     clock: Callable[[], float] = time.monotonic,
     jitter: Callable[[], float] = random.random,
+    supervisor: Supervisor | None = None,
 ) -> Runtime:
     pools = {model.name: ModelPool.from_settings(model) for model in settings.models}
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
     store = configured_store(settings, list(pools.values()), metrics, clock=clock)
     metrics.watch_pools(list(pools.values()), [p.name for p in settings.priorities], store, clock)
-    signals = SignalBoard(list(pools.values()), settings.signals, settings.kueue, metrics, clock=clock)
+    supervisor = supervisor if supervisor is not None else Supervisor()
+    signals = SignalBoard(
+        list(pools.values()), settings.signals, settings.kueue, metrics, supervisor=supervisor, clock=clock
+    )
     hints = ScalingHints(list(pools.values()), store, settings.autoscaling, clock=clock)
     metrics.registry.register(hints)
     controller = AdmissionController(
@@ -61,7 +65,7 @@ def build_runtime(
         clock=clock,
         jitter=jitter,
     )
-    return Runtime(
+    runtime = Runtime(
         settings=settings,
         pools=pools,
         store=store,
@@ -70,8 +74,11 @@ def build_runtime(
         classifier=RequestClassifier(settings),
         signals=signals,
         hints=hints,
+        supervisor=supervisor,
         clock=clock,
     )
+    metrics.watch_loops(runtime.supervisors)
+    return runtime
 
 
 def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlette:
@@ -110,24 +117,22 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
         await endpoints.refresh_all()
         await discovery.discover_all()
         await rt.health.check_all()
+        # Serving starts once these return: each waits until its loops run (the Redis store's
+        # grant listeners and heartbeat among them).
         await rt.store.start()
-        rt.signals.start(rt.session)
-        loops = [
-            asyncio.create_task(rt.health.run()),
-            asyncio.create_task(discovery.run()),
-            asyncio.create_task(endpoints.run()),
-            asyncio.create_task(rt.hints.run()),
-        ]
+        await rt.signals.start(rt.session)
+        await rt.supervisor.start("health", rt.health.run)
+        await rt.supervisor.start("triton_discovery", discovery.run)
+        await rt.supervisor.start("endpoint_discovery", endpoints.run)
+        await rt.supervisor.start("scaling_hints", rt.hints.run)
         # Everything built so far lives as long as the process: keep it out of the collector's
         # scans so that a collection costs in proportion to per-request garbage only.
         gc.freeze()
         try:
             yield
         finally:
-            for loop in loops:
-                loop.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
             await rt.signals.stop()
+            await rt.supervisor.stop()
             await rt.store.stop()
             await rt.session.close()
             await rt.upstream.close()

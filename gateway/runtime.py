@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import aiohttp
 
@@ -14,6 +15,7 @@ from gateway.http.request_meta import RequestClassifier
 from gateway.queues.base import RequestQueue
 from gateway.settings import Settings
 from gateway.signals.scraper import SignalBoard
+from gateway.supervision import Supervisor
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.scaling import ScalingHints
 from gateway.upstream.backends import ModelPool
@@ -31,6 +33,8 @@ class Runtime:
     classifier: RequestClassifier
     signals: SignalBoard
     hints: ScalingHints
+    supervisor: Supervisor
+    """Runs the app's loops (health, discovery, scrapers, hints); the store may run its own."""
     clock: Callable[[], float] = time.monotonic
     session: aiohttp.ClientSession | None = None
     """For the gateway's own calls: health checks and metric scrapes."""
@@ -45,8 +49,20 @@ class Runtime:
         self._idle.set()
 
     @property
+    def supervisors(self) -> list[Supervisor]:
+        own = [self.store.supervisor] if isinstance(self.store, Supervised) else []
+        return [self.supervisor, *own]
+
+    @property
+    def loops_down(self) -> list[str]:
+        """The loops serving depends on (the Redis store's heartbeat and grant listeners) that are down."""
+        return sorted({name for supervisor in self.supervisors for name in supervisor.required_down()})
+
+    @property
     def ready(self) -> bool:
-        return not self.draining and all(pool.any_ready for pool in self.pools.values())
+        return (
+            not self.draining and all(pool.any_ready for pool in self.pools.values()) and not self.loops_down
+        )
 
     def request_started(self) -> None:
         self.active_requests += 1
@@ -65,3 +81,11 @@ class Runtime:
         except TimeoutError:
             return False
         return True
+
+
+@runtime_checkable
+class Supervised(Protocol):
+    """A store that runs its loops under a supervisor of its own (Redis)."""
+
+    @property
+    def supervisor(self) -> Supervisor: ...

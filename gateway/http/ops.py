@@ -16,7 +16,12 @@ def ops_routes(runtime: Runtime) -> list[BaseRoute]:
 
     async def readyz(request: Request) -> JSONResponse:
         models = {name: pool.any_ready for name, pool in runtime.pools.items()}
-        body = {"ready": runtime.ready, "draining": runtime.draining, "models": models}
+        body = {
+            "ready": runtime.ready,
+            "draining": runtime.draining,
+            "models": models,
+            "loops_down": runtime.loops_down,
+        }
         return JSONResponse(body, status_code=200 if runtime.ready else 503)
 
     async def metrics(request: Request) -> Response:

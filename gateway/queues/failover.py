@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Literal
 
+from anyio.abc import TaskStatus
 from redis.exceptions import RedisError
 
 from gateway.queues.base import Offer, Slot, Ticket, Unavailable
 from gateway.queues.memory import MemoryQueue
 from gateway.queues.redis import RedisQueue
+from gateway.supervision import Loop, Supervisor
 from gateway.upstream.backends import ModelPool
 from policies.outcomes import Outcome
 from policies.wait import QueueStats, Throughput
@@ -56,8 +59,14 @@ class FailoverQueue:
         self._on_state = on_state
         self._clock = clock
         self.up = False
-        self._probe: asyncio.Task[None] | None = None
-        self._reservations: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._probe: Loop | None = None
+        self._reservations: Loop | None = None
+
+    @property
+    def supervisor(self) -> Supervisor:
+        """The Redis store's: the probe and the reservations run beside its loops."""
+        return self._redis.supervisor
 
     def redis_failed(self, error: BaseException) -> None:
         """Called by the Redis store (and by this class) whenever a Redis command fails."""
@@ -82,6 +91,7 @@ class FailoverQueue:
         self._start_probe()
 
     async def start(self) -> None:
+        await self.supervisor.open()  # a failure below starts the probe
         try:
             await self._redis.start()
         except RedisError as error:
@@ -92,11 +102,11 @@ class FailoverQueue:
         self._on_state(True)
 
     async def stop(self) -> None:
-        for task in (self._probe, self._reservations):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        self._stopping = True  # a failure from here on starts no probe
+        for loop in (self._probe, self._reservations):
+            if loop is not None:
+                loop.cancel()
+                await loop.wait()
         await self._redis.stop()
 
     # -- the RequestQueue protocol ---------------------------------------------------------------
@@ -167,10 +177,11 @@ class FailoverQueue:
         return f"serving from local queues with 1/{self._divisor} of each backend's slots"
 
     def _start_probe(self) -> None:
-        if self._probe is None or self._probe.done():
-            self._probe = asyncio.create_task(self._rejoin_when_back(), name="redis-probe")
+        if not self._stopping and (self._probe is None or self._probe.finished):
+            self._probe = self.supervisor.start_soon("redis_probe", self._rejoin_when_back)
 
-    async def _rejoin_when_back(self) -> None:
+    async def _rejoin_when_back(self, *, task_status: TaskStatus[None]) -> None:
+        task_status.started()
         while True:
             await asyncio.sleep(self._probe_interval_s)
             try:
@@ -182,8 +193,10 @@ class FailoverQueue:
         self.up = True
         self._on_state(True)
         log.warning("Redis is back: new requests use the shared queue again")
-        if any(reserved.values()):
-            self._reservations = asyncio.create_task(self._return_share(reserved), name="redis-share")
+        if any(reserved.values()) and not self._stopping:
+            self._reservations = self.supervisor.start_soon(
+                "redis_share", functools.partial(self._return_share, reserved)
+            )
 
     def _local_share_in_use(self, pool: ModelPool) -> dict[str, int]:
         """The fallback's share of each backend, while it still has work: that much stays reserved."""
@@ -191,9 +204,11 @@ class FailoverQueue:
             return {}
         return {b.url: max(1, b.max_concurrency // self._divisor) for b in pool.backends}
 
-    async def _return_share(self, reserved: dict[str, list[str]]) -> None:
+    async def _return_share(self, reserved: dict[str, list[str]], *, task_status: TaskStatus[None]) -> None:
         """Hold the reserved leases until the fallback's last request is done, then free them."""
-        for model, leases in reserved.items():
+        task_status.started()
+        for model in list(reserved):
             await self._local.wait_idle(model)
             with contextlib.suppress(RedisError):  # unreleased leases expire with their TTL
-                await self._redis.release_leases(model, leases)
+                await self._redis.release_leases(model, reserved[model])
+            del reserved[model]  # a restart after a crash goes on with the models left

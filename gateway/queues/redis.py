@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -26,12 +27,14 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
 
+from anyio.abc import TaskStatus
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.flow.estimates import JUMP_Z, TICK_S, PoolEstimates, rate_taus
-from gateway.queues.base import Full, Granted, Offer, Queued, Slot, Ticket
+from gateway.queues.base import Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
 from gateway.settings import Estimation
+from gateway.supervision import Loop, Supervisor
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.estimators import JUMP_MIN_EVENTS
 from policies.ordering import Ordering
@@ -147,6 +150,7 @@ class RedisQueue:
         on_failure: Callable[[BaseException], None] = lambda error: None,
         close_clients: bool = False,
         expected_replicas: int = 1,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self._client = client
         self._close_clients = close_clients
@@ -171,31 +175,44 @@ class RedisQueue:
                 view=empty,
                 refused_locally=[0] * bands,
             )
-        self._tasks: list[asyncio.Task[None]] = []
+        self.supervisor = supervisor if supervisor is not None else Supervisor()
+        """Runs the grant listeners and the upkeep loop; stopped with the store."""
+        self._listeners: dict[str, Loop] = {}
+        self._upkeep_loop: Loop | None = None
         self._stopping = False
         self._background: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Publish readiness, join as a live replica, and start the listeners and the upkeep loops."""
+        """Publish readiness, join as a live replica, and start the listeners and the upkeep loops.
+
+        Returns once they run. They start even when Redis fails here (the error still propagates):
+        they keep trying, and once the replica rejoins they are what keeps its leases alive.
+        """
+        try:
+            for model in self._models.values():
+                await self._publish_ready(model)
+                await self._beat(model)
+                await self._refresh(model)
+        except RedisError:
+            await self._start_loops()
+            raise
+        await self._start_loops()
+
+    async def _start_loops(self) -> None:
         for name, model in self._models.items():
-            await self._publish_ready(model)
-            await self._beat(model)
-            await self._refresh(model)
-            self._tasks.append(asyncio.create_task(self._listen(model), name=f"grants-{name}"))
-        self._tasks.append(asyncio.create_task(self._upkeep(), name="redis-upkeep"))
+            self._listeners[name] = await self.supervisor.start(
+                "redis_grants", functools.partial(self._listen, model), required=True
+            )
+        self._upkeep_loop = await self.supervisor.start("redis_upkeep", self._upkeep, required=True)
 
     async def stop(self) -> None:
         """Leave: stop the loops and let the reaper reclaim whatever this replica still holds."""
         # The loops watch a flag rather than being cancelled: cancelling a blocking BLPOP can leave
         # its connection half torn down. The listener wakes every LISTEN_WAKE_S to see the flag.
         self._stopping = True
-        if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=2 * LISTEN_WAKE_S + 1)
-            for task in pending:
-                task.cancel()
-        self._tasks.clear()
+        await self.supervisor.stop(grace_s=2 * LISTEN_WAKE_S + 1)
         with contextlib.suppress(RedisError):
             for model in self._models.values():
                 await self._client.zadd(f"{model.tag}:replicas", {self._replica: 0})
@@ -232,6 +249,8 @@ class RedisQueue:
         self, model: str, band: int, allowed_wait_s: float, max_positions: int, now: float
     ) -> Offer:
         state = self._models[model]
+        if (down := self._loop_down(model)) is not None:
+            return Unavailable(retry_after_s=max(LISTEN_WAKE_S, down.restart_in_s))
         view = self._clock() - state.view.seen_at <= _VIEW_FRESH_S and state.view
         if view and view.positions_to_drain(band) > max_positions:
             # Clearly over the limit by a snapshot a few milliseconds old: refuse without a round
@@ -371,6 +390,17 @@ class RedisQueue:
 
     # -- internals -------------------------------------------------------------------------------
 
+    def _loop_down(self, model: str) -> Loop | None:
+        """The upkeep loop or the model's grant listener, when down: no new slot may be taken then.
+
+        Without heartbeats the other replicas reap this one's leases while it uses them (a backend
+        would run more than its slots); without the listener a queued request's grant never comes.
+        """
+        for loop in (self._upkeep_loop, self._listeners.get(model)):
+            if loop is not None and not loop.up:
+                return loop
+        return None
+
     def _slot(self, state: _Model, lease: str, url: str) -> Slot:
         backend = state.backend(url)
         backend.inflight += 1  # this replica's share, for its metrics
@@ -487,9 +517,10 @@ class RedisQueue:
                 granted,
             )
 
-    async def _listen(self, state: _Model) -> None:
+    async def _listen(self, state: _Model, *, task_status: TaskStatus[None]) -> None:
         """Deliver this replica's grants to their waiting requests, as soon as they are pushed."""
         key = f"{state.tag}:grants:{self._replica}"
+        task_status.started()  # grants pushed before the first BLMPOP wait in their list
         while not self._stopping:
             try:
                 popped = await self._listener.blmpop(LISTEN_WAKE_S, 1, key, direction="LEFT", count=64)
@@ -500,24 +531,28 @@ class RedisQueue:
             for grant in popped[1] if popped else ():
                 self._deliver(state, grant)
 
-    async def _upkeep(self) -> None:
-        """Heartbeat (renews leases) every third of the TTL; reap and refresh on the way."""
+    async def _upkeep(self, *, task_status: TaskStatus[None]) -> None:
+        """Heartbeat (renews leases) every third of the TTL; reap and refresh on the way.
+
+        It beats at once when it starts, and only then reports itself up: a restarted loop must
+        renew the leases before this replica takes new ones.
+        """
         beat_s = self._ttl_s / 3
         next_beat = self._clock()
         while not self._stopping:
-            await asyncio.sleep(LISTEN_WAKE_S)
             for state in self._models.values():
                 self._sweep(state)
-            if self._clock() < next_beat:
-                continue
-            next_beat = self._clock() + beat_s * random.uniform(0.9, 1.1)
-            for state in self._models.values():
-                try:
-                    await self._beat(state)
-                    await self._reap(state)
-                    await self._refresh(state)
-                except RedisError as error:  # keep beating through a passing failure
-                    self._on_failure(error)
+            if self._clock() >= next_beat:
+                next_beat = self._clock() + beat_s * random.uniform(0.9, 1.1)
+                for state in self._models.values():
+                    try:
+                        await self._beat(state)
+                        await self._reap(state)
+                        await self._refresh(state)
+                    except RedisError as error:  # keep beating through a passing failure
+                        self._on_failure(error)
+                task_status.started()
+            await asyncio.sleep(LISTEN_WAKE_S)
 
 
 def _text(value: bytes | str) -> str:

@@ -10,6 +10,7 @@ quiet is no reason to believe the cluster recovered).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import ssl
@@ -19,10 +20,12 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import anyio
+from anyio.abc import TaskStatus
 
 from gateway.settings import Kueue, Signals
 from gateway.signals.exposition import Exposition
 from gateway.signals.readings import KueueReading, ServerReading, read_kueue, read_server
+from gateway.supervision import Loop, Supervisor
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.estimators import counter_increase
@@ -76,6 +79,7 @@ class SignalBoard:
         kueue: Kueue | None,
         metrics: GatewayMetrics,
         *,
+        supervisor: Supervisor,
         on_backend_signal: Callable[[str], None] = lambda model: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -83,6 +87,7 @@ class SignalBoard:
         self._config = config
         self._kueue = kueue
         self._metrics = metrics
+        self._supervisor = supervisor
         self._on_backend_signal = on_backend_signal
         self._clock = clock
         self.cluster = (
@@ -91,9 +96,9 @@ class SignalBoard:
             else None
         )
         self.backend_signals: dict[int, BackendSignal] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops: list[Loop] = []
         self._own_sessions: list[aiohttp.ClientSession] = []
-        self._backend_loops: dict[str, asyncio.Task[None]] = {}
+        self._backend_loops: dict[str, Loop] = {}
         self._session: aiohttp.ClientSession | None = None
 
     def external_waiting(self, model: str) -> float:
@@ -103,13 +108,14 @@ class SignalBoard:
     def backlog(self) -> ClusterBacklog | None:
         return self.cluster.backlog if self.cluster is not None else None
 
-    def start(self, session: aiohttp.ClientSession) -> None:
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        await self._supervisor.open()
         self._session = session
         for pool in self._pools:
             self.follow(pool.name)
         if self._kueue is not None:
             self._own_sessions.append(self._kueue_session(self._kueue))
-            self._tasks.append(self._loop(self._own_sessions[-1], "kueue", self._kueue_scrape(self._kueue)))
+            self._loops.append(self._loop(self._own_sessions[-1], "kueue", self._kueue_scrape(self._kueue)))
 
     def follow(self, model: str) -> None:
         """Scrape the model's backends as they are now: endpoint discovery adds and removes them."""
@@ -117,9 +123,9 @@ class SignalBoard:
             return
         pool = next(p for p in self._pools if p.name == model)
         current = {b.metrics_url: b for b in pool.backends if b.metrics_url}
-        for url, task in list(self._backend_loops.items()):
+        for url, loop in list(self._backend_loops.items()):
             if url not in current:
-                task.cancel()
+                loop.cancel()
                 del self._backend_loops[url]
                 self._metrics.signal_up.remove(url)
         for url, backend in current.items():
@@ -127,22 +133,33 @@ class SignalBoard:
                 self._backend_loops[url] = self._loop(self._session, url, self._backend_scrape(pool, backend))
 
     async def stop(self) -> None:
-        tasks = self._tasks + list(self._backend_loops.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        loops = self._loops + list(self._backend_loops.values())
+        for loop in loops:
+            loop.cancel()
+        for loop in loops:
+            await loop.wait()
         for session in self._own_sessions:
             await session.close()
 
     # -- the loop --------------------------------------------------------------------------------
 
-    def _loop(self, session: aiohttp.ClientSession, name: str, scrape: Scrape) -> asyncio.Task[None]:
-        state = SourceState(name)
+    def _loop(self, session: aiohttp.ClientSession, name: str, scrape: Scrape) -> Loop:
+        state = SourceState(name)  # outside the loop: a restart keeps the count of failures
         self._metrics.signal_up.labels(name).set(0)
-        return asyncio.create_task(self._run(session, state, scrape), name=f"scrape {name}")
+        # One loop name for every source keeps the label set closed (gateway_signal_up names the source).
+        body = functools.partial(self._run, session, state, scrape)
+        return self._supervisor.start_soon("signal_scrape", body)
 
-    async def _run(self, session: aiohttp.ClientSession, state: SourceState, scrape: Scrape) -> None:
+    async def _run(
+        self,
+        session: aiohttp.ClientSession,
+        state: SourceState,
+        scrape: Scrape,
+        *,
+        task_status: TaskStatus[None],
+    ) -> None:
         interval_s = self._config.scrape_interval_ms / 1000
+        task_status.started()
         while True:
             try:
                 await asyncio.wait_for(scrape(session, state), self._config.scrape_timeout_ms / 1000)

@@ -16,6 +16,8 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import anyio
+from anyio.abc import TaskStatus
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -56,9 +58,10 @@ class ScalingHints(Collector):
         self._hints = {pool.name: _ModelHint() for pool in pools}
         self._updated_at: float | None = None
 
-    async def run(self) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         while True:
             self.update()
+            task_status.started()
             await asyncio.sleep(self._config.interval_ms / 1000)
 
     def update(self) -> None:

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import tritonclient.http.aio as triton
+from anyio.abc import TaskStatus
 from tritonclient.utils import InferenceServerException
 
 from gateway.upstream.backends import BackendState, ModelPool
@@ -67,7 +69,8 @@ class TritonDiscovery:
             *(self._discover(p, b) for p in self._pools for b in p.backends if b.kind == "triton")
         )
 
-    async def run(self) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
         while True:
             await asyncio.sleep(self._interval_s)
             await self.discover_all()

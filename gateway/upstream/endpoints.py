@@ -15,6 +15,9 @@ import socket
 from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
+import anyio
+from anyio.abc import TaskStatus
+
 from gateway.settings import Backend, Model
 from gateway.upstream.backends import BackendState, ModelPool
 
@@ -61,7 +64,8 @@ class EndpointDiscovery:
     async def refresh_all(self) -> None:
         await asyncio.gather(*(self._refresh(*template) for template in self._templates))
 
-    async def run(self) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
         if not self._templates:
             return
         while True:

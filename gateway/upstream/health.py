@@ -7,6 +7,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 import aiohttp
+import anyio
+from anyio.abc import TaskStatus
 
 from gateway.upstream.backends import BackendState, ModelPool
 
@@ -37,7 +39,8 @@ class HealthChecker:
         """Probe every backend once, concurrently."""
         await asyncio.gather(*(self._check(pool, b) for pool in self._pools for b in pool.backends))
 
-    async def run(self) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
         while True:
             await asyncio.sleep(self._interval_s)
             await self.check_all()

@@ -95,15 +95,18 @@ class Loop(TaskStatus[None]):
             try:
                 await self._body(task_status=self)
                 return
-            except Exception:
+            except Exception as error:
                 self.up = False
-                ran_s = self._of.clock() - began
+                crash = error
+            ran_s = self._of.clock() - began
             crashes = 1 if ran_s >= self._of.backoff.healthy_after_s else crashes + 1
             delay_s = self._of.backoff.delay_s(crashes, self._of.draw())
-            self._log.exception(
+            self._log.error(
                 "loop %s crashed after %.1f s (%d in a row); restarting in %.2f s",
                 *(self.name, ran_s, crashes, delay_s),
+                exc_info=crash,
             )
+            del crash  # its traceback would keep the failed run's frames alive through the backoff
             self._release()  # whoever waits for the first run sees a loop that cannot start as down
             self._restart_at = self._of.clock() + delay_s
             await self._of.sleep(delay_s)

@@ -1,0 +1,217 @@
+"""The Redis store's loops under supervision: a crash of its heartbeat or a grant listener stops new
+slots until the loop is back; then leases are renewed and grants delivered again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import RedisError
+
+from gateway.queues.base import Granted, Queued, Slot, Unavailable
+from gateway.queues.failover import FailoverQueue
+from gateway.queues.memory import MemoryQueue
+from gateway.queues.redis import RedisQueue
+from gateway.settings import Estimation
+from gateway.supervision import Backoff, Supervisor
+from tests.contract.conftest import MODEL, make_pool
+from tests.redis_server import free_port, redis_url_or_skip, unique_prefix
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+TTL_S = 0.9  # a beat every 0.3 s
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def fail_once(target: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make `target.name` raise RuntimeError on its first call, then behave; returns its call count."""
+    real = getattr(target, name)
+    calls: list[int] = []
+
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError(f"injected failure in {name}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, patched)
+    return calls
+
+
+class HeldDown:
+    """An injected backoff sleep: a crashed loop stays down until the test lets it restart."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self._go = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        self.waiting += 1
+        await self._go.wait()
+
+    def release(self) -> None:
+        self._go.set()
+
+
+class Replicas:
+    """RedisQueues on one key prefix (one per replica id), stopped and cleaned up at the end."""
+
+    def __init__(self, url: str) -> None:
+        self.pool = BlockingConnectionPool.from_url(url, max_connections=32, timeout=5)
+        self.client = Redis(connection_pool=self.pool)
+        self.listeners: list[Redis] = []
+        self.url = url
+        self.prefix = unique_prefix()
+        self.started: list[RedisQueue] = []
+
+    def make(self, replica: str, supervisor: Supervisor, slots: int = 1) -> RedisQueue:
+        listener = Redis.from_url(self.url)
+        self.listeners.append(listener)
+        return RedisQueue(
+            self.client,
+            listener,
+            [make_pool((slots,))],
+            1,
+            Estimation(),
+            key_prefix=self.prefix,
+            replica_id=replica,
+            lease_ttl_s=TTL_S,
+            supervisor=supervisor,
+        )
+
+    async def start(self, replica: str, supervisor: Supervisor, slots: int = 1) -> RedisQueue:
+        store = self.make(replica, supervisor, slots)
+        await store.start()
+        self.started.append(store)
+        return store
+
+    async def close(self) -> None:
+        for store in self.started:
+            await store.stop()
+        keys = [key async for key in self.client.scan_iter(match=f"{{{self.prefix}:*")]
+        if keys:
+            await self.client.delete(*keys)
+        await self.client.aclose()
+        await self.pool.aclose()
+        for listener in self.listeners:
+            await listener.aclose()
+
+
+@pytest.fixture
+async def replicas() -> AsyncIterator[Replicas]:
+    made = Replicas(redis_url_or_skip())
+    yield made
+    await made.close()
+
+
+async def offer(store: Any) -> Any:
+    return await store.offer(MODEL, 0, 5.0, 100, 0.0)
+
+
+def lease_expiry(replicas: Replicas, lease: str) -> Awaitable[float | None]:
+    return replicas.client.zscore(f"{{{replicas.prefix}:{MODEL}}}:leases", lease)
+
+
+async def test_a_crashed_heartbeat_takes_no_new_slot_until_it_is_back_and_then_renews_leases(
+    replicas, monkeypatch
+):
+    held = HeldDown()
+    store = await replicas.start("r1", Supervisor(sleep=held.sleep), slots=2)
+    granted = await offer(store)
+    assert isinstance(granted, Granted)
+    lease = granted.slot.lease
+    fail_once(store, "_beat", monkeypatch)
+    await eventually(lambda: held.waiting == 1, what="the heartbeat to crash")
+
+    refused = await offer(store)
+    assert isinstance(refused, Unavailable) and refused.retry_after_s > 0
+    assert store.supervisor.required_down() == ["redis_upkeep"]
+
+    before = await lease_expiry(replicas, lease)
+    held.release()
+    await eventually(lambda: store.supervisor.required_down() == [], what="the heartbeat back")
+    assert (await lease_expiry(replicas, lease) or 0) > (before or 0)
+    assert isinstance(await offer(store), Granted)
+    # Well past the TTL the lease is still there: the restarted loop keeps beating.
+    deadline = time.monotonic() + 2 * TTL_S
+    while time.monotonic() < deadline:
+        assert await lease_expiry(replicas, lease) is not None, "the lease was reaped"
+        await asyncio.sleep(0.1)
+    await store.release(granted.slot, 0.0)
+
+
+async def test_a_crashed_grant_listener_takes_no_new_slot_until_it_is_back_and_then_delivers(
+    replicas, monkeypatch
+):
+    held = HeldDown()
+    waiter = await replicas.start("r1", Supervisor(sleep=held.sleep))
+    holder = await replicas.start("r2", Supervisor())
+    taken = await offer(holder)
+    assert isinstance(taken, Granted)
+    queued = await offer(waiter)
+    assert isinstance(queued, Queued)
+
+    fail_once(waiter._listener, "blmpop", monkeypatch)
+    await eventually(lambda: held.waiting == 1, what="the listener to crash")
+    assert isinstance(await offer(waiter), Unavailable)
+    assert waiter.supervisor.required_down() == ["redis_grants"]
+
+    # Released by the other replica: the grant is pushed to r1's list, for r1's listener to deliver.
+    await holder.release(taken.slot, 0.0)
+    await holder.settle()
+    held.release()
+    slot = await asyncio.wait_for(queued.ticket.wakeup, 5)
+    assert isinstance(slot, Slot)
+    await waiter.release(slot, 0.0)
+    assert waiter.supervisor.required_down() == []
+
+
+async def test_the_failover_probe_restarts_after_a_crash_and_rejoins(replicas, monkeypatch):
+    supervisor = Supervisor(backoff=Backoff(first_s=0.01))
+    shared = replicas.make("r1", supervisor)
+    local = MemoryQueue([make_pool((1,))], 1, Estimation())
+    failover = FailoverQueue(
+        shared, local, [make_pool((1,))], mode="local", slot_divisor=1, probe_interval_s=0.01
+    )
+    await failover.start()
+    replicas.started.append(shared)
+    assert failover.up
+    calls = fail_once(shared, "rejoin", monkeypatch)
+    failover.redis_failed(RedisError("injected: Redis went away"))
+    assert not failover.up
+    await eventually(lambda: failover.up, what="the probe to rejoin")
+    assert len(calls) == 2 and supervisor.restarts()["redis_probe"] == 1
+    await failover.stop()
+    replicas.started.remove(shared)
+
+
+async def test_the_loops_start_even_when_redis_fails_at_start(replicas):
+    dead = Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
+    store = RedisQueue(
+        dead,
+        dead,
+        [make_pool((1,))],
+        1,
+        Estimation(),
+        key_prefix=unique_prefix(),
+        replica_id="r1",
+        lease_ttl_s=TTL_S,
+    )
+    try:
+        with pytest.raises(RedisError):
+            await store.start()
+        # They keep trying, so that once the replica rejoins its leases are renewed.
+        assert store.supervisor.loops_up() == {"redis_grants": True, "redis_upkeep": True}
+    finally:
+        await store.stop()
+        await dead.aclose()

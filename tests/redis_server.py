@@ -12,11 +12,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
 from urllib.parse import urlsplit
 
 import pytest
+
+from tests.eventually import eventually_blocking
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -87,11 +88,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while not _answers(self.url):
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.02)
+        eventually_blocking(lambda: _answers(self.url), what=f"redis-server to answer at {self.url}")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -10,11 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
+
+from tests.eventually import eventually_blocking
 
 _LISTENING = re.compile(r"listening on (http://[0-9.:\[\]]+)(?: \(metrics (http://\S+)\))?")
 
@@ -69,27 +72,34 @@ class ServerProcess:
         self._wait_answering(ready_path)
 
     def _wait_listening(self, timeout_s: float = 30.0) -> tuple[str, str | None]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        found: list[re.Match[str]] = []
+
+        def listening() -> bool:
             if (match := _LISTENING.search(self.log())) is not None:
-                return match.group(1), match.group(2)
+                found.append(match)
+                return True
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
-            time.sleep(0.02)
-        self.kill()
-        raise RuntimeError(f"{self.name} did not start in {timeout_s} s:\n{self.log()}")
+            return False
+
+        self._started_within(listening, timeout_s, "its 'listening on' line")
+        return found[0].group(1), found[0].group(2)
 
     def _wait_answering(self, path: str, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def answering() -> bool:
             try:
-                if http_get(self.url + path)[0] < 500:
-                    return
+                return http_get(self.url + path)[0] < 500
             except OSError:
-                pass
-            time.sleep(0.02)
-        self.kill()
-        raise RuntimeError(f"{self.name} did not answer {path}:\n{self.log()}")
+                return False
+
+        self._started_within(answering, timeout_s, f"an answer to {path}")
+
+    def _started_within(self, check: Callable[[], bool], timeout_s: float, what: str) -> None:
+        try:
+            eventually_blocking(check, timeout_s=timeout_s, what=f"{self.name}: {what}")
+        except AssertionError as error:
+            self.kill()
+            raise RuntimeError(f"{error}\n{self.log()}") from None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -192,6 +202,12 @@ class Gateway(ServerProcess):
             raise AssertionError(exposition.absent(name, labels))
         return matches[0][1]
 
+    def assert_metric(self, name: str, expected: float, **labels: str) -> None:
+        """Fail unless the sample `name{labels}` is `expected`; as a check, `eventually` shows the value."""
+        value = self.metric(name, **labels)
+        if value != expected:
+            raise AssertionError(f"{name}{_braces(labels)} is {value}, expected {expected}")
+
     def metric_by(self, name: str, label: str, **labels: str) -> dict[str, float]:
         """The samples named `name` with these labels, by the value of `label`: {} when none.
 
@@ -212,11 +228,12 @@ class Gateway(ServerProcess):
         return values
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while http_get(self.url + "/readyz")[0] != 200:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"gateway not ready:\n{self.log()}")
-            time.sleep(0.02)
+        try:
+            eventually_blocking(
+                lambda: http_get(self.url + "/readyz")[0] == 200, timeout_s=timeout_s, what="/readyz 200"
+            )
+        except AssertionError as error:
+            raise AssertionError(f"gateway not ready: {error}\n{self.log()}") from None
 
 
 _SAMPLE_SUFFIXES = ("", "_total", "_created", "_bucket", "_count", "_sum", "_gcount", "_gsum", "_info")

@@ -7,11 +7,11 @@ import os
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.eventually import eventually_blocking
 from tests.integration.servers import http_get
 from tests.redis_server import IN_CI, free_port
 
@@ -64,20 +64,19 @@ class TritonServer:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def _wait_ready(self, timeout_s: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited:\n{self.log_path.read_text(errors='replace')}")
             try:
-                if http_get(self.url + "/v2/models/sleep_ms/ready")[0] == 200:
-                    return
+                return http_get(self.url + "/v2/models/sleep_ms/ready")[0] == 200
             except OSError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(
-            f"tritonserver not ready in {timeout_s} s:\n{self.log_path.read_text(errors='replace')}"
-        )
+                return False
+
+        try:
+            eventually_blocking(ready, timeout_s=timeout_s, interval_s=0.2, what="tritonserver to be ready")
+        except AssertionError as error:
+            self.stop()
+            raise RuntimeError(f"{error}:\n{self.log_path.read_text(errors='replace')}") from None
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -28,10 +27,13 @@ class StoreUnderTest:
         return self.pool.backends[index]
 
     async def settle(self) -> None:
-        """Let background work (Redis grants, readiness) land before looking."""
+        """Wait for the store's background work (releases, withdrawals, readiness) to finish.
+
+        Grants another script pushes to this replica's list arrive later, through its listener:
+        a test expecting one waits for it with `eventually`.
+        """
         if isinstance(self.store, RedisQueue):
             await self.store.settle()
-            await asyncio.sleep(0.05)  # a grant pushed by a script reaches its listener
 
 
 def make_pool(slots: tuple[int, ...]) -> ModelPool:

@@ -12,6 +12,7 @@ from policies.admission import AdmissionConfig
 from policies.outcomes import Outcome
 from policies.retry_after import RetryAfterConfig
 from tests.contract.conftest import MODEL
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.anyio
 CLASSES = [PriorityClass(name="high", max_wait_ms=100), PriorityClass(name="low", max_wait_ms=1000)]
@@ -28,6 +29,10 @@ def controller_for(sut) -> AdmissionController:
 
 async def never() -> None:
     await asyncio.Event().wait()
+
+
+def queued(sut) -> tuple[int, ...]:
+    return sut.store.stats(MODEL).queued_by_band
 
 
 async def test_granted_at_once_when_a_slot_is_free(make_store):
@@ -56,8 +61,7 @@ async def test_disconnect_while_queued_leaves_the_queue_and_takes_no_slot(make_s
     held = await controller.acquire(MODEL, 1, None, never)
     gone = asyncio.Event()
     waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, gone.wait))
-    await asyncio.sleep(0.01)
-    assert sut.store.stats(MODEL).queued_by_band == (0, 1)
+    await eventually(lambda: queued(sut) == (0, 1))
     gone.set()
     assert await waiting == Refusal(Outcome.CLIENT_DISCONNECTED)
     assert sut.store.stats(MODEL).queued_by_band == (0, 0)
@@ -70,7 +74,7 @@ async def test_cancelled_waiter_leaks_no_slot_even_when_granted_meanwhile(make_s
     controller = controller_for(sut)
     held = await controller.acquire(MODEL, 1, None, never)
     waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, never))
-    await asyncio.sleep(0.01)
+    await eventually(lambda: queued(sut) == (0, 1))
     await sut.store.release(held.slot, now=1.0)  # the slot goes to the waiter...
     waiting.cancel()  # ...which is cancelled, before it runs again or just after
     try:
@@ -100,8 +104,7 @@ async def test_overload_is_refused_at_arrival_with_a_computed_retry_after(make_s
     await controller.acquire(MODEL, 0, None, never)
     # One slot at 0.04 s drains 25/s; high may wait 0.1 s: 2 positions. The third waiter is refused.
     waiters = [asyncio.ensure_future(controller.acquire(MODEL, 0, None, never)) for _ in range(2)]
-    while sut.store.stats(MODEL).queued_by_band != (2, 0):  # noqa: ASYNC110 - polls another store
-        await asyncio.sleep(0.005)
+    await eventually(lambda: queued(sut) == (2, 0))
     refusal = await controller.acquire(MODEL, 0, None, never)
     assert isinstance(refusal, Refusal) and refusal.outcome is Outcome.QUEUE_FULL
     # It would wait 3/25 s, 0.02 s too long; advice is never below one slot turnover, 1/25 s.
@@ -120,7 +123,7 @@ async def test_grant_hook_runs_with_the_slot_inside_the_release(make_store):
         hooked.append((slot, waiting.done()))
 
     waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, never, on_grant=hook))
-    await asyncio.sleep(0.01)
+    await eventually(lambda: queued(sut) == (0, 1))
     assert hooked == []
     await controller.release(held)
     lease = await waiting
@@ -140,7 +143,7 @@ async def test_a_failing_grant_hook_neither_breaks_dispatch_nor_loses_the_slot(m
         raise RuntimeError("hook failed")
 
     waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, never, on_grant=broken))
-    await asyncio.sleep(0.01)
+    await eventually(lambda: queued(sut) == (0, 1))
     await controller.release(held)
     lease = await waiting
     assert isinstance(lease, Lease)

@@ -9,6 +9,7 @@ from gateway.queues.base import Full, Granted, Queued, Slot
 from policies.outcomes import Outcome
 from policies.wait import QueueStats
 from tests.contract.conftest import MODEL
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.anyio
 UNLIMITED = 10**9
@@ -144,9 +145,7 @@ async def test_a_cancelled_waiter_leaks_nothing(make_store):
     sut = await make_store(slots=(1,))
     (held,) = await fill(sut, 1)
     ticket = (await offer(sut, 1)).ticket
-    waiter = asyncio.ensure_future(ticket.wakeup)
-    await asyncio.sleep(0)
-    waiter.cancel()
+    ticket.wakeup.cancel()  # what cancelling the task that awaits it does to the wakeup
     await sut.store.withdraw(ticket, Outcome.CLIENT_DISCONNECTED)
     await release(sut, held.slot)
     assert sut.store.stats(MODEL) == QueueStats((0, 0), free_slots=1)
@@ -173,7 +172,7 @@ async def test_a_backend_turning_ready_takes_waiters(make_store):
     sut.backend(1).ready = True
     sut.store.backends_changed(MODEL)
     await sut.settle()
-    assert [t.wakeup.done() for t in waiting] == [True, True, False]
+    await eventually(lambda: [t.wakeup.done() for t in waiting] == [True, True, False])
 
 
 async def test_slots_spread_to_the_least_loaded_backend(make_store):
@@ -188,7 +187,7 @@ async def test_drain_rate_is_measured_from_hand_overs_under_backlog(make_store):
     waiting = [o.ticket for o in await fill(sut, 8)]
     slot = held.slot
     for ticket in waiting:
-        await asyncio.sleep(0.05)  # one hand-over every 50 ms
+        await asyncio.sleep(0.05)  # the behaviour under test: one hand-over every 50 ms
         await sut.store.release(slot, now=time.monotonic())
         slot = await asyncio.wait_for(ticket.wakeup, 2)
     drain = sut.store.throughput(MODEL, now=time.monotonic()).drain_rate_per_s
@@ -199,7 +198,7 @@ async def test_a_step_up_in_admissions_is_believed_within_one_counting_interval(
     sut = await make_store(slots=(64,))
     for _ in range(13):  # a burst, where nothing came before
         await offer(sut, 0)
-    await asyncio.sleep(0.06)  # the counting interval (50 ms) ends
+    await asyncio.sleep(0.06)  # the behaviour under test: the counting interval (50 ms) ends
     await offer(sut, 0)  # the next admission closes it
     rate = sut.store.throughput(MODEL, now=time.monotonic()).admitted_rate_by_band[0]
     # 13 admissions in about 60 ms: about 200 per second. Averaging over the estimators' windows

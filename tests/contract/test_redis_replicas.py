@@ -58,7 +58,7 @@ async def test_two_replicas_under_contention_keep_the_count():
         assert isinstance(lease, Lease), lease
         in_use += 1
         peak = max(peak, in_use)
-        await asyncio.sleep(rng.uniform(0, 0.01))
+        await asyncio.sleep(rng.uniform(0, 0.01))  # the request's service: it holds the slot a while
         in_use -= 1
         if index % 3:
             await controller.release(lease, service_s=0.005)

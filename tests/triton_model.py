@@ -28,7 +28,7 @@ def main() -> None:
 
     @batch
     def sleep_then_echo(INPUT0: np.ndarray) -> dict[str, np.ndarray]:
-        time.sleep(args.sleep_ms / 1000)
+        time.sleep(args.sleep_ms / 1000)  # the model's work: a fixed service time
         return {"OUTPUT0": INPUT0}
 
     config = TritonConfig(

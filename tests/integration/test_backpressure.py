@@ -6,6 +6,7 @@ import time
 import aiohttp
 import pytest
 
+from tests.eventually import eventually
 from tests.integration.servers import gateway_config
 
 pytestmark = pytest.mark.anyio
@@ -22,11 +23,8 @@ async def infer(http, gateway, priority="low", **headers):
     return reply.status, dict(reply.headers), await reply.json()
 
 
-async def wait_for_metric(gateway, name, value, timeout_s=5.0, **labels):
-    deadline = time.monotonic() + timeout_s
-    while (current := gateway.metric(name, **labels)) != value:
-        assert time.monotonic() < deadline, f"{name}{labels} stayed {current}, expected {value}"
-        await asyncio.sleep(0.02)
+async def wait_for_metric(gateway, name, value, **labels):
+    await eventually(lambda: gateway.assert_metric(name, value, **labels))
 
 
 async def test_high_priority_overtakes_earlier_low_priority_work(start_sim, start_gateway):

@@ -10,6 +10,7 @@ import time
 import aiohttp
 import pytest
 
+from tests.eventually import eventually
 from tests.integration.servers import gateway_config, http_get
 
 pytestmark = pytest.mark.anyio
@@ -46,9 +47,9 @@ async def test_backend_death_fails_fast_and_recovery_restores_service(start_sim,
     classes = [{"name": "high", "max_wait_ms": 5000}, {"name": "low", "max_wait_ms": 5000}]
     gateway = start_gateway(gateway_config([(sim.url, 1)], priorities=classes, expected_service_ms=400))
     running = asyncio.ensure_future(infer(gateway))
-    await asyncio.sleep(0.1)
+    await eventually(lambda: gateway.assert_metric("gateway_inflight_requests", 1, model="sim"))
     queued = asyncio.ensure_future(infer(gateway))
-    await asyncio.sleep(0.1)
+    await eventually(lambda: gateway.assert_metric("gateway_queue_depth", 1, priority="low"))
     sim.kill()
     first, second = await asyncio.gather(running, queued)
     assert (first[0], first[2]["reason"]) == (502, "upstream_error")
@@ -83,10 +84,7 @@ async def test_backend_dying_mid_stream_breaks_the_stream(start_sim, start_gatew
         sim.kill()
         with pytest.raises(aiohttp.ClientPayloadError):
             await reply.read()
-    deadline = time.monotonic() + 5
-    while gateway.metric("gateway_inflight_requests", model="sim") != 0:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
+    await eventually(lambda: gateway.assert_metric("gateway_inflight_requests", 0, model="sim"))
     assert gateway.metric("gateway_requests_total", outcome="upstream_error") == 1
 
 
@@ -99,14 +97,17 @@ async def test_client_leaving_mid_stream_frees_its_slot_at_once(start_sim, start
         assert (await reply.content.readline()).startswith(b"data: ")
         reply.close()  # the client goes away; the whole stream would take 10 s
     deadline = time.monotonic() + 3
-    while gateway.metric("gateway_inflight_requests", model="sim") != 0:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: gateway.assert_metric("gateway_inflight_requests", 0, model="sim"),
+        timeout_s=deadline - time.monotonic(),
+    )
     assert gateway.metric("gateway_requests_total", outcome="client_disconnected") == 1
     # The gateway closed its upstream connection, so the backend stopped generating too.
-    while sim.stats()["inflight"] != 0:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: sim.stats()["inflight"] == 0,
+        timeout_s=max(0.0, deadline - time.monotonic()),
+        what="the backend to stop generating",
+    )
     # The slot and the upstream connection pool are fine for the next request.
     assert (await infer(gateway))[0] == 200
 
@@ -115,10 +116,9 @@ async def test_sigterm_drains_in_flight_work_and_refuses_new(start_sim, start_ga
     sim = start_sim(slots=2, base_ms=500)
     gateway = start_gateway(gateway_config([(sim.url, 2)], expected_service_ms=500))
     in_flight = asyncio.ensure_future(infer(gateway))
-    await asyncio.sleep(0.15)
+    await eventually(lambda: sim.stats()["inflight"] == 1, what="the request to reach the backend")
     gateway.signal(signal.SIGTERM)
-    await asyncio.sleep(0.1)
-    assert http_get(gateway.url + "/readyz")[0] == 503
+    await eventually(lambda: http_get(gateway.url + "/readyz")[0] == 503, what="/readyz to say draining")
     status, headers, body = await infer(gateway)
     assert (status, body["reason"]) == (503, "draining")
     assert "Retry-After" in headers

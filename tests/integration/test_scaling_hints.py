@@ -36,14 +36,14 @@ async def test_desired_replicas_rise_with_load_and_fall_back_once_it_stops(start
     async def watch() -> None:
         while time.monotonic() < stop_at:
             samples.append(await asyncio.to_thread(gateway.metric, "gateway_desired_replicas", model="sim"))
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the sampling period: the hint is read over time, not awaited
 
     async def load(http: aiohttp.ClientSession) -> None:
         # 60 requests per second of 50 ms work: 3 slots busy on average, so beyond one replica of 2.
         pending = []
         while time.monotonic() < load_until:
             pending.append(asyncio.ensure_future(http.post(gateway.url + "/v2/models/sim/infer", json=INFER)))
-            await asyncio.sleep(1 / 60)
+            await asyncio.sleep(1 / 60)  # the open-loop arrival rate under test, 60 per second
         for reply in await asyncio.gather(*pending):
             reply.release()
 

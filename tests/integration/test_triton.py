@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import time
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
+from tests.eventually import eventually
 from tests.integration.servers import gateway_config
 from tests.integration.triton import TritonServer
 
@@ -38,13 +38,6 @@ def triton_config(server: TritonServer, served_model: str = "sleep_ms"):
     del backend["max_concurrency"]  # discovered from the model config
     backend.update(kind="triton", served_model=served_model, metrics_url=server.metrics_url)
     return config
-
-
-async def wait_until(check, timeout_s=15.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def test_slots_are_discovered_from_the_model_config(tritonserver, start_gateway):
@@ -77,7 +70,9 @@ def test_an_unready_model_answers_503_with_retry_after(tritonserver, start_gatew
 
 async def test_requests_straight_to_triton_make_the_gateway_admit_less(tritonserver, start_gateway):
     gateway = start_gateway(triton_config(tritonserver))
-    await wait_until(lambda: gateway.metric("gateway_signal_up", source=tritonserver.metrics_url) == 1)
+    await eventually(
+        lambda: gateway.assert_metric("gateway_signal_up", 1, source=tritonserver.metrics_url), timeout_s=15
+    )
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         budget = {"X-Request-Timeout-Ms": "1000"}
         url = gateway.url + "/v2/models/sim/infer"
@@ -85,7 +80,9 @@ async def test_requests_straight_to_triton_make_the_gateway_admit_less(tritonser
             first = reply.status  # an idle server: admitted
         direct = tritonserver.url + "/v2/models/sleep_ms/infer"
         bypass = [asyncio.ensure_future(http.post(direct, json=BATCH)) for _ in range(80)]
-        await wait_until(lambda: gateway.metric("gateway_backend_queue") >= 40, what="Triton's own queue")
+        await eventually(
+            lambda: gateway.metric("gateway_backend_queue") >= 40, timeout_s=15, what="Triton's own queue"
+        )
         async with http.post(url, json=BATCH, headers=budget) as reply:
             second, reason = reply.status, (await reply.json())["reason"]
         for done in await asyncio.gather(*bypass):

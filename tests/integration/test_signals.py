@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.eventually import eventually
 from tests.integration.servers import gateway_config
 from tests.redis_server import free_port
 
@@ -28,13 +29,6 @@ async def infer(url, **headers):
         return reply.status, dict(reply.headers), await reply.json(content_type=None)
 
 
-async def wait_until(check, timeout_s=10.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 def signal_config(sim, metrics_url, **overrides):
     config = gateway_config([(sim.url, 1)], expected_service_ms=100, signals=FAST_SIGNALS, **overrides)
     config["models"][0]["backends"][0]["metrics_url"] = metrics_url
@@ -45,7 +39,7 @@ def signal_config(sim, metrics_url, **overrides):
 async def test_requests_that_bypass_the_gateway_make_it_refuse_sooner(start_sim, start_gateway):
     sim = start_sim(slots=1, base_ms=100)
     gateway = start_gateway(signal_config(sim, sim.metrics_url))
-    await wait_until(
+    await eventually(
         lambda: gateway.metric("gateway_signal_up", source=sim.metrics_url) == 1, what="scraping"
     )
     assert (await infer(gateway.url, **{"X-Request-Timeout-Ms": "800"}))[0] == 200
@@ -54,7 +48,7 @@ async def test_requests_that_bypass_the_gateway_make_it_refuse_sooner(start_sim,
         bypass = [
             asyncio.ensure_future(http.post(sim.url + "/v2/models/sim/infer", json=INFER)) for _ in range(12)
         ]
-        await wait_until(lambda: gateway.metric("gateway_backend_queue") >= 8, what="the backend's queue")
+        await eventually(lambda: gateway.metric("gateway_backend_queue") >= 8, what="the backend's queue")
         started = time.monotonic()
         status, headers, body = await infer(gateway.url, **{"X-Request-Timeout-Ms": "800"})
         refused_in = time.monotonic() - started
@@ -66,47 +60,80 @@ async def test_requests_that_bypass_the_gateway_make_it_refuse_sooner(start_sim,
     assert int(headers["retry-after-ms"]) > 0
     assert refused_in < 0.5  # refused at arrival, not after waiting behind them
     assert saturation > 1  # the backend runs and queues more than its one slot
-    await wait_until(lambda: gateway.metric("gateway_backend_queue") == 0, what="the queue to drain")
+    await eventually(lambda: gateway.metric("gateway_backend_queue") == 0, what="the queue to drain")
     assert (await infer(gateway.url, **{"X-Request-Timeout-Ms": "800"}))[0] == 200
 
 
-async def test_a_stale_metrics_source_falls_back_to_the_gateways_own_counts(start_sim, start_gateway):
-    sim = start_sim(slots=1, base_ms=10)
-    dead_url = f"http://127.0.0.1:{free_port()}/metrics"
-    gateway = start_gateway(signal_config(sim, dead_url))
-    await asyncio.sleep(0.5)
-    assert gateway.metric("gateway_signal_up", source=dead_url) == 0
-    assert gateway.metric("gateway_backend_queue") == 0
-    assert (await infer(gateway.url))[0] == 200
+class FakeVllm:
+    """A vLLM-style /metrics reporting `waiting` queued requests, or answering 500 while `failing`."""
 
+    def __init__(self) -> None:
+        self.waiting = 0.0
+        self.failing = False
 
-async def test_vllm_metrics_feed_the_backend_queue(start_sim, start_gateway):
-    waiting = {"value": 0.0}
-
-    async def metrics(request: web.Request) -> web.Response:
+    async def metrics(self, request: web.Request) -> web.Response:
+        if self.failing:
+            return web.Response(status=500, text="engine gone")
         text = (
             "# TYPE vllm:num_requests_waiting gauge\n"
-            f'vllm:num_requests_waiting{{engine="0",model_name="served-name"}} {waiting["value"]}\n'
+            f'vllm:num_requests_waiting{{engine="0",model_name="served-name"}} {self.waiting}\n'
             "# TYPE vllm:num_requests_running gauge\n"
             'vllm:num_requests_running{engine="0",model_name="served-name"} 1.0\n'
         )
         return web.Response(text=text)
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/metrics", self.metrics)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        port = free_port()
+        await web.TCPSite(self.runner, "127.0.0.1", port).start()
+        return f"http://127.0.0.1:{port}/metrics"
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def test_a_stale_metrics_source_falls_back_to_the_gateways_own_counts(start_sim, start_gateway):
+    vllm = FakeVllm()
+    url = await vllm.start()
     try:
         sim = start_sim(slots=1, base_ms=10)
-        url = f"http://127.0.0.1:{port}/metrics"
         gateway = start_gateway(signal_config(sim, url))
-        waiting["value"] = 6.0
-        await wait_until(lambda: gateway.metric("gateway_backend_queue") == 6, what="vLLM's queue")
+        vllm.waiting = 6.0
+        await eventually(lambda: gateway.assert_metric("gateway_backend_queue", 6))
+        vllm.failing = True
+        await eventually(lambda: gateway.assert_metric("gateway_signal_up", 0, source=url))
+        # Its last report no longer counts: nothing waits inside the backend, and with nothing in
+        # flight the pool is idle by the gateway's own count.
+        assert gateway.metric("gateway_backend_queue") == 0
+        assert gateway.metric("gateway_backend_saturation") == 0
+        assert (await infer(gateway.url, **{"X-Request-Timeout-Ms": "800"}))[0] == 200
+    finally:
+        await vllm.stop()
+
+
+async def test_a_metrics_source_that_never_answers_holds_no_request_back(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=10)
+    dead_url = f"http://127.0.0.1:{free_port()}/metrics"
+    gateway = start_gateway(signal_config(sim, dead_url))
+    assert gateway.metric("gateway_signal_up", source=dead_url) == 0
+    assert gateway.metric("gateway_backend_queue") == 0
+    assert (await infer(gateway.url, **{"X-Request-Timeout-Ms": "800"}))[0] == 200
+
+
+async def test_vllm_metrics_feed_the_backend_queue(start_sim, start_gateway):
+    vllm = FakeVllm()
+    url = await vllm.start()
+    try:
+        sim = start_sim(slots=1, base_ms=10)
+        gateway = start_gateway(signal_config(sim, url))
+        vllm.waiting = 6.0
+        await eventually(lambda: gateway.assert_metric("gateway_backend_queue", 6))
         assert gateway.metric("gateway_backend_saturation") == pytest.approx(7.0)
     finally:
-        await runner.cleanup()
+        await vllm.stop()
 
 
 class FakeKueue:
@@ -158,6 +185,8 @@ class FakeKueue:
         during some other test. They are this fake server's, not the gateway's (another process).
         """
         await self.runner.cleanup()
+        # Not a wait for state the test could observe: it lets the loop run the closing callbacks
+        # asyncio scheduled for those transports, so that what is left is garbage by now.
         await asyncio.sleep(0.05)
         gc.collect()
 
@@ -185,12 +214,12 @@ async def test_kueue_backlog_sheds_the_least_urgent_class(start_sim, start_gatew
             "backlog_admission_wait_p95_s": 600,
         }
         gateway = start_gateway(config)
-        await wait_until(lambda: gateway.metric("gateway_signal_up", source="kueue") == 1, what="Kueue")
+        await eventually(lambda: gateway.metric("gateway_signal_up", source="kueue") == 1, what="Kueue")
         assert (await infer(gateway.url, **{"X-Priority": "low"}))[0] == 200
 
         kueue.pending = 20  # four times the limit: of two classes, low is shed
         kueue.admit(10, wait_s=35.0)
-        await wait_until(
+        await eventually(
             lambda: gateway.metric("gpu_queue_waiting_workloads", cluster_queue="gpu-serving") == 20,
             what="the backlog",
         )
@@ -200,12 +229,12 @@ async def test_kueue_backlog_sheds_the_least_urgent_class(start_sim, start_gatew
         assert (await infer(gateway.url, **{"X-Priority": "high"}))[0] == 200
 
         kueue.token = "rotated-elsewhere"  # the gateway's token is no longer accepted
-        await wait_until(lambda: gateway.metric("gateway_signal_up", source="kueue") == 0, what="staleness")
+        await eventually(lambda: gateway.metric("gateway_signal_up", source="kueue") == 0, what="staleness")
         assert (await infer(gateway.url, **{"X-Priority": "low"}))[0] == 429  # the backlog is not forgotten
 
         kueue.token = "s3cret-token"
         kueue.pending = 1
-        await wait_until(
+        await eventually(
             lambda: gateway.metric("gpu_queue_waiting_workloads", cluster_queue="gpu-serving") == 1,
             what="recovery",
         )
@@ -231,7 +260,7 @@ async def test_kueue_with_an_untrusted_certificate_is_refused_unless_told_otherw
                 "kueue": {**base, "insecure_skip_verify": True},
             }
         )
-        await wait_until(lambda: lax.metric("gateway_signal_up", source="kueue") == 1, what="the lax scrape")
+        await eventually(lambda: lax.metric("gateway_signal_up", source="kueue") == 1, what="the lax scrape")
         assert strict.metric("gateway_signal_up", source="kueue") == 0  # self-signed: not trusted
     finally:
         await kueue.stop()

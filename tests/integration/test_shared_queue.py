@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 import redis
 
+from tests.eventually import eventually
 from tests.integration.servers import gateway_config
 from tests.redis_server import RedisServer, unique_prefix
 
@@ -41,13 +42,6 @@ async def infer(http, gateway, priority="low"):
         return reply.status, dict(reply.headers)
 
 
-async def wait_until(check, timeout_s=10.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 def outcome_counts(gateway) -> list[str]:
     return [line for line in gateway.metrics().splitlines() if line.startswith("gateway_requests_total{")]
 
@@ -72,7 +66,7 @@ async def test_replicas_share_one_slot_count_under_overload(start_sim, start_gat
     assert stats["peak_inflight"] == 8  # the sim has 16 slots; the shared count allowed 8
     assert stats["completed"] == 150
     assert all(g.metric("gateway_store_up") == 1 for g in replicas)
-    await wait_until(lambda: slots_in_use(redis_server.url, prefix) == 0, what="slots to return")
+    await eventually(lambda: slots_in_use(redis_server.url, prefix) == 0, what="slots to return")
 
 
 async def test_priority_is_global_across_replicas(start_sim, start_gateway, redis_server):
@@ -88,11 +82,11 @@ async def test_priority_is_global_across_replicas(start_sim, start_gateway, redi
 
     async with aiohttp.ClientSession() as http:
         tasks = [asyncio.ensure_future(tracked(http, "low-running@A", a, "low"))]
-        await wait_until(lambda: sim.stats()["inflight"] == 1, what="the slot to be taken")
+        await eventually(lambda: sim.stats()["inflight"] == 1, what="the slot to be taken")
         for name, gateway in (("low@A", a), ("low@B", b)):
             tasks.append(asyncio.ensure_future(tracked(http, name, gateway, "low")))
             expected = len(tasks) - 1.0
-            await wait_until(
+            await eventually(
                 lambda g=gateway, e=expected: g.metric("gateway_queue_depth", priority="low") == e
             )
         tasks.append(asyncio.ensure_future(tracked(http, "high@C", c, "high")))
@@ -107,7 +101,7 @@ async def test_a_killed_replica_loses_its_slots_within_the_lease_ttl(start_sim, 
     async with aiohttp.ClientSession() as http:
         # The doomed replica takes every slot and queues more behind them, then dies with them.
         doomed_work = [asyncio.ensure_future(infer(http, doomed)) for _ in range(8)]
-        await wait_until(lambda: slots_in_use(redis_server.url, prefix) == 4, what="all slots taken")
+        await eventually(lambda: slots_in_use(redis_server.url, prefix) == 4, what="all slots taken")
         doomed.signal(signal.SIGKILL)
         killed_at = time.monotonic()
         await asyncio.gather(*doomed_work, return_exceptions=True)
@@ -117,7 +111,7 @@ async def test_a_killed_replica_loses_its_slots_within_the_lease_ttl(start_sim, 
     # The survivor served once the dead replica's leases (TTL 1.5 s) ran out, not before the
     # slots really were free, and not much later.
     assert recovered_after < 1.5 + 1.0 + 3 * 0.2 + 1.0
-    await wait_until(lambda: slots_in_use(redis_server.url, prefix) == 0, what="slots to return")
+    await eventually(lambda: slots_in_use(redis_server.url, prefix) == 0, what="slots to return")
 
 
 async def test_redis_outage_falls_back_to_local_queues_and_recovers(start_sim, start_gateway, redis_server):
@@ -133,17 +127,23 @@ async def test_redis_outage_falls_back_to_local_queues_and_recovers(start_sim, s
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         load = [asyncio.ensure_future(client(http, replicas[i % 2])) for i in range(20)]
-        await asyncio.sleep(1.0)
+        # Redis goes while the shared slots are in use, after the load has settled in.
+        await eventually(
+            lambda: statuses.count(200) >= 50 and slots_in_use(redis_server.url, prefix) > 0,
+            what="the load to run on the shared slots",
+        )
         sim.reset()
         redis_server.stop()
-        await wait_until(lambda: all(g.metric("gateway_store_up") == 0 for g in replicas), what="fallback")
-        await asyncio.sleep(1.0)
-        served_during_outage = statuses.count(200)
+        await eventually(lambda: all(g.metric("gateway_store_up") == 0 for g in replicas), what="fallback")
+        served_before_outage = statuses.count(200)
+        await eventually(
+            lambda: statuses.count(200) >= served_before_outage + 50, what="requests served from local queues"
+        )
+        assert all(g.metric("gateway_store_up") == 0 for g in replicas)  # still down meanwhile
         redis_server.start()
-        await wait_until(lambda: all(g.metric("gateway_store_up") == 1 for g in replicas), what="recovery")
+        await eventually(lambda: all(g.metric("gateway_store_up") == 1 for g in replicas), what="recovery")
         await asyncio.gather(*load)
     assert set(statuses) == {200}, [outcome_counts(g) for g in replicas]
-    assert served_during_outage > 0
     # Each replica kept to its half of the slots meanwhile, counting what it still ran on shared
     # slots when Redis went, and while they rejoined the shared count presumed the other's half.
     # The one excess no replica can see: one that held more than its half when Redis went keeps it
@@ -151,7 +151,7 @@ async def test_redis_outage_falls_back_to_local_queues_and_recovers(start_sim, s
     # the 8 held by one replica, max(k, 4) + max(8 - k, 4) are in flight at most: 12 when one
     # replica held them all (rare, but the global FIFO allows it), never more.
     assert sim.stats()["peak_inflight"] <= 8 + 8 // 2
-    await wait_until(lambda: slots_in_use(redis_server.url, prefix) == 0, what="no stuck slots")
+    await eventually(lambda: slots_in_use(redis_server.url, prefix) == 0, what="no stuck slots")
     assert all("Redis unreachable" in g.log() and "Redis is back" in g.log() for g in replicas)
 
 
@@ -167,7 +167,7 @@ async def test_reject_mode_answers_503_while_redis_is_down(start_sim, start_gate
             status, headers = await infer(http, gateway)
         assert status == 503 and int(headers["Retry-After"]) >= 1
         redis_server.start()
-        await wait_until(lambda: gateway.metric("gateway_store_up") == 1, what="recovery")
+        await eventually(lambda: gateway.metric("gateway_store_up") == 1, what="recovery")
         assert (await infer(http, gateway))[0] == 200
 
 
@@ -180,6 +180,6 @@ async def test_gateway_starts_without_redis_and_joins_when_it_comes(start_sim, s
     async with aiohttp.ClientSession() as http:
         assert (await infer(http, gateway))[0] == 200  # served from the local fallback
         redis_server.start()
-        await wait_until(lambda: gateway.metric("gateway_store_up") == 1, what="joining")
+        await eventually(lambda: gateway.metric("gateway_store_up") == 1, what="joining")
         assert (await infer(http, gateway))[0] == 200
-    await wait_until(lambda: slots_in_use(redis_server.url, prefix) == 0, what="the slot to return")
+    await eventually(lambda: slots_in_use(redis_server.url, prefix) == 0, what="the slot to return")

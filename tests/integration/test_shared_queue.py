@@ -102,6 +102,7 @@ async def test_a_killed_replica_loses_its_slots_within_the_lease_ttl(start_sim, 
         # The doomed replica takes every slot and queues more behind them, then dies with them.
         doomed_work = [asyncio.ensure_future(infer(http, doomed)) for _ in range(8)]
         await eventually(lambda: slots_in_use(redis_server.url, prefix) == 4, what="all slots taken")
+        await eventually(lambda: doomed.assert_metric("gateway_queue_depth", 4, priority="low"))
         doomed.signal(signal.SIGKILL)
         killed_at = time.monotonic()
         await asyncio.gather(*doomed_work, return_exceptions=True)

@@ -130,15 +130,30 @@ async def test_a_crashed_heartbeat_takes_no_new_slot_until_it_is_back_and_then_r
     granted = await offer(store)
     assert isinstance(granted, Granted)
     lease = granted.slot.lease
-    fail_once(store, "_beat", monkeypatch)
-    await eventually(lambda: held.waiting == 1, what="the heartbeat to crash")
+    real_beat = store._beat
+    beats: list[int] = []
+    first_beat_back = asyncio.Event()
 
+    async def beat(state: Any) -> None:
+        beats.append(1)
+        if len(beats) == 1:
+            raise RuntimeError("injected failure in _beat")
+        if len(beats) == 2:
+            await first_beat_back.wait()
+        await real_beat(state)
+
+    monkeypatch.setattr(store, "_beat", beat)
+    await eventually(lambda: held.waiting == 1, what="the heartbeat to crash")
     refused = await offer(store)
     assert isinstance(refused, Unavailable) and refused.retry_after_s > 0
     assert store.supervisor.required_down() == ["redis_upkeep"]
 
     before = await lease_expiry(replicas, lease)
     held.release()
+    await eventually(lambda: len(beats) == 2, what="the restarted loop's first beat")
+    # Restarted but not yet beaten: still no new slot, since the leases are not renewed yet.
+    assert isinstance(await offer(store), Unavailable)
+    first_beat_back.set()
     await eventually(lambda: store.supervisor.required_down() == [], what="the heartbeat back")
     assert (await lease_expiry(replicas, lease) or 0) > (before or 0)
     assert isinstance(await offer(store), Granted)

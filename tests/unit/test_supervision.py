@@ -119,9 +119,19 @@ async def test_the_backoff_starts_over_after_a_run_that_lasted_long_enough():
 
 
 async def test_a_loop_is_down_while_it_waits_to_be_restarted_and_up_again_after():
+    runs: list[int] = []
+
+    async def crashes_once_it_runs(*, task_status: TaskStatus[None]) -> None:
+        runs.append(1)
+        task_status.started()
+        if len(runs) == 1:
+            raise RuntimeError("crash")
+        await asyncio.Event().wait()
+
     gate = Gate(open_=False)
     supervisor = Supervisor(backoff=Backoff(first_s=3.0), sleep=gate.sleep, draw=lambda: NO_JITTER)
-    loop = await supervisor.start("demo", Crashes(1), required=True)
+    loop = await supervisor.start("demo", crashes_once_it_runs, required=True)
+    await eventually(lambda: gate.delays != [])
     assert not loop.up
     assert supervisor.required_down() == ["demo"]
     assert supervisor.loops_up() == {"demo": False}

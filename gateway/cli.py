@@ -55,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--per-item-ms", type=float, default=0.0, help="added per item of a batch")
     sim.add_argument("--token-ms", type=float, default=0.0, help="delay per generated token (OpenAI routes)")
     sim.add_argument("--tokens", type=int, default=16, help="tokens generated when max_tokens is not sent")
+    sim.add_argument(
+        "--on-disconnect",
+        choices=["finish", "stop"],
+        default="finish",
+        help="a request whose client leaves: computed to the end (Triton, KServe) or stopped at once (vLLM)",
+    )
     sim.set_defaults(command=_sim)
 
     demo = commands.add_parser("demo", help="run the simulator and the gateway in front of it")
@@ -104,6 +110,7 @@ def _sim(args: argparse.Namespace) -> int:
         per_item_ms=args.per_item_ms,
         token_ms=args.token_ms,
         default_tokens=args.tokens,
+        stop_on_disconnect=args.on_disconnect == "stop",
     )
     sim = build_sim(options)
     log.info("sim listening on %s (metrics %s), %d slots", sim.url, sim.metrics_url, options.slots)

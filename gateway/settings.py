@@ -74,6 +74,24 @@ class PriorityClass(_Frozen):
 
 
 _HEALTH_PATHS = {"kserve": "/v2/health/ready", "triton": "/v2/models/{model}/ready", "vllm": "/health"}
+# vLLM stops generating when its client goes away; Triton and KServe servers compute on.
+_ON_ABANDON = {"kserve": "drain", "triton": "drain", "vllm": "abort"}
+
+
+class BackendTls(_Frozen):
+    ca_file: str | None = None
+    """CAs to trust instead of the system's."""
+    cert_file: str | None = None
+    """A client certificate (PEM) for backends that ask for one; key_file holds its key."""
+    key_file: str | None = None
+    verify: bool = True
+    """false accepts any certificate (test rigs only)."""
+
+    @model_validator(mode="after")
+    def _key_with_cert(self) -> BackendTls:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file needs cert_file")
+        return self
 
 
 class Backend(_Frozen):
@@ -90,6 +108,18 @@ class Backend(_Frozen):
     """dns: one backend per address the URL's host resolves to (a headless Service's pods)."""
     health_path: str | None = None
     """Defaults by kind: /v2/health/ready, /v2/models/{model}/ready, /health ({model}: served name)."""
+    on_abandon: Literal["abort", "drain"] | None = None
+    """When a request's client leaves or its budget runs out before the answer ends: abort closes
+    the connection (the backend must stop on disconnect, as vLLM does), drain reads the answer to
+    its end. Either way the slot stays held until the backend has stopped. Default by kind:
+    vllm abort, kserve and triton drain."""
+    keepalive_ms: PositiveMs = 1500.0
+    """Idle pooled connections older than this are not reused: keep it below the backend's own
+    idle timeout (gunicorn 2 s, uvicorn 5 s)."""
+    max_answer_head_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
+    """An answer's status line and headers may take this much; more is a broken backend (502)."""
+    tls: BackendTls = BackendTls()
+    """For https:// backends."""
 
     @model_validator(mode="after")
     def _slots_known(self) -> Backend:
@@ -100,6 +130,10 @@ class Backend(_Frozen):
     @property
     def readiness_path(self) -> str:
         return self.health_path or _HEALTH_PATHS[self.kind]
+
+    @property
+    def abandon_mode(self) -> Literal["abort", "drain"]:
+        return self.on_abandon or _ON_ABANDON[self.kind]  # type: ignore[return-value]
 
     _check_url = field_validator("url")(_http_url)
 

@@ -1,9 +1,12 @@
 """The proxy path: admit, wait for a slot, forward to the backend, stream the answer back.
 
-The slot is given back inside the callback that completes the backend's answer, and the store's
-grant writes the next waiting request (serialized while it waited) onto an idle connection in that
-same callback: the next request is on its way to the backend before this answer is written back to
-its client. Every request is counted exactly once, with the outcome it ended with.
+The slot follows the backend's work: it is given back inside the callback in which the backend is
+done with the request (its answer ended, or its connection closed), never when only the client is
+done with it. A client that leaves, or a budget that runs out, gets its answer (or none) at once,
+while the exchange ends as the backend's `on_abandon` says (gateway.upstream.reply). The store's
+grant writes the next waiting request (serialized while it waited) onto an idle connection inside
+that same callback: the next request is on its way before this answer is written to its client.
+Every request is counted exactly once, with the outcome it ended with.
 """
 
 from __future__ import annotations
@@ -23,14 +26,9 @@ from gateway.queues.base import Slot
 from gateway.runtime import Runtime
 from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.client import downstream_response_headers, upstream_request_headers
-from gateway.upstream.http1 import (
-    ConnectFailed,
-    Reply,
-    UpstreamClient,
-    UpstreamError,
-    origin_of,
-    serialize_request,
-)
+from gateway.upstream.http1 import serialize_request
+from gateway.upstream.origin import OnAbandon, origin_of
+from gateway.upstream.reply import BackendGone, ConnectFailed, Reply, UpstreamBroken, UpstreamError
 from policies.outcomes import Outcome
 
 log = logging.getLogger("gateway.proxy")
@@ -49,6 +47,10 @@ class Exchange:
     send: Send
     style: ErrorStyle
     body: bytes = b""
+
+
+class ClientLeft(Exception):
+    """The client went away while its request was with a backend."""
 
 
 class AdmittedEndpoint:
@@ -115,7 +117,7 @@ class Proxy:
                 on_grant=call.start_at_grant,
             )
         except BaseException:
-            call.abandon()  # granted and sent from the hook, then cancelled before it ran
+            call.close()  # granted (perhaps sent from the hook), then cancelled before it ran
             raise
         if isinstance(lease, Refusal):
             retry_after_s = lease.retry_after_s
@@ -125,13 +127,11 @@ class Proxy:
                 exchange, lease.outcome, model=pool.name, priority=meta.priority, retry_after_s=retry_after_s
             )
             return
+        call.hold(lease.slot)
         try:
             outcome = await self._forward(exchange, pool, lease, call)
         finally:
-            # An exchange cut short closes its connection (a backend such as vLLM then stops
-            # generating) before its slot goes to the next request.
-            call.abandon()
-            await rt.controller.release(lease)
+            call.close()  # an exchange cut short ends by its backend's on_abandon, then frees the slot
         rt.metrics.count(pool.name, meta.priority, outcome)
 
     async def unmetered(self, exchange: Exchange, pool: ModelPool) -> None:
@@ -152,7 +152,7 @@ class Proxy:
             await self._reply_error(exchange, Outcome.UPSTREAM_ERROR, detail=type(error).__name__)
             return
         finally:
-            call.abandon()
+            call.close()
         headers = downstream_response_headers(reply.headers)
         headers.append((b"content-length", str(len(body)).encode()))
         await send_response(exchange.send, reply.status, headers, body)
@@ -177,19 +177,20 @@ class Proxy:
     async def _forward(
         self, exchange: Exchange, pool: ModelPool, lease: Lease, call: _UpstreamCall
     ) -> Outcome:
-        rt = self._rt
         backend = lease.slot.backend
+        client_gone: asyncio.Future[None] | None = None
         try:
-            reply = call.reply or await call.start(backend, lease.slot)
+            reply = call.reply or await call.start(backend)
+            client_gone = _watch_disconnect(exchange, reply)
             await reply.head()
             headers = downstream_response_headers(reply.headers)
             length = reply.content_length
             if length is None or length > _BUFFER_LIMIT_BYTES or _is_event_stream(headers):
                 return await self._stream(exchange, lease, call, reply, headers)
             body = await reply.read()
-        except ConnectFailed:
-            if rt.health is not None:
-                rt.health.mark_unreachable(pool, backend)
+        except ClientLeft:
+            return Outcome.CLIENT_DISCONNECTED
+        except ConnectFailed:  # the backend was marked unreachable before its slot went back
             outcome, retry_after_s = Outcome.NO_BACKEND, self._no_backend_retry_s
         except TimeoutError:
             outcome, retry_after_s = Outcome.UPSTREAM_TIMEOUT, None
@@ -203,7 +204,9 @@ class Proxy:
             ]
             await send_response(exchange.send, reply.status, headers, body)
             return Outcome.OK
-        await rt.controller.release(lease)
+        finally:
+            if client_gone is not None:
+                client_gone.cancel()
         await self._reply_error(exchange, outcome, retry_after_s=retry_after_s)
         return outcome
 
@@ -223,26 +226,24 @@ class Proxy:
         headers.append(_server_timing(lease.queue_wait_s, self._rt.clock() - call.started_at))
         send = exchange.send
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        client_gone = asyncio.ensure_future(until_disconnect(exchange.receive))
         try:
             async for chunk in reply.iter_chunks():
-                if client_gone.done():
-                    return Outcome.CLIENT_DISCONNECTED
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except ClientLeft:
+            return Outcome.CLIENT_DISCONNECTED
         except (TimeoutError, UpstreamError) as error:
             log.warning("backend %s failed mid-stream: %s", lease.slot.backend.url, error)
             outcome = Outcome.UPSTREAM_TIMEOUT if isinstance(error, TimeoutError) else Outcome.UPSTREAM_ERROR
             return outcome  # without the final body message the server closes the connection
-        finally:
-            client_gone.cancel()
         await send({"type": "http.response.body", "body": b""})
         return Outcome.OK
 
 
 class _UpstreamCall:
     """One request's exchange with a backend: prepared while the request waits, started the moment
-    it has a slot, and ended exactly once: its time recorded and its slot given back inside the
-    callback that completes the answer, so the next waiter's request follows at once."""
+    it has a slot, and ended exactly once. It holds the slot: the slot goes back inside the
+    callback in which the backend is done with the request, so the next waiter's request follows
+    at once, and never while the backend may still be computing it."""
 
     __slots__ = (
         "_budget_at",
@@ -271,51 +272,69 @@ class _UpstreamCall:
         if len(pool.backends) == 1:  # the usual case: serialize now, off the hand-over's path
             self._request(pool.backends[0])
 
+    def hold(self, slot: Slot) -> None:
+        """The slot this call's exchange runs in; the call gives it back."""
+        self._slot = slot
+
     def start_at_grant(self, slot: Slot) -> None:
         """The grant hook: send at once when a pooled connection to the backend is idle."""
         assert self._rt.upstream is not None, "the upstream client is created in the lifespan"
+        self._slot = slot
         backend = slot.backend
         self.reply = self._rt.upstream.try_send(
-            origin_of(backend.url), self._request(backend), lambda: self._new_reply(slot)
+            origin_of(backend.url, backend.connection), self._request(backend), self._new_reply
         )
 
-    async def start(self, backend: BackendState, slot: Slot | None = None) -> Reply:
-        """Send on a pooled or new connection; `slot` is released when the answer completes."""
+    async def start(self, backend: BackendState) -> Reply:
+        """Send on a pooled or new connection; the held slot is released when the backend is done."""
         assert self._rt.upstream is not None, "the upstream client is created in the lifespan"
-        reply = self.reply = self._new_reply(slot)
-        await self._rt.upstream.send(origin_of(backend.url), self._request(backend), reply)
+        reply = self.reply = self._new_reply()
+        origin = origin_of(backend.url, backend.connection)
+        await self._rt.upstream.send(origin, self._request(backend), reply)
         return reply
 
-    def abandon(self) -> None:
+    def close(self) -> None:
+        """The proxy is done with this call: an exchange still running ends as its backend's
+        `on_abandon` says (and then frees the slot); a slot never used goes back now."""
         if self.reply is not None:
-            UpstreamClient.abandon(self.reply)
+            self.reply.give_up(UpstreamBroken("abandoned"))
+        elif self._slot is not None:
+            self._rt.controller.release_soon(self._slot)
 
-    def _new_reply(self, slot: Slot | None) -> Reply:
+    def _new_reply(self) -> Reply:
         rt = self._rt
-        self._slot = slot
         self.started_at = now = rt.clock()
-        timeout_s = self._pool.upstream_timeout_s
-        if self._budget_at is not None:
-            timeout_s = max(0.001, self._budget_at - now)
+        give_up_after_s = None if self._budget_at is None else self._budget_at - now
+        backend = self._slot.backend if self._slot is not None else None
         reply = Reply(
             asyncio.get_running_loop(),
-            timeout_s,
+            self._pool.upstream_timeout_s,
             head_only=self._exchange.scope["method"] == "HEAD",
             whole_up_to_bytes=_BUFFER_LIMIT_BYTES,
+            on_abandon=backend.on_abandon if backend is not None else OnAbandon.ABORT,
+            give_up_after_s=give_up_after_s,
         )
         reply.on_complete = self._finished
         return reply
 
     def _finished(self) -> None:
+        """The backend is done with the request: record its time and give the slot back."""
         rt = self._rt
         reply = self.reply
         self.elapsed_s = rt.clock() - self.started_at
         if self._slot is None or reply is None:
             return
+        if isinstance(reply.error, ConnectFailed | BackendGone) and rt.health is not None:
+            # Before the slot goes back, or its release would hand it to a waiter for this backend.
+            rt.health.mark_unreachable(self._pool, self._slot.backend)
+        service_s: float | None = None
         if reply.complete:
             rt.metrics.observe_upstream(self._pool.name, self.elapsed_s)
-        ok = reply.complete and reply.status < 400
-        rt.controller.release_soon(self._slot, self.elapsed_s if ok else None)
+            if reply.status < 400:
+                service_s = self.elapsed_s
+        elif isinstance(reply.given_up, TimeoutError):
+            service_s = self.elapsed_s  # cut short: the service took at least this long
+        rt.controller.release_soon(self._slot, service_s)
 
     def _request(self, backend: BackendState) -> bytes:
         """The request as `backend` gets it (kept for the backend it was last made for)."""
@@ -349,6 +368,13 @@ def served_names(target: str, body: bytes, model: str, served: str, style: Error
         payload["model"] = served
         return target, json.dumps(payload).encode()
     return target, body
+
+
+def _watch_disconnect(exchange: Exchange, reply: Reply) -> asyncio.Future[None]:
+    """Give up on `reply` the moment the client goes away (cancel the watch once answered)."""
+    watch = asyncio.ensure_future(until_disconnect(exchange.receive))
+    watch.add_done_callback(lambda done: done.cancelled() or reply.give_up(ClientLeft()))
+    return watch
 
 
 def _is_event_stream(headers: RawHeaders) -> bool:

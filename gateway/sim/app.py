@@ -2,6 +2,9 @@
 
 KServe v2 (JSON and binary tensors), OpenAI chat/completions/embeddings (SSE streaming with a
 per-token delay), health, Triton/vLLM metrics, and /sim/stats, /sim/reset for tests and benchmarks.
+
+A client that goes away: by default the engine computes its request to the end, as Triton and
+KServe servers do; with `stop_on_disconnect` it stops at once, as vLLM does.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from gateway.http.exchange import until_disconnect
-from gateway.sim.engine import SimEngine
+from gateway.sim.engine import Job, SimEngine
 from gateway.sim.exposition import render
 from gateway.sim.tensors import TensorError, infer_response, parse_infer
 
@@ -48,9 +51,12 @@ async def _json(send: Send, status: int, payload: Any) -> None:
 
 
 class SimApp:
-    def __init__(self, engine: SimEngine, *, default_tokens: int = 16) -> None:
+    def __init__(
+        self, engine: SimEngine, *, default_tokens: int = 16, stop_on_disconnect: bool = False
+    ) -> None:
         self.engine = engine
         self.default_tokens = default_tokens
+        self.stop_on_disconnect = stop_on_disconnect
         self._ids = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -91,6 +97,7 @@ class SimApp:
             "peak_inflight": stats.peak_inflight,
             "running": stats.running,
             "completed": stats.completed,
+            "stopped": stats.stopped,
             "busy_slot_s": stats.busy_slot_s,
         }
 
@@ -142,7 +149,8 @@ class SimApp:
         except TensorError as error:
             await _json(send, 400, {"error": str(error)})
             return
-        await self.engine.compute(model, self.engine.service.batch_s(request.batch), request.batch)
+        if not await self._compute(receive, model, self.engine.service.batch_s(request.batch), request.batch):
+            return
         answer, json_length = infer_response(model, version, request)
         if json_length is None:
             await _reply(send, 200, answer)
@@ -176,7 +184,8 @@ class SimApp:
         if request.get("stream") is True:
             await self._stream(receive, send, model, ident, tokens, chat=chat)
             return
-        await self.engine.compute(model, (service.base_ms + tokens * service.token_ms) / 1000, 1)
+        if not await self._compute(receive, model, (service.base_ms + tokens * service.token_ms) / 1000, 1):
+            return
         text = " ".join(f"tok{i}" for i in range(tokens))
         choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
         if chat:
@@ -199,15 +208,15 @@ class SimApp:
     async def _stream(
         self, receive: Receive, send: Send, model: str, ident: str, tokens: int, *, chat: bool
     ) -> None:
-        """Tokens as server-sent events; like vLLM, generation stops when the client goes away."""
+        """Tokens as server-sent events."""
         engine = self.engine
         service = engine.service
-        arrived_at = await engine.acquire(model)
-        started_at = time.monotonic()
+        job = engine.submit(model)
+        watch = self._watch(receive, job)
         created = int(time.time())
-        client_gone = asyncio.ensure_future(until_disconnect(receive))
         try:
-            await _sleep_ms(service.base_ms)
+            if not await engine.run(job, service.base_ms / 1000):
+                return
             await send(
                 {
                     "type": "http.response.start",
@@ -216,9 +225,7 @@ class SimApp:
                 }
             )
             for i in range(tokens):
-                if i:
-                    await _sleep_ms(service.token_ms)
-                if client_gone.done():
+                if i and not await engine.run(job, service.token_ms / 1000):
                     return
                 last = i == tokens - 1
                 piece = f"tok{i}" + ("" if last else " ")
@@ -242,9 +249,33 @@ class SimApp:
                     }
                 )
         finally:
-            client_gone.cancel()
-            engine.release(model, arrived_at, started_at, 1)
+            if watch is not None:
+                watch.cancel()
+            engine.end(job, 1)
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    async def _compute(self, receive: Receive, model: str, seconds: float, items: int) -> bool:
+        """Hold a slot for `seconds`; False when the request was stopped (its client is gone)."""
+        job = self.engine.submit(model)
+        watch = self._watch(receive, job)
+        try:
+            return await self.engine.run(job, seconds)
+        finally:
+            if watch is not None:
+                watch.cancel()
+            self.engine.end(job, items)
+
+    def _watch(self, receive: Receive, job: Job) -> asyncio.Task[None] | None:
+        """In stop-on-disconnect mode: stop `job` in the very step that sees its client leave, so
+        its slot is free before any request that follows can reach the engine."""
+        if not self.stop_on_disconnect:
+            return None
+
+        async def stop_when_gone() -> None:
+            await until_disconnect(receive)
+            self.engine.stop(job)
+
+        return asyncio.ensure_future(stop_when_gone())
 
     async def _embeddings(self, receive: Receive, send: Send) -> None:
         try:
@@ -256,7 +287,8 @@ class SimApp:
                 send, 400, {"error": {"message": "need 'model' and 'input'", "type": "invalid_request_error"}}
             )
             return
-        await self.engine.compute(model, self.engine.service.batch_s(len(items)), len(items))
+        if not await self._compute(receive, model, self.engine.service.batch_s(len(items)), len(items)):
+            return
         data = [
             {"object": "embedding", "index": i, "embedding": _vector(str(item))}
             for i, item in enumerate(items)

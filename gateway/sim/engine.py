@@ -43,11 +43,27 @@ class EngineStats:
     peak_inflight: int = 0
     running: int = 0
     completed: int = 0
+    stopped: int = 0
+    """Requests stopped because their client went away (in stop-on-disconnect mode)."""
     busy_slot_s: float = 0.0
     models: dict[str, ModelCounters] = field(default_factory=dict)
     idle_gaps_s: deque[float] = field(default_factory=lambda: deque(maxlen=20_000))
     """How long each slot sat idle before its next request: under overload, the hand-over cost
     of whatever sits in front of the engine."""
+
+
+class Job:
+    """One request's hold on the engine: it waits for a slot, computes, and ends exactly once."""
+
+    __slots__ = ("_wake", "arrived_at", "ended", "model", "started_at")
+
+    def __init__(self, model: str, arrived_at: float) -> None:
+        self.model = model
+        self.arrived_at = arrived_at
+        self.started_at: float | None = None
+        self.ended = False
+        self._wake: asyncio.Future[None] | None = None
+        """What `run` awaits: the slot, then the end of the computation; `stop` resolves it early."""
 
 
 class SimEngine:
@@ -57,7 +73,7 @@ class SimEngine:
         self.slots = slots
         self.service = service
         self.stats = EngineStats()
-        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._waiting: deque[Job] = deque()
         self._idle_since: deque[float] = deque([clock()] * slots)
         self._clock = clock
 
@@ -71,68 +87,95 @@ class SimEngine:
         self.stats.peak_inflight = self.stats.inflight
         self.stats.idle_gaps_s.clear()
 
-    async def acquire(self, model: str) -> float:
-        """Wait for a slot (FIFO); returns the time the request arrived."""
+    def submit(self, model: str) -> Job:
+        """A request arrives: it takes a free slot at once, or waits for one (FIFO)."""
         stats = self.stats
-        arrived_at = self._clock()
+        job = Job(model, self._clock())
         stats.inflight += 1
         stats.peak_inflight = max(stats.peak_inflight, stats.inflight)
-        counters = self.counters(model)
         if stats.running < self.slots and not self._waiting:
             stats.running += 1
             # The slot idle the longest takes it (FIFO); only its gap since then is recorded.
-            stats.idle_gaps_s.append(arrived_at - self._idle_since.popleft())
+            stats.idle_gaps_s.append(job.arrived_at - self._idle_since.popleft())
+            self._start(job)
         else:
-            counters.pending += 1
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiting.append(waiter)
-            try:
-                await waiter
-            except asyncio.CancelledError:
-                if waiter.done():
-                    self._hand_over()  # the slot came with the cancellation: pass it on
-                else:
-                    self._waiting.remove(waiter)
-                stats.inflight -= 1
-                raise
-            finally:
-                counters.pending -= 1
-        counters.running += 1
-        counters.queue_duration_us += int((self._clock() - arrived_at) * 1e6)
-        return arrived_at
+            self.counters(model).pending += 1
+            self._waiting.append(job)
+        return job
 
-    def release(self, model: str, arrived_at: float, started_at: float, items: int, ok: bool = True) -> None:
-        """Free the slot of a request that started computing at `started_at`."""
-        now = self._clock()
+    async def run(self, job: Job, seconds: float) -> bool:
+        """Wait for the job's slot, then compute for `seconds`; False when it was stopped first."""
+        loop = asyncio.get_running_loop()
+        if job.started_at is None and not job.ended:
+            job._wake = loop.create_future()
+            await job._wake
+        if seconds > 0 and not job.ended:
+            job._wake = loop.create_future()
+            timer = loop.call_later(seconds, _resolve, job._wake)
+            try:
+                await job._wake
+            finally:
+                timer.cancel()
+        return not job.ended
+
+    def end(self, job: Job, items: int, ok: bool = True) -> None:
+        """The job is over (idempotent): its slot goes to the next waiting job."""
+        if job.ended:
+            return
+        job.ended = True
+        if job._wake is not None:
+            _resolve(job._wake)
         stats = self.stats
         stats.inflight -= 1
+        counters = self.counters(job.model)
+        if job.started_at is None:  # it left while waiting inside
+            self._waiting.remove(job)
+            counters.pending -= 1
+            return
+        now = self._clock()
         stats.completed += 1
-        stats.busy_slot_s += now - started_at
-        counters = self.counters(model)
+        stats.busy_slot_s += now - job.started_at
         counters.running -= 1
         counters.exec_count += 1
-        counters.request_duration_us += int((now - arrived_at) * 1e6)
+        counters.request_duration_us += int((now - job.arrived_at) * 1e6)
         if ok:
             counters.request_success += 1
             counters.inference_count += items
         self._hand_over()
 
-    def _hand_over(self) -> None:
-        while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                self.stats.idle_gaps_s.append(0.0)
-                return
-        self.stats.running -= 1
-        self._idle_since.append(self._clock())
+    def stop(self, job: Job) -> None:
+        """Its client went away and the engine stops computing it, as vLLM does: at once."""
+        if not job.ended:
+            self.stats.stopped += 1
+            self.end(job, 0, ok=False)
 
     async def compute(self, model: str, seconds: float, items: int) -> None:
         """Hold a slot for `seconds` of simulated computation."""
-        arrived_at = await self.acquire(model)
-        started_at = self._clock()
+        job = self.submit(model)
         try:
-            if seconds > 0:
-                await asyncio.sleep(seconds)
+            await self.run(job, seconds)
         finally:
-            self.release(model, arrived_at, started_at, items)
+            self.end(job, items)
+
+    def _start(self, job: Job) -> None:
+        job.started_at = self._clock()
+        counters = self.counters(job.model)
+        counters.running += 1
+        counters.queue_duration_us += int((job.started_at - job.arrived_at) * 1e6)
+        if job._wake is not None:
+            _resolve(job._wake)
+
+    def _hand_over(self) -> None:
+        if self._waiting:
+            job = self._waiting.popleft()
+            self.counters(job.model).pending -= 1
+            self.stats.idle_gaps_s.append(0.0)
+            self._start(job)
+            return
+        self.stats.running -= 1
+        self._idle_since.append(self._clock())
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

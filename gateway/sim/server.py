@@ -23,6 +23,7 @@ class SimOptions:
     per_item_ms: float = 0.0
     token_ms: float = 0.0
     default_tokens: int = 16
+    stop_on_disconnect: bool = False
 
 
 @dataclass(slots=True)
@@ -59,7 +60,7 @@ class SimServers:
 def build_sim(options: SimOptions, *, quiet: bool = False) -> SimServers:
     """Bind the sim's sockets now (so port 0 resolves) and prepare its servers."""
     engine = SimEngine(options.slots, ServiceModel(options.base_ms, options.per_item_ms, options.token_ms))
-    app = SimApp(engine, default_tokens=options.default_tokens)
+    app = SimApp(engine, default_tokens=options.default_tokens, stop_on_disconnect=options.stop_on_disconnect)
     sockets = [bind(options.host, options.port)]
     if options.metrics_port is not None:
         sockets.append(bind(options.host, options.metrics_port))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.settings import Backend, Model
+from gateway.upstream.origin import DEFAULT_OPTIONS, ConnectionOptions, OnAbandon, TlsOptions
 
 
 @dataclass(slots=True, eq=False)
@@ -29,6 +30,8 @@ class BackendState:
     max_batch_size: int = 0
     origin: str = ""
     """The configured URL this backend comes from (a discovered one: its host name's)."""
+    on_abandon: OnAbandon = OnAbandon.DRAIN
+    connection: ConnectionOptions = DEFAULT_OPTIONS
 
     @classmethod
     def from_settings(cls, model: Model, backend: Backend, *, origin: str = "") -> BackendState:
@@ -42,6 +45,12 @@ class BackendState:
             served_model=backend.served_model or model.name,
             configured_slots=backend.max_concurrency is not None,
             origin=origin or backend.url,
+            on_abandon=OnAbandon(backend.abandon_mode),
+            connection=ConnectionOptions(
+                keepalive_s=backend.keepalive_ms / 1000,
+                max_head_bytes=backend.max_answer_head_bytes,
+                tls=TlsOptions(**backend.tls.model_dump()),
+            ),
         )
 
     @property

@@ -22,7 +22,9 @@ import aiohttp
 import httptools
 
 from gateway.serving import run
-from gateway.upstream.http1 import Origin, Reply, UpstreamClient, serialize_request
+from gateway.upstream.http1 import UpstreamClient, serialize_request
+from gateway.upstream.origin import Origin
+from gateway.upstream.reply import Reply
 
 BODY = b'{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
 ANSWER = b'{"model_name":"sim","outputs":[{"name":"OUTPUT0","shape":[1,4],"datatype":"FP32","data":[1,2]}]}'

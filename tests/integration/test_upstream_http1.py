@@ -4,122 +4,24 @@ the way model servers (and broken ones) do."""
 from __future__ import annotations
 
 import asyncio
-import ssl
-from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import pytest
 
-from gateway.upstream.http1 import (
-    MAX_HEAD_BYTES,
-    ConnectFailed,
-    Origin,
-    Reply,
-    UpstreamBroken,
-    UpstreamClient,
-    origin_of,
-    serialize_request,
+from gateway.upstream.http1 import UpstreamClient, serialize_request
+from gateway.upstream.origin import ConnectionOptions, Origin, TlsOptions, origin_of
+from gateway.upstream.reply import ConnectFailed, Reply, UpstreamBroken
+from tests.integration.scripted import (
+    OK,
+    ScriptedServer,
+    answer_each,
+    answer_in_two_parts,
+    exchange,
+    infer,
+    server_tls,
+    with_options,
 )
 
 pytestmark = pytest.mark.anyio
-
-Handler = Callable[["ScriptedServer", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
-
-
-class ScriptedServer:
-    """A TCP server on an ephemeral port whose every connection runs `handler`."""
-
-    def __init__(self, handler: Handler, *, tls: ssl.SSLContext | None = None) -> None:
-        self._handler = handler
-        self._tls = tls
-        self.connections = 0
-        self.requests: list[bytes] = []
-        self.closed_by_peer = asyncio.Event()
-
-    async def __aenter__(self) -> ScriptedServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self._tls)
-        port = self._server.sockets[0].getsockname()[1]
-        self.origin = Origin("127.0.0.1", port, tls=self._tls is not None)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._server.close()
-        await self._server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            await self._handler(self, reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    async def read_request(self, reader: asyncio.StreamReader) -> bytes:
-        """One request, head and Content-Length body; b"" when the client closed."""
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError:
-            self.closed_by_peer.set()
-            return b""
-        length = next(
-            (
-                int(line.split(b":")[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length")
-            ),
-            0,
-        )
-        request = head + await reader.readexactly(length)
-        self.requests.append(request)
-        return request
-
-
-def answer_each(*responses: bytes) -> Handler:
-    """Answer every request on a connection with the next of `responses`, then keep reading."""
-
-    async def handler(
-        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        for response in responses:
-            if not await server.read_request(reader):
-                return
-            writer.write(response)
-            await writer.drain()
-        await server.read_request(reader)
-
-    return handler
-
-
-def answer_in_two_parts(first: bytes, rest: bytes, rest_may_go: asyncio.Event) -> Handler:
-    """Answer one request with `first`, and with `rest` once `rest_may_go` is set."""
-
-    async def handler(
-        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        await server.read_request(reader)
-        writer.write(first)
-        await writer.drain()
-        await rest_may_go.wait()
-        writer.write(rest)
-        await writer.drain()
-        await server.read_request(reader)
-
-    return handler
-
-
-async def exchange(client: UpstreamClient, origin: Origin, request: bytes, timeout_s: float = 5.0) -> Reply:
-    reply = Reply(asyncio.get_running_loop(), timeout_s)
-    await client.send(origin, request, reply)
-    await reply.head()
-    return reply
-
-
-def infer(origin: Origin, body: bytes = b'{"inputs":[]}') -> bytes:
-    return serialize_request(
-        "POST", "/v2/models/sim/infer", origin, [(b"content-type", b"application/json")], body
-    )
 
 
 def test_requests_are_serialized_with_host_and_length():
@@ -269,10 +171,14 @@ async def test_idle_connection_the_backend_closed_is_not_used_again():
 async def test_idle_connection_past_keepalive_is_closed_instead_of_reused():
     now = [0.0]
     async with ScriptedServer(answer_each(OK, OK)) as server:
-        client = UpstreamClient(keepalive_s=4.0, clock=lambda: now[0])
-        await (await exchange(client, server.origin, infer(server.origin))).read()
-        now[0] = 5.0
-        await (await exchange(client, server.origin, infer(server.origin))).read()
+        client = UpstreamClient(clock=lambda: now[0])
+        origin = with_options(server.origin, keepalive_s=4.0)
+        await (await exchange(client, origin, infer(origin))).read()
+        now[0] = 3.9
+        await (await exchange(client, origin, infer(origin))).read()
+        assert server.connections == 1
+        now[0] = 8.0
+        await (await exchange(client, origin, infer(origin))).read()
         assert server.connections == 2
         await asyncio.wait_for(server.closed_by_peer.wait(), 5)  # the stale one was closed
         await client.close()
@@ -311,7 +217,8 @@ async def test_malformed_answer_breaks_the_exchange():
 
 
 async def test_answer_with_oversized_headers_breaks_the_exchange():
-    flood = b"".join(b"x-pad-%d: %s\r\n" % (i, b"y" * 1000) for i in range(MAX_HEAD_BYTES // 1000 + 1))
+    limit = ConnectionOptions().max_head_bytes
+    flood = b"".join(b"x-pad-%d: %s\r\n" % (i, b"y" * 100) for i in range(limit // 100 + 1))
     async with ScriptedServer(answer_each(b"HTTP/1.1 200 OK\r\n" + flood + b"\r\n")) as server:
         client = UpstreamClient()
         with pytest.raises(UpstreamBroken, match="headers over"):
@@ -349,7 +256,7 @@ async def test_abandoned_exchange_closes_its_connection():
     async with ScriptedServer(handler) as server:
         client = UpstreamClient()
         reply = await exchange(client, server.origin, infer(server.origin))
-        client.abandon(reply)
+        reply.abort(UpstreamBroken("abandoned"))
         with pytest.raises(UpstreamBroken, match="abandoned"):
             await reply.read()
         await asyncio.wait_for(server.closed_by_peer.wait(), 5)
@@ -430,18 +337,13 @@ async def test_answer_held_whole_is_read_past_the_streaming_pause():
         await client.close()
 
 
-def server_tls(cert: Path, key: Path) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    return context
-
-
 async def test_https_backend_is_reached_with_a_trusted_certificate(tls_cert):
     cert, key = tls_cert
     async with ScriptedServer(answer_each(OK, OK), tls=server_tls(cert, key)) as server:
-        client = UpstreamClient(tls=ssl.create_default_context(cafile=cert))
+        client = UpstreamClient()
+        origin = with_options(server.origin, tls=TlsOptions(ca_file=str(cert)))
         for _ in range(2):
-            assert await (await exchange(client, server.origin, infer(server.origin))).read() == b"{}"
+            assert await (await exchange(client, origin, infer(origin))).read() == b"{}"
         assert server.connections == 1
         await client.close()
 

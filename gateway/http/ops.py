@@ -16,13 +16,10 @@ def ops_routes(runtime: Runtime) -> list[BaseRoute]:
 
     async def readyz(request: Request) -> JSONResponse:
         models = {name: pool.any_ready for name, pool in runtime.pools.items()}
-        body = {
-            "ready": runtime.ready,
-            "draining": runtime.draining,
-            "models": models,
-            "loops_down": runtime.loops_down,
-        }
-        return JSONResponse(body, status_code=200 if runtime.ready else 503)
+        ready = runtime.ready
+        down = runtime.loops_down  # the Redis store's heartbeat or grant listeners, by loop name
+        body = {"ready": ready, "draining": runtime.draining, "models": models, "loops_down": down}
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)

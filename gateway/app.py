@@ -1,9 +1,9 @@
-"""create_app(settings) -> Starlette: routes, the store, and a lifespan that runs the background loops."""
+"""create_app(settings) -> Starlette: the gateway's parts (`build_runtime`), each route given the
+ones it needs, and a lifespan that runs the background loops (gateway.runtime.running)."""
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -15,24 +15,27 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp
 
+from gateway.flow.admitted import Admission
 from gateway.flow.controller import AdmissionController
+from gateway.flow.drain import Drain
+from gateway.flow.readiness import Readiness
 from gateway.http.hot_routes import InferenceRoutes
-from gateway.http.kserve import InferEndpoint, kserve_routes
+from gateway.http.intake import Intake
+from gateway.http.kserve import InferEndpoint, ModelPassthrough, kserve_routes
 from gateway.http.openai import OpenAIEndpoint, openai_routes
 from gateway.http.ops import ops_routes
-from gateway.http.proxy import Proxy
 from gateway.http.request_meta import RequestClassifier
 from gateway.queues.configured import configured_store
-from gateway.runtime import Runtime
+from gateway.runtime import Runtime, running, supervisors_of
 from gateway.settings import Settings
 from gateway.signals.scraper import SignalBoard
 from gateway.supervision import Supervisor
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.scaling import ScalingHints
 from gateway.upstream.backends import ModelPool
-from gateway.upstream.client import create_session
 from gateway.upstream.discovery import TritonDiscovery
 from gateway.upstream.endpoints import EndpointDiscovery
+from gateway.upstream.exchange import Forwarder
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.http1 import UpstreamClient
 
@@ -45,15 +48,17 @@ def build_runtime(
     jitter: Callable[[], float] = random.random,
     supervisor: Supervisor | None = None,
 ) -> Runtime:
+    """Every part of the gateway, wired to the parts it uses; nothing is started (see `running`)."""
     pools = {model.name: ModelPool.from_settings(model) for model in settings.models}
+    pool_list = list(pools.values())
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
-    store = configured_store(settings, list(pools.values()), metrics, clock=clock)
-    metrics.watch_pools(list(pools.values()), [p.name for p in settings.priorities], store, clock)
+    store = configured_store(settings, pool_list, metrics, clock=clock)
+    metrics.watch_pools(pool_list, [p.name for p in settings.priorities], store, clock)
     supervisor = supervisor if supervisor is not None else Supervisor()
     signals = SignalBoard(
-        list(pools.values()), settings.signals, settings.kueue, metrics, supervisor=supervisor, clock=clock
+        pool_list, settings.signals, settings.kueue, metrics, supervisor=supervisor, clock=clock
     )
-    hints = ScalingHints(list(pools.values()), store, settings.autoscaling, clock=clock)
+    hints = ScalingHints(pool_list, store, settings.autoscaling, clock=clock)
     metrics.registry.register(hints)
     controller = AdmissionController(
         store,
@@ -65,77 +70,78 @@ def build_runtime(
         clock=clock,
         jitter=jitter,
     )
-    runtime = Runtime(
+    health = HealthChecker(
+        pool_list,
+        store.backends_changed,
+        interval_s=settings.health.interval_ms / 1000,
+        timeout_s=settings.health.timeout_ms / 1000,
+        failures_to_down=settings.health.failures_to_down,
+    )
+
+    def backends_moved(model: str) -> None:
+        store.backends_changed(model)
+        signals.follow(model)
+
+    upstream = UpstreamClient()
+    drain = Drain()
+    supervisors = supervisors_of(supervisor, store)
+    metrics.watch_loops(supervisors)
+    return Runtime(
         settings=settings,
         pools=pools,
         store=store,
         controller=controller,
         metrics=metrics,
-        classifier=RequestClassifier(settings),
         signals=signals,
         hints=hints,
+        health=health,
+        triton_discovery=TritonDiscovery(
+            pool_list,
+            store.backends_changed,
+            interval_s=settings.signals.discovery_interval_ms / 1000,
+            timeout_s=settings.health.timeout_ms / 1000,
+        ),
+        endpoint_discovery=EndpointDiscovery(
+            pool_list,
+            settings.models,
+            backends_moved,
+            interval_s=settings.signals.endpoints_interval_ms / 1000,
+        ),
+        upstream=upstream,
+        forwarder=Forwarder(
+            upstream,
+            on_unreachable=health.mark_unreachable,
+            observe_upstream_s=metrics.observe_upstream,
+            clock=clock,
+        ),
+        # Retry-After when no backend is ready: by the next health check one may be.
+        admission=Admission(
+            controller, metrics, drain, no_backend_retry_s=settings.health.interval_ms / 1000
+        ),
+        drain=drain,
+        readiness=Readiness(pools, drain, supervisors),
         supervisor=supervisor,
         clock=clock,
     )
-    metrics.watch_loops(runtime.supervisors)
-    return runtime
 
 
 def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlette:
     rt = runtime if runtime is not None else build_runtime(settings)
-    proxy = Proxy(rt)
+    intake = Intake(
+        pools=rt.pools,
+        classifier=RequestClassifier(settings),
+        admission=rt.admission,
+        forwarder=rt.forwarder,
+        max_body_bytes=settings.limits.max_body_bytes,
+    )
+    passthrough = ModelPassthrough(
+        rt.pools, rt.forwarder, rt.metrics, rt.drain, no_backend_retry_s=rt.admission.no_backend_retry_s
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        rt.session = create_session()
-        rt.upstream = UpstreamClient()
-        rt.health = HealthChecker(
-            rt.session,
-            list(rt.pools.values()),
-            rt.store.backends_changed,
-            interval_s=settings.health.interval_ms / 1000,
-            timeout_s=settings.health.timeout_ms / 1000,
-            failures_to_down=settings.health.failures_to_down,
-        )
-        discovery = TritonDiscovery(
-            list(rt.pools.values()),
-            rt.store.backends_changed,
-            interval_s=settings.signals.discovery_interval_ms / 1000,
-            timeout_s=settings.health.timeout_ms / 1000,
-        )
-
-        def backends_moved(model: str) -> None:
-            rt.store.backends_changed(model)
-            rt.signals.follow(model)
-
-        endpoints = EndpointDiscovery(
-            list(rt.pools.values()),
-            settings.models,
-            backends_moved,
-            interval_s=settings.signals.endpoints_interval_ms / 1000,
-        )
-        await endpoints.refresh_all()
-        await discovery.discover_all()
-        await rt.health.check_all()
-        # Serving starts once these return: each waits until its loops run (the Redis store's
-        # grant listeners and heartbeat among them).
-        await rt.store.start()
-        await rt.signals.start(rt.session)
-        await rt.supervisor.start("health", rt.health.run)
-        await rt.supervisor.start("triton_discovery", discovery.run)
-        await rt.supervisor.start("endpoint_discovery", endpoints.run)
-        await rt.supervisor.start("scaling_hints", rt.hints.run)
-        # Everything built so far lives as long as the process: keep it out of the collector's
-        # scans so that a collection costs in proportion to per-request garbage only.
-        gc.freeze()
-        try:
+        async with running(rt):
             yield
-        finally:
-            await rt.signals.stop()
-            await rt.supervisor.stop()
-            await rt.store.stop()
-            await rt.session.close()
-            await rt.upstream.close()
 
     async def not_found(request: Request, exc: Exception) -> JSONResponse:
         status = exc.status_code if isinstance(exc, HTTPException) else 404
@@ -143,12 +149,15 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
         return JSONResponse({"error": message}, status_code=status)
 
     app = _GatewayApp(
-        routes=[*kserve_routes(rt, proxy), *openai_routes(rt), *ops_routes(rt)],
+        routes=[
+            *kserve_routes(rt.readiness, passthrough),
+            *openai_routes(rt.pools),
+            *ops_routes(rt.readiness, rt.metrics.registry),
+        ],
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: not_found},
     )
-    app.inference = (InferEndpoint(rt, proxy), OpenAIEndpoint(rt, proxy))
-    app.state.runtime = rt
+    app.inference = (InferEndpoint(intake), OpenAIEndpoint(intake))
     return app
 
 

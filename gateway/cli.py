@@ -78,7 +78,7 @@ def _gateway_server(settings: Settings, log_level: str, drain_timeout_s: float) 
 
     runtime = build_runtime(settings)
     config = uvicorn_config(create_app(settings, runtime=runtime), log_level=log_level)
-    return DrainingServer(config, runtime, drain_timeout_s)
+    return DrainingServer(config, runtime.drain, drain_timeout_s)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -1,17 +1,25 @@
-"""Runtime: the gateway's live parts, assembled once and shared by every route."""
+"""Runtime: the gateway's parts, each built once before serving, and `running`, the lifespan that
+starts and stops their loops.
+
+Nothing here is passed to a route: gateway.app hands each route the parts it needs. Every part
+exists from the start; only the aiohttp session for the gateway's own calls (health checks,
+metric scrapes) is opened by `running`, and it is passed to the loops that use it.
+"""
 
 from __future__ import annotations
 
-import asyncio
+import gc
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
 from typing import Protocol, runtime_checkable
 
-import aiohttp
-
+from gateway.flow.admitted import Admission
 from gateway.flow.controller import AdmissionController
-from gateway.http.request_meta import RequestClassifier
+from gateway.flow.drain import Drain
+from gateway.flow.readiness import Readiness
 from gateway.queues.base import RequestQueue
 from gateway.settings import Settings
 from gateway.signals.scraper import SignalBoard
@@ -19,68 +27,39 @@ from gateway.supervision import Supervisor
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.scaling import ScalingHints
 from gateway.upstream.backends import ModelPool
+from gateway.upstream.client import create_session
+from gateway.upstream.discovery import TritonDiscovery
+from gateway.upstream.endpoints import EndpointDiscovery
+from gateway.upstream.exchange import Forwarder
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.http1 import UpstreamClient
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class Runtime:
     settings: Settings
     pools: dict[str, ModelPool]
     store: RequestQueue
     controller: AdmissionController
     metrics: GatewayMetrics
-    classifier: RequestClassifier
     signals: SignalBoard
     hints: ScalingHints
+    health: HealthChecker
+    triton_discovery: TritonDiscovery
+    endpoint_discovery: EndpointDiscovery
+    upstream: UpstreamClient
+    """For proxied requests (its connections open as requests need them)."""
+    forwarder: Forwarder
+    admission: Admission
+    drain: Drain
+    readiness: Readiness
     supervisor: Supervisor
     """Runs the app's loops (health, discovery, scrapers, hints); the store may run its own."""
     clock: Callable[[], float] = time.monotonic
-    session: aiohttp.ClientSession | None = None
-    """For the gateway's own calls: health checks and metric scrapes."""
-    upstream: UpstreamClient | None = None
-    """For proxied requests."""
-    health: HealthChecker | None = None
-    draining: bool = False
-    active_requests: int = 0
-    _idle: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def __post_init__(self) -> None:
-        self._idle.set()
-
-    @property
-    def supervisors(self) -> list[Supervisor]:
-        own = [self.store.supervisor] if isinstance(self.store, Supervised) else []
-        return [self.supervisor, *own]
-
-    @property
-    def loops_down(self) -> list[str]:
-        """The loops serving depends on (the Redis store's heartbeat and grant listeners) that are down."""
-        return sorted({name for supervisor in self.supervisors for name in supervisor.required_down()})
 
     @property
     def ready(self) -> bool:
-        return (
-            not self.draining and all(pool.any_ready for pool in self.pools.values()) and not self.loops_down
-        )
-
-    def request_started(self) -> None:
-        self.active_requests += 1
-        self._idle.clear()
-
-    def request_finished(self) -> None:
-        self.active_requests -= 1
-        if self.active_requests == 0:
-            self._idle.set()
-
-    async def drain(self, timeout_s: float) -> bool:
-        """Stop admitting and wait for in-flight and queued requests to finish; False on timeout."""
-        self.draining = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return self.readiness.ready
 
 
 @runtime_checkable
@@ -89,3 +68,36 @@ class Supervised(Protocol):
 
     @property
     def supervisor(self) -> Supervisor: ...
+
+
+def supervisors_of(supervisor: Supervisor, store: RequestQueue) -> list[Supervisor]:
+    """The app's supervisor and the store's own, if it has one."""
+    return [supervisor, *([store.supervisor] if isinstance(store, Supervised) else [])]
+
+
+@asynccontextmanager
+async def running(rt: Runtime) -> AsyncIterator[None]:
+    """Start everything's loops, serve, stop them: the app's lifespan."""
+    session = create_session()
+    await rt.endpoint_discovery.refresh_all()
+    await rt.triton_discovery.discover_all()
+    await rt.health.check_all(session)
+    # Serving starts once these return: each waits until its loops run (the Redis store's
+    # grant listeners and heartbeat among them).
+    await rt.store.start()
+    await rt.signals.start(session)
+    await rt.supervisor.start("health", partial(rt.health.run, session))
+    await rt.supervisor.start("triton_discovery", rt.triton_discovery.run)
+    await rt.supervisor.start("endpoint_discovery", rt.endpoint_discovery.run)
+    await rt.supervisor.start("scaling_hints", rt.hints.run)
+    # Everything built so far lives as long as the process: keep it out of the collector's
+    # scans so that a collection costs in proportion to per-request garbage only.
+    gc.freeze()
+    try:
+        yield
+    finally:
+        await rt.signals.stop()
+        await rt.supervisor.stop()
+        await rt.store.stop()
+        await session.close()
+        await rt.upstream.close()

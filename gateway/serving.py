@@ -21,7 +21,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 if TYPE_CHECKING:
-    from gateway.runtime import Runtime
+    from gateway.flow.drain import Drain
 
 log = logging.getLogger("gateway.serving")
 
@@ -78,9 +78,9 @@ class StoppingServer(uvicorn.Server):
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, runtime: Runtime, drain_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, drain: Drain, drain_timeout_s: float) -> None:
         super().__init__(config)
-        self._runtime = runtime
+        self._requests = drain
         self._drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task[None] | None = None
@@ -100,9 +100,9 @@ class DrainingServer(uvicorn.Server):
             self._drain_task = asyncio.ensure_future(self._drain())
 
     async def _drain(self) -> None:
-        log.warning("draining: refusing new requests, waiting for %d active", self._runtime.active_requests)
-        if not await self._runtime.drain(self._drain_timeout_s):
-            log.warning("drain timed out with %d requests still active", self._runtime.active_requests)
+        log.warning("draining: refusing new requests, waiting for %d active", self._requests.active)
+        if not await self._requests.drain(self._drain_timeout_s):
+            log.warning("drain timed out with %d requests still active", self._requests.active)
         self.should_exit = True
 
 

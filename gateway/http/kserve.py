@@ -2,67 +2,109 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import ErrorStyle
-from gateway.http.exchange import read_body
-from gateway.http.proxy import AdmittedEndpoint, Exchange, Proxy
+from gateway.flow.drain import Drain
+from gateway.flow.readiness import Readiness
+from gateway.http.exchange import read_body, send_response
+from gateway.http.intake import AdmittedEndpoint, upstream_request
+from gateway.http.relay import send_error
 from gateway.http.request_meta import Problem
-from gateway.runtime import Runtime
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.upstream.backends import ModelPool
+from gateway.upstream.client import downstream_response_headers
+from gateway.upstream.exchange import Forwarder
+from gateway.upstream.reply import UpstreamError
 from policies.outcomes import Outcome
 
 
 class InferEndpoint(AdmittedEndpoint):
     """POST /v2/models/{model}[/versions/{version}]/infer: the body passes byte for byte."""
 
+    style = ErrorStyle.KSERVE
+
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exchange = Exchange(scope, receive, send, ErrorStyle.KSERVE)
+        intake = self.intake
         model = scope["path_params"]["model"]
-        pool = self.runtime.pools.get(model)
+        pool = intake.pools.get(model)
         if pool is None:
-            await self.proxy.fail(exchange, Outcome.UNKNOWN_MODEL, detail=repr(model))
+            await self.fail(send, Outcome.UNKNOWN_MODEL, detail=repr(model))
             return
-        meta = self.runtime.classifier.classify(scope["headers"])
+        meta = intake.classifier.classify(scope["headers"])
         if isinstance(meta, Problem):
-            await self.proxy.fail(exchange, meta.outcome, model=model, detail=meta.detail)
+            await self.fail(send, meta.outcome, model=model, detail=meta.detail)
             return
-        body = await read_body(scope, receive, self.runtime.settings.limits.max_body_bytes)
+        body = await read_body(scope, receive, intake.max_body_bytes)
         if isinstance(body, Outcome):
-            await self.proxy.fail(exchange, body, model=model, priority=meta.priority)
+            await self.fail(send, body, model=model, priority=meta.priority)
             return
-        exchange.body = body
-        await self.proxy.admitted(exchange, pool, meta)
+        await self.admit(scope, receive, send, pool, meta, body)
 
 
 class ModelPassthrough:
     """Model metadata, config and readiness: forwarded to a ready backend, no slot taken."""
 
-    def __init__(self, runtime: Runtime, proxy: Proxy) -> None:
-        self._runtime = runtime
-        self._proxy = proxy
+    def __init__(
+        self,
+        pools: Mapping[str, ModelPool],
+        forwarder: Forwarder,
+        metrics: GatewayMetrics,
+        drain: Drain,
+        *,
+        no_backend_retry_s: float,
+    ) -> None:
+        self._pools = pools
+        self._forwarder = forwarder
+        self._metrics = metrics
+        self._drain = drain
+        self._no_backend_retry_s = no_backend_retry_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exchange = Exchange(scope, receive, send, ErrorStyle.KSERVE)
         model = scope["path_params"]["model"]
-        pool = self._runtime.pools.get(model)
+        pool = self._pools.get(model)
         if pool is None:
-            await self._proxy.fail(exchange, Outcome.UNKNOWN_MODEL, detail=repr(model))
+            self._metrics.count("", "", Outcome.UNKNOWN_MODEL)
+            await self._error(send, Outcome.UNKNOWN_MODEL, detail=repr(model))
             return
-        await self._proxy.unmetered(exchange, pool)
+        backend = next((b for b in pool.backends if b.ready), None)
+        if backend is None:
+            await self._error(send, Outcome.NO_BACKEND, retry_after_s=self._no_backend_retry_s)
+            return
+        try:
+            reply, body = await self._forwarder.fetch(pool, backend, upstream_request(scope, b""))
+        except TimeoutError:
+            await self._error(send, Outcome.UPSTREAM_TIMEOUT)
+            return
+        except UpstreamError as error:
+            await self._error(send, Outcome.UPSTREAM_ERROR, detail=type(error).__name__)
+            return
+        headers = downstream_response_headers(reply.headers)
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send_response(send, reply.status, headers, body)
+
+    async def _error(
+        self, send: Send, outcome: Outcome, *, detail: str | None = None, retry_after_s: float | None = None
+    ) -> None:
+        await send_error(
+            send, ErrorStyle.KSERVE, outcome, self._drain, detail=detail, retry_after_s=retry_after_s
+        )
 
 
-def kserve_routes(runtime: Runtime, proxy: Proxy) -> list[BaseRoute]:
+def kserve_routes(readiness: Readiness, passthrough: ModelPassthrough) -> list[BaseRoute]:
     """The control-plane routes; inference itself is routed by `InferenceRoutes`."""
-    passthrough = ModelPassthrough(runtime, proxy)
 
     async def live(request: Request) -> JSONResponse:
         return JSONResponse({"live": True})
 
     async def ready(request: Request) -> JSONResponse:
-        return JSONResponse({"ready": runtime.ready}, status_code=200 if runtime.ready else 503)
+        ready = readiness.ready
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     async def server_metadata(request: Request) -> JSONResponse:
         return JSONResponse({"name": "inference-gateway", "version": "0.1.0", "extensions": []})

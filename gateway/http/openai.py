@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -11,35 +12,35 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.errors import ErrorStyle
 from gateway.http.exchange import read_body
-from gateway.http.proxy import AdmittedEndpoint, Exchange
+from gateway.http.intake import AdmittedEndpoint
 from gateway.http.request_meta import Problem
-from gateway.runtime import Runtime
 from policies.outcomes import Outcome
 
 
 class OpenAIEndpoint(AdmittedEndpoint):
     """POST /v1/chat/completions, /v1/completions, /v1/embeddings."""
 
+    style = ErrorStyle.OPENAI
+
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exchange = Exchange(scope, receive, send, ErrorStyle.OPENAI)
-        meta = self.runtime.classifier.classify(scope["headers"])
+        intake = self.intake
+        meta = intake.classifier.classify(scope["headers"])
         if isinstance(meta, Problem):
-            await self.proxy.fail(exchange, meta.outcome, detail=meta.detail)
+            await self.fail(send, meta.outcome, detail=meta.detail)
             return
-        body = await read_body(scope, receive, self.runtime.settings.limits.max_body_bytes)
+        body = await read_body(scope, receive, intake.max_body_bytes)
         if isinstance(body, Outcome):
-            await self.proxy.fail(exchange, body, priority=meta.priority)
+            await self.fail(send, body, priority=meta.priority)
             return
         model = _model_of(body)
         if isinstance(model, Problem):
-            await self.proxy.fail(exchange, model.outcome, priority=meta.priority, detail=model.detail)
+            await self.fail(send, model.outcome, priority=meta.priority, detail=model.detail)
             return
-        pool = self.runtime.pools.get(model)
+        pool = intake.pools.get(model)
         if pool is None:
-            await self.proxy.fail(exchange, Outcome.UNKNOWN_MODEL, priority=meta.priority, detail=repr(model))
+            await self.fail(send, Outcome.UNKNOWN_MODEL, priority=meta.priority, detail=repr(model))
             return
-        exchange.body = body
-        await self.proxy.admitted(exchange, pool, meta)
+        await self.admit(scope, receive, send, pool, meta, body)
 
 
 def _model_of(body: bytes) -> str | Problem:
@@ -58,17 +59,16 @@ def _model_of(body: bytes) -> str | Problem:
     return model
 
 
-def openai_routes(runtime: Runtime) -> list[BaseRoute]:
+def openai_routes(models: Iterable[str]) -> list[BaseRoute]:
     """/v1/models; the inference routes are routed by `InferenceRoutes`."""
     listing = {
         "object": "list",
         "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "inference-gateway"}
-            for name in runtime.pools
+            {"id": name, "object": "model", "created": 0, "owned_by": "inference-gateway"} for name in models
         ],
     }
 
-    async def models(request: Request) -> JSONResponse:
+    async def models_route(request: Request) -> JSONResponse:
         return JSONResponse(listing)
 
-    return [Route("/v1/models", models, methods=["GET"])]
+    return [Route("/v1/models", models_route, methods=["GET"])]

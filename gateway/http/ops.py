@@ -2,27 +2,30 @@
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.runtime import Runtime
+from gateway.flow.readiness import Readiness
 
 
-def ops_routes(runtime: Runtime) -> list[BaseRoute]:
+def ops_routes(readiness: Readiness, registry: CollectorRegistry) -> list[BaseRoute]:
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"live": True})
 
     async def readyz(request: Request) -> JSONResponse:
-        models = {name: pool.any_ready for name, pool in runtime.pools.items()}
-        ready = runtime.ready
-        down = runtime.loops_down  # the Redis store's heartbeat or grant listeners, by loop name
-        body = {"ready": ready, "draining": runtime.draining, "models": models, "loops_down": down}
+        ready = readiness.ready
+        body = {
+            "ready": ready,
+            "draining": readiness.draining,
+            "models": readiness.models,
+            "loops_down": readiness.loops_down,
+        }
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return [
         Route("/healthz", healthz, methods=["GET"]),

@@ -9,20 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.flow.admitted import RequestMeta
 from gateway.settings import Settings, Tenant, key_digest
 from policies.outcomes import Outcome
 
 MAX_BUDGET_MS = 86_400_000
 MAX_TENANT_BYTES = 128
 MAX_AUTHORIZATION_BYTES = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class RequestMeta:
-    priority: str
-    band: int
-    tenant: str | None
-    budget_s: float | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,10 @@ log = logging.getLogger("gateway.health")
 
 
 class HealthChecker:
+    """Built before serving; its probes take the session the lifespan opens (`check_all`, `run`)."""
+
     def __init__(
         self,
-        session: aiohttp.ClientSession,
         pools: Sequence[ModelPool],
         on_change: Callable[[str], None],
         *,
@@ -26,7 +27,6 @@ class HealthChecker:
         timeout_s: float,
         failures_to_down: int = 2,
     ) -> None:
-        self._session = session
         self._pools = pools
         self._on_change = on_change
         self._interval_s = interval_s
@@ -35,24 +35,26 @@ class HealthChecker:
         self._failures_to_down = failures_to_down
         self._failures: dict[int, int] = {}
 
-    async def check_all(self) -> None:
+    async def check_all(self, session: aiohttp.ClientSession) -> None:
         """Probe every backend once, concurrently."""
-        await asyncio.gather(*(self._check(pool, b) for pool in self._pools for b in pool.backends))
+        await asyncio.gather(*(self._check(session, pool, b) for pool in self._pools for b in pool.backends))
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, session: aiohttp.ClientSession, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         task_status.started()
         while True:
             await asyncio.sleep(self._interval_s)
-            await self.check_all()
+            await self.check_all(session)
 
     def mark_unreachable(self, pool: ModelPool, backend: BackendState) -> None:
         """Passive check: a connection to the backend failed, so stop dispatching to it now."""
         self._set(pool, backend, ready=False)
 
-    async def _check(self, pool: ModelPool, backend: BackendState) -> None:
+    async def _check(self, session: aiohttp.ClientSession, pool: ModelPool, backend: BackendState) -> None:
         refused = False
         try:
-            async with self._session.get(backend.url + backend.health_path, timeout=self._timeout) as reply:
+            async with session.get(backend.url + backend.health_path, timeout=self._timeout) as reply:
                 ready = reply.status == 200
         except aiohttp.ClientConnectorError:
             ready, refused = False, True  # nothing listens there: down at once

@@ -2,9 +2,8 @@
 
 import json
 
-from gateway.errors import ErrorStyle
-from gateway.http.proxy import served_names
 from gateway.upstream.client import downstream_response_headers, upstream_request_headers
+from gateway.upstream.exchange import served_names
 
 
 def test_request_drops_hop_by_hop_and_connection_named_fields():
@@ -49,22 +48,17 @@ def test_response_keeps_end_to_end_fields_and_lowercases_names():
 
 
 def test_served_names_rewrite_the_kserve_path():
-    assert served_names("/v2/models/sim/infer", b"x", "sim", "sleep_ms", ErrorStyle.KSERVE) == (
+    assert served_names("/v2/models/sim/infer", b"x", "sim", "sleep_ms", False) == (
         "/v2/models/sleep_ms/infer",
         b"x",
     )
-    assert (
-        served_names("/v2/models/sim", b"", "sim", "sleep_ms", ErrorStyle.KSERVE)[0] == "/v2/models/sleep_ms"
-    )
-    assert (
-        served_names("/v2/models/simple/infer", b"", "sim", "s", ErrorStyle.KSERVE)[0]
-        == "/v2/models/simple/infer"
-    )
+    assert served_names("/v2/models/sim", b"", "sim", "sleep_ms", False)[0] == "/v2/models/sleep_ms"
+    assert served_names("/v2/models/simple/infer", b"", "sim", "s", False)[0] == "/v2/models/simple/infer"
 
 
 def test_served_names_rewrite_the_openai_body():
     target, body = served_names(
-        "/v1/chat/completions", b'{"model": "chat", "n": 1}', "chat", "org/Llama-8B", ErrorStyle.OPENAI
+        "/v1/chat/completions", b'{"model": "chat", "n": 1}', "chat", "org/Llama-8B", True
     )
     assert target == "/v1/chat/completions"
     assert json.loads(body) == {"model": "org/Llama-8B", "n": 1}

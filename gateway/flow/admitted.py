@@ -1,0 +1,171 @@
+"""The admitted call: one request's way through admission to a backend slot and back, for any ingress.
+
+It admits the request through the controller, waits for its slot, hands the slot to the request's
+upstream work, and lets the ingress relay the answer while it holds the slot. Its rules:
+- the slot is released exactly once: by the work's `on_done`, inside the callback in which the
+  backend is done with the request (never when only the client is), or at once when no work was
+  started on it, whatever was cancelled or raised;
+- the work starts inside the store's grant (`start_at_grant`), so the next request is on its way
+  in the same callback that freed the slot;
+- the outcome is counted exactly once: the refusal, or what the relay ended with.
+
+The ingress (HTTP: gateway.http.relay; gRPC later) supplies the client's side as an `Ingress`; the
+upstream work is gateway.upstream.exchange's. Neither is imported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.flow.controller import AdmissionController, Lease, Refusal
+from gateway.flow.drain import Drain
+from gateway.queues.base import Flow, Slot
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.upstream.backends import BackendState, ModelPool
+from policies.outcomes import Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMeta:
+    """Who asks, how urgently, and with what budget (each ingress reads it from its own headers)."""
+
+    priority: str
+    band: int
+    tenant: str | None
+    budget_s: float | None
+
+
+class SlotWork(Protocol):
+    """What a slot is held for: the request's exchange with its backend."""
+
+    on_done: Callable[[float | None], None] | None
+    """Set by the call: run once, when the backend is done, with the service time to learn from."""
+
+    def start_at_grant(self, backend: BackendState) -> None:
+        """The slot on `backend` is this request's: start at once if that needs no await."""
+        ...
+
+    def close(self) -> bool:
+        """End the work as its backend's abandon rule says; False when none was ever started (no
+        `on_done` will come)."""
+        ...
+
+
+class Ingress(Protocol):
+    """The client's side of an admitted call."""
+
+    def until_disconnect(self) -> Awaitable[object]:
+        """Return when the client goes away (awaited only while queued)."""
+        ...
+
+    async def answer(self, lease: Lease) -> Outcome:
+        """Relay the backend's answer (the slot is held meanwhile); how it ended."""
+        ...
+
+    async def refuse(self, refusal: Refusal) -> None:
+        """Tell the client it gets no slot, and why."""
+        ...
+
+
+class Admission:
+    """The admitted calls' shared parts: one per gateway, used by every ingress."""
+
+    def __init__(
+        self,
+        controller: AdmissionController,
+        metrics: GatewayMetrics,
+        drain: Drain,
+        *,
+        no_backend_retry_s: float,
+    ) -> None:
+        self.controller = controller
+        self.metrics = metrics
+        self.drain = drain
+        self.no_backend_retry_s = no_backend_retry_s
+        """Retry-After when no backend is ready: when health checks may have found one."""
+
+
+def _acquire(
+    controller: AdmissionController,
+    model: str,
+    meta: RequestMeta,
+    until_disconnect: Callable[[], Awaitable[object]],
+    on_grant: Callable[[Slot], None],
+) -> Awaitable[Lease | Refusal]:
+    # The one call into the controller's queue protocol (returned, not awaited: no extra frame).
+    # Every request is one default flow of cost 1 until tenants get flows of their own (by
+    # configured name only: an X-Tenant value must not make a flow) and requests get costs.
+    return controller.acquire(Flow(model, meta.band), 1.0, meta.budget_s, until_disconnect, on_grant=on_grant)
+
+
+class AdmittedCall:
+    """One request holding (or waiting for) a backend slot. Use it once: `await call.run()`."""
+
+    __slots__ = ("_admission", "_ingress", "_meta", "_pool", "_released", "_slot", "_work")
+
+    def __init__(
+        self, admission: Admission, pool: ModelPool, meta: RequestMeta, work: SlotWork, ingress: Ingress
+    ) -> None:
+        self._admission = admission
+        self._pool = pool
+        self._meta = meta
+        self._work = work
+        self._ingress = ingress
+        self._slot: Slot | None = None
+        self._released = False
+        work.on_done = self._release
+
+    async def run(self) -> None:
+        """Admit, wait, relay, release; count the outcome."""
+        admission, pool = self._admission, self._pool
+        if admission.drain.draining:
+            refusal = Refusal(Outcome.DRAINING, 1.0)
+        elif not pool.any_ready:
+            refusal = Refusal(Outcome.NO_BACKEND, admission.no_backend_retry_s)
+        else:
+            try:
+                lease = await _acquire(
+                    admission.controller, pool.name, self._meta, self._ingress.until_disconnect, self._granted
+                )
+            except BaseException:
+                self._close()  # granted (perhaps started from the hook), then cancelled before it ran
+                self._count(Outcome.CLIENT_DISCONNECTED)  # it left without an answer of ours
+                raise
+            if isinstance(lease, Lease):
+                if self._slot is None:  # granted at the offer, without a wait: no hook ran
+                    self._granted(lease.slot)
+                outcome = Outcome.CLIENT_DISCONNECTED  # unless the relay returns: nobody was answered
+                try:
+                    outcome = await self._ingress.answer(lease)
+                finally:
+                    self._close()  # work cut short ends by its backend's on_abandon, then frees the slot
+                    self._count(outcome)
+                return
+            self._close()
+            refusal = lease
+            if refusal.outcome is Outcome.NO_BACKEND:
+                refusal = Refusal(Outcome.NO_BACKEND, admission.no_backend_retry_s)
+        self._count(refusal.outcome)  # before the answer: whoever reads the answer sees it counted
+        await self._ingress.refuse(refusal)
+
+    def _count(self, outcome: Outcome) -> None:
+        self._admission.metrics.count(self._pool.name, self._meta.priority, outcome)
+
+    def _granted(self, slot: Slot) -> None:
+        """The grant hook: runs inside the store's grant, before this call's task does."""
+        self._slot = slot
+        self._work.start_at_grant(slot.backend)
+
+    def _close(self) -> None:
+        if not self._work.close():
+            self._release(None)  # nothing was started on the slot: nothing to wait for
+
+    def _release(self, service_s: float | None) -> None:
+        """Give the slot back, once: the work's `on_done`, or `_close` when no work started."""
+        slot = self._slot
+        if slot is None or self._released:
+            return
+        self._released = True
+        self._admission.controller.release_soon(slot, service_s)

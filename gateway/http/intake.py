@@ -1,0 +1,93 @@
+"""Admitted routes: a request that needs a backend slot, from its arrival to its admitted call.
+
+An endpoint classifies the request (gateway.http.request_meta), reads its body under the limit,
+finds its model, and hands it to an admitted call (gateway.flow.admitted) with an upstream
+exchange (gateway.upstream.exchange) and the HTTP relay (gateway.http.relay). What goes wrong
+before that is answered here, and counted once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+
+from starlette.types import Receive, Scope, Send
+
+from gateway.errors import ErrorStyle
+from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
+from gateway.http.relay import Relay, send_error
+from gateway.http.request_meta import RequestClassifier
+from gateway.upstream.backends import ModelPool
+from gateway.upstream.client import upstream_request_headers
+from gateway.upstream.exchange import Forwarder, UpstreamRequest
+from policies.outcomes import Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """What an admitted route needs, built once and shared by the routes."""
+
+    pools: Mapping[str, ModelPool]
+    classifier: RequestClassifier
+    admission: Admission
+    forwarder: Forwarder
+    max_body_bytes: int
+
+
+class AdmittedEndpoint:
+    """An ASGI endpoint whose requests take backend slots, counted for the graceful drain."""
+
+    style: ErrorStyle
+
+    def __init__(self, intake: Intake) -> None:
+        self.intake = intake
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        drain = self.intake.admission.drain
+        drain.started()
+        try:
+            await self.serve(scope, receive, send)
+        finally:
+            drain.finished()
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+    async def fail(
+        self,
+        send: Send,
+        outcome: Outcome,
+        *,
+        model: str = "",
+        priority: str = "",
+        detail: str | None = None,
+    ) -> None:
+        """Count `outcome` and answer with its error: the request never reached admission."""
+        admission = self.intake.admission
+        admission.metrics.count(model, priority, outcome)
+        await send_error(send, self.style, outcome, admission.drain, detail=detail)
+
+    def admit(
+        self, scope: Scope, receive: Receive, send: Send, pool: ModelPool, meta: RequestMeta, body: bytes
+    ) -> Awaitable[None]:
+        """The admitted call of a request that is read and checked (returned to be awaited, so
+        that the hot path has no extra frame)."""
+        intake = self.intake
+        request = upstream_request(scope, body, model_in_body=self.style is ErrorStyle.OPENAI)
+        work = intake.forwarder.exchange(pool, request, meta.budget_s)
+        admission = intake.admission
+        relay = Relay(receive, send, self.style, work, admission.drain, admission.no_backend_retry_s)
+        return AdmittedCall(admission, pool, meta, work, relay).run()
+
+
+def upstream_request(scope: Scope, body: bytes, *, model_in_body: bool = False) -> UpstreamRequest:
+    """The client's request as its backend gets it (hop-by-hop fields dropped, the raw path kept)."""
+    raw_path = scope.get("raw_path")
+    return UpstreamRequest(
+        method=scope["method"],
+        path=raw_path.decode("latin-1") if raw_path else scope["path"],
+        query=scope["query_string"],
+        headers=upstream_request_headers(scope["headers"]),
+        body=body,
+        model_in_body=model_in_body,
+    )

@@ -1,0 +1,148 @@
+"""The HTTP relay: a backend's answer to the client, or the error the request ended with.
+
+Short answers with a Content-Length are read whole (their slot frees before the client write) and
+sent in one piece; long or open-ended ones (SSE) pass chunk by chunk, nothing buffered. Success
+carries `Server-Timing: queue;dur=<ms>, upstream;dur=<ms>`. Errors are rendered by gateway.errors
+in the route's style; while the gateway drains they close the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+
+from starlette.types import Receive, Send
+
+from gateway.errors import ErrorStyle, error_response
+from gateway.flow.controller import Lease, Refusal
+from gateway.flow.drain import Drain
+from gateway.http.exchange import RawHeaders, send_response, until_disconnect
+from gateway.upstream.client import downstream_response_headers
+from gateway.upstream.exchange import BUFFER_LIMIT_BYTES, UpstreamExchange
+from gateway.upstream.reply import ConnectFailed, Reply, UpstreamError
+from policies.outcomes import Outcome
+
+log = logging.getLogger("gateway.proxy")
+
+
+class ClientLeft(Exception):
+    """The client went away while its request was with a backend."""
+
+
+async def send_error(
+    send: Send,
+    style: ErrorStyle,
+    outcome: Outcome,
+    drain: Drain,
+    *,
+    detail: str | None = None,
+    retry_after_s: float | None = None,
+) -> None:
+    """Answer with `outcome`'s error (nothing, when the client is gone)."""
+    if outcome is Outcome.CLIENT_DISCONNECTED:
+        return  # nobody to answer
+    status, headers, body = error_response(outcome, style, detail=detail, retry_after_s=retry_after_s)
+    if drain.draining:
+        headers.append((b"connection", b"close"))
+    await send_response(send, status, headers, body)
+
+
+class Relay:
+    """The client's side of one admitted HTTP request (a gateway.flow.admitted.Ingress)."""
+
+    __slots__ = ("_drain", "_no_backend_retry_s", "_receive", "_send", "_style", "_work")
+
+    def __init__(
+        self,
+        receive: Receive,
+        send: Send,
+        style: ErrorStyle,
+        work: UpstreamExchange,
+        drain: Drain,
+        no_backend_retry_s: float,
+    ) -> None:
+        self._receive = receive
+        self._send = send
+        self._style = style
+        self._work = work
+        self._drain = drain
+        self._no_backend_retry_s = no_backend_retry_s
+
+    def until_disconnect(self) -> Awaitable[None]:
+        return until_disconnect(self._receive)
+
+    async def refuse(self, refusal: Refusal) -> None:
+        await send_error(
+            self._send, self._style, refusal.outcome, self._drain, retry_after_s=refusal.retry_after_s
+        )
+
+    async def answer(self, lease: Lease) -> Outcome:
+        work = self._work
+        client_gone: asyncio.Future[None] | None = None
+        try:
+            reply = work.reply or await work.start()
+            client_gone = self._watch_disconnect(reply)
+            await reply.head()
+            headers = downstream_response_headers(reply.headers)
+            length = reply.content_length
+            if length is None or length > BUFFER_LIMIT_BYTES or _is_event_stream(headers):
+                return await self._stream(lease, reply, headers)
+            body = await reply.read()
+        except ClientLeft:
+            return Outcome.CLIENT_DISCONNECTED
+        except ConnectFailed:  # the backend was marked unreachable before its slot went back
+            outcome, retry_after_s = Outcome.NO_BACKEND, self._no_backend_retry_s
+        except TimeoutError:
+            outcome, retry_after_s = Outcome.UPSTREAM_TIMEOUT, None
+        except UpstreamError as error:
+            log.warning("backend %s failed: %s", lease.slot.backend.url, error)
+            outcome, retry_after_s = Outcome.UPSTREAM_ERROR, None
+        else:
+            headers += [
+                (b"content-length", str(len(body)).encode()),
+                _server_timing(lease.queue_wait_s, work.elapsed_s or 0.0),
+            ]
+            await send_response(self._send, reply.status, headers, body)
+            return Outcome.OK
+        finally:
+            if client_gone is not None:
+                client_gone.cancel()
+        await send_error(self._send, self._style, outcome, self._drain, retry_after_s=retry_after_s)
+        return outcome
+
+    async def _stream(self, lease: Lease, reply: Reply, headers: RawHeaders) -> Outcome:
+        """Pass the answer through chunk by chunk (SSE stays chunked, nothing is buffered).
+
+        Once the status line is out an upstream failure can no longer become an error status:
+        the answer is cut short, so the client sees a broken stream rather than a clean end.
+        """
+        headers.append(_server_timing(lease.queue_wait_s, self._work.running_for_s()))
+        send = self._send
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        try:
+            async for chunk in reply.iter_chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except ClientLeft:
+            return Outcome.CLIENT_DISCONNECTED
+        except (TimeoutError, UpstreamError) as error:
+            log.warning("backend %s failed mid-stream: %s", lease.slot.backend.url, error)
+            outcome = Outcome.UPSTREAM_TIMEOUT if isinstance(error, TimeoutError) else Outcome.UPSTREAM_ERROR
+            return outcome  # without the final body message the server closes the connection
+        await send({"type": "http.response.body", "body": b""})
+        return Outcome.OK
+
+    def _watch_disconnect(self, reply: Reply) -> asyncio.Future[None]:
+        """Give up on `reply` the moment the client goes away (cancel the watch once answered)."""
+        watch = asyncio.ensure_future(until_disconnect(self._receive))
+        watch.add_done_callback(lambda done: done.cancelled() or reply.give_up(ClientLeft()))
+        return watch
+
+
+def _is_event_stream(headers: RawHeaders) -> bool:
+    return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+
+
+def _server_timing(queue_s: float, upstream_s: float) -> tuple[bytes, bytes]:
+    value = f"queue;dur={queue_s * 1000:.3f}, upstream;dur={upstream_s * 1000:.3f}"
+    return b"server-timing", value.encode()

@@ -1,0 +1,223 @@
+"""The upstream exchange: one request's trip to a backend, prepared while it waits, started the
+moment it has a slot, and ended exactly once.
+
+Its rules:
+- the request is serialized while it waits (for a pool of one backend), so the grant only writes it;
+- `start_at_grant` runs inside the store's grant: it writes the request on an idle pooled
+  connection at once, without awaiting; without one, the relay's `start` opens a connection;
+- `on_done` runs once, inside the callback in which the backend is done with the request (its
+  answer ended, or its connection closed: gateway.upstream.reply), with the service time to learn
+  from; a backend that could not be reached, or that closed without answering, is marked
+  unreachable before that, so that the freed slot is not handed to a waiter for it;
+- `close` leaves the exchange to end as the backend's `on_abandon` says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.upstream.backends import BackendState, ModelPool
+from gateway.upstream.client import RawHeaders
+from gateway.upstream.http1 import UpstreamClient, serialize_request
+from gateway.upstream.origin import OnAbandon, origin_of
+from gateway.upstream.reply import BackendGone, ConnectFailed, Reply, UpstreamBroken
+
+# Answers up to this size with a Content-Length are read whole, so the slot frees before the
+# client write; longer or open-ended ones (SSE) stream chunk by chunk.
+BUFFER_LIMIT_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamRequest:
+    """A client's request as a backend gets it, before the backend's own model name is put in."""
+
+    method: str
+    path: str
+    query: bytes
+    headers: RawHeaders
+    """Already free of hop-by-hop fields (gateway.upstream.client.upstream_request_headers)."""
+    body: bytes
+    model_in_body: bool = False
+    """The body's `model` names the model (OpenAI), rather than the path (KServe)."""
+
+
+class Forwarder:
+    """The exchanges' shared parts: the client, the clock, and where a failed backend is reported."""
+
+    def __init__(
+        self,
+        client: UpstreamClient,
+        *,
+        on_unreachable: Callable[[ModelPool, BackendState], None],
+        observe_upstream_s: Callable[[str, float], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.on_unreachable = on_unreachable
+        self.observe_upstream_s = observe_upstream_s
+        self.clock = clock
+
+    def exchange(self, pool: ModelPool, request: UpstreamRequest, budget_s: float | None) -> UpstreamExchange:
+        """The exchange for a request that will hold a slot of `pool`."""
+        return UpstreamExchange(self, pool, request, budget_s)
+
+    async def fetch(
+        self, pool: ModelPool, backend: BackendState, request: UpstreamRequest
+    ) -> tuple[Reply, bytes]:
+        """A control-plane request (metadata, readiness): no slot held, read whole, cut off on exit."""
+        reply = Reply(
+            asyncio.get_running_loop(),
+            pool.upstream_timeout_s,
+            head_only=request.method == "HEAD",
+            whole_up_to_bytes=BUFFER_LIMIT_BYTES,
+            on_abandon=OnAbandon.ABORT,  # no slot waits for it: end it with its reader
+        )
+        try:
+            origin = origin_of(backend.url, backend.connection)
+            await self.client.send(origin, serialized(request, backend), reply)
+            await reply.head()
+            body = await reply.read()
+        finally:
+            reply.give_up(UpstreamBroken("abandoned"))
+        return reply, body
+
+
+class UpstreamExchange:
+    """One request's exchange with the backend its slot is on; see the module docstring."""
+
+    __slots__ = (
+        "_backend",
+        "_budget_at",
+        "_forwarder",
+        "_pool",
+        "_prepared",
+        "_request",
+        "elapsed_s",
+        "on_done",
+        "reply",
+        "started_at",
+    )
+
+    def __init__(
+        self, forwarder: Forwarder, pool: ModelPool, request: UpstreamRequest, budget_s: float | None
+    ) -> None:
+        self._forwarder = forwarder
+        self._pool = pool
+        self._request = request
+        self._budget_at = None if budget_s is None else forwarder.clock() + budget_s
+        self._backend: BackendState | None = None
+        self._prepared: tuple[BackendState, bytes] | None = None
+        self.on_done: Callable[[float | None], None] | None = None
+        self.reply: Reply | None = None
+        """Set once the request is sent (or being sent)."""
+        self.started_at = 0.0
+        self.elapsed_s: float | None = None
+        """From sending to the backend's end of it."""
+        if len(pool.backends) == 1:  # the usual case: serialize now, off the hand-over's path
+            self._wire(pool.backends[0])
+
+    @property
+    def backend(self) -> BackendState:
+        """The backend of the slot (only once it has one)."""
+        assert self._backend is not None, "an exchange has a backend from its grant"
+        return self._backend
+
+    def running_for_s(self) -> float:
+        return self._forwarder.clock() - self.started_at
+
+    def start_at_grant(self, backend: BackendState) -> None:
+        """The slot on `backend` is this request's: send at once when a pooled connection is idle."""
+        self._backend = backend
+        origin = origin_of(backend.url, backend.connection)
+        self._forwarder.client.try_send(origin, self._wire(backend), self._new_reply)
+
+    async def start(self) -> Reply:
+        """Send on a pooled or new connection (after `start_at_grant` found none idle)."""
+        backend = self.backend
+        reply = self._new_reply()
+        try:
+            await self._forwarder.client.send(
+                origin_of(backend.url, backend.connection), self._wire(backend), reply
+            )
+        except ConnectFailed as error:
+            reply.abort(error)  # ends it now: the backend is marked unreachable, then the slot frees
+            raise
+        return reply
+
+    def close(self) -> bool:
+        """Done with the exchange: one still running ends as its backend's `on_abandon` says (and
+        then calls `on_done`); False when nothing was sent, so no `on_done` will come."""
+        if self.reply is None:
+            return False
+        self.reply.give_up(UpstreamBroken("abandoned"))
+        return True
+
+    def _new_reply(self) -> Reply:
+        self.started_at = now = self._forwarder.clock()
+        backend = self.backend
+        reply = self.reply = Reply(
+            asyncio.get_running_loop(),
+            self._pool.upstream_timeout_s,
+            head_only=self._request.method == "HEAD",
+            whole_up_to_bytes=BUFFER_LIMIT_BYTES,
+            on_abandon=backend.on_abandon,
+            give_up_after_s=None if self._budget_at is None else self._budget_at - now,
+        )
+        reply.on_complete = self._finished
+        return reply
+
+    def _finished(self) -> None:
+        """The backend is done with the request: record its time, then let the slot go."""
+        forwarder, reply = self._forwarder, self.reply
+        self.elapsed_s = forwarder.clock() - self.started_at
+        assert reply is not None, "on_complete is set on the reply it completes"
+        if isinstance(reply.error, ConnectFailed | BackendGone):
+            # Before the slot goes back, or its release would hand it to a waiter for this backend.
+            forwarder.on_unreachable(self._pool, self.backend)
+        service_s: float | None = None
+        if reply.complete:
+            forwarder.observe_upstream_s(self._pool.name, self.elapsed_s)
+            if reply.status < 400:
+                service_s = self.elapsed_s
+        elif isinstance(reply.given_up, TimeoutError):
+            service_s = self.elapsed_s  # cut short: the service took at least this long
+        if self.on_done is not None:
+            self.on_done(service_s)
+
+    def _wire(self, backend: BackendState) -> bytes:
+        """The request as `backend` gets it (kept for the backend it was last made for)."""
+        if self._prepared is not None and self._prepared[0] is backend:
+            return self._prepared[1]
+        wire = serialized(self._request, backend)
+        self._prepared = (backend, wire)
+        return wire
+
+
+def serialized(request: UpstreamRequest, backend: BackendState) -> bytes:
+    """`request` on the wire to `backend`, under the backend's own name for the model."""
+    target, body = request.path, request.body
+    if backend.served_model != backend.model:
+        target, body = served_names(target, body, backend.model, backend.served_model, request.model_in_body)
+    if request.query:
+        target += "?" + request.query.decode("latin-1")
+    return serialize_request(request.method, target, origin_of(backend.url), request.headers, body)
+
+
+def served_names(target: str, body: bytes, model: str, served: str, model_in_body: bool) -> tuple[str, bytes]:
+    """The path and body with the gateway's model name replaced by the backend's own.
+
+    KServe names the model in the path; OpenAI in the body's `model`, which is then written anew
+    (only for backends configured with a different `served_model`).
+    """
+    prefix = f"/v2/models/{model}"
+    if target == prefix or target.startswith(prefix + "/"):
+        return f"/v2/models/{served}" + target[len(prefix) :], body
+    if model_in_body and body:
+        payload = json.loads(body)
+        payload["model"] = served
+        return target, json.dumps(payload).encode()
+    return target, body

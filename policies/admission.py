@@ -16,9 +16,11 @@ count wavers by sqrt(v * n / mu_b). The variance comes from the backends' servic
 with a steady service time hands over like a clock, one with exponential service times like a
 Poisson stream) and from the urgent bands' arrivals, which take hand-overs at random.
 
-The check is also expressed as a position limit (`max_positions`), so that a store can make the
-check and the insert it guards one atomic operation: the admitted positions are exactly those
-with n + z * sqrt(n * v / mu_b) <= allowed * mu_b.
+Work is counted in cost units (policies.wait): n is the work to drain before the request's own
+hand-over, its own hand-over included. The check is also expressed as a work limit
+(`max_work_ahead`), so that a store can make the check and the insert it guards one atomic
+operation: the admitted amounts of work are exactly those with n + z * sqrt(n * v / mu_b) <=
+allowed * mu_b.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from policies.wait import (
     Throughput,
     band_count_variance_rate,
     band_drain_rate_per_s,
-    positions_to_drain,
+    work_to_drain,
 )
 
 
@@ -80,30 +82,35 @@ def allowed_wait_s(request: AdmissionRequest, throughput: Throughput, safety_sig
     return allowed
 
 
-def cautious_wait_s(positions: int, throughput: Throughput, band: int, safety_sigmas: float) -> float:
-    """The wait for `positions` hand-overs to `band`, `safety_sigmas` deviations above its mean."""
+def cautious_wait_s(work: float, throughput: Throughput, band: int, safety_sigmas: float) -> float:
+    """The wait for `work` to be handed to `band`, `safety_sigmas` deviations above its mean."""
     band_drain = band_drain_rate_per_s(throughput, band)
-    spread = math.sqrt(positions * band_count_variance_rate(throughput, band) / band_drain)
-    return (positions + safety_sigmas * spread) / band_drain
+    spread = math.sqrt(work * band_count_variance_rate(throughput, band) / band_drain)
+    return (work + safety_sigmas * spread) / band_drain
 
 
-def max_positions(request: AdmissionRequest, throughput: Throughput, config: AdmissionConfig) -> int:
-    """The most hand-overs the request may wait for; -1 when it cannot be served in time at all."""
+def max_work(request: AdmissionRequest, throughput: Throughput, config: AdmissionConfig) -> float:
+    """The most work (its own hand-over included) the request may wait to be drained; -1 when it
+    cannot be served in time at all."""
     allowed = allowed_wait_s(request, throughput, config.safety_sigmas)
     if allowed < 0:
-        return -1
+        return -1.0
     band_drain = band_drain_rate_per_s(throughput, request.band)
     budget = allowed * band_drain
     # The largest n with n + c * sqrt(n) <= budget, c = z * sqrt(v / mu_b): a quadratic in sqrt(n).
     c = config.safety_sigmas * math.sqrt(band_count_variance_rate(throughput, request.band) / band_drain)
-    root = (-c + math.sqrt(c * c + 4 * budget)) / 2
-    limit = math.floor(root * root)
-    # Guard the floating-point edge so that the limit and cautious_wait_s always agree.
-    while limit > 0 and limit + c * math.sqrt(limit) > budget:
-        limit -= 1
-    while (limit + 1) + c * math.sqrt(limit + 1) <= budget:
-        limit += 1
-    return limit
+    if c == 0:
+        return budget  # exact, so that work landing right on the limit is admitted
+    # The root written so that it does not cancel when c * c dwarfs the budget.
+    root = 2 * budget / (c + math.sqrt(c * c + 4 * budget))
+    return root * root
+
+
+def max_work_ahead(request: AdmissionRequest, throughput: Throughput, config: AdmissionConfig) -> float:
+    """`max_work` less the request's own hand-over: the most work that may be queued ahead of it
+    when no slot is free (what a store checks atomically). Negative refuses even with a free slot."""
+    limit = max_work(request, throughput, config)
+    return limit if limit < 0 else limit - throughput.handover_cost
 
 
 def decide(
@@ -114,9 +121,10 @@ def decide(
     config: AdmissionConfig,
 ) -> Admit | Reject:
     """Admit when the cautious wait fits the allowance, else Reject with a computed Retry-After."""
-    positions = positions_to_drain(stats, request.band)
-    if positions <= max_positions(request, throughput, config):
-        return Admit(predicted_wait_s=positions / band_drain_rate_per_s(throughput, request.band))
+    work = work_to_drain(stats, request.band, throughput.handover_cost)
+    limit = max_work(request, throughput, config)
+    if limit >= 0 and work <= limit:
+        return Admit(predicted_wait_s=work / band_drain_rate_per_s(throughput, request.band))
     return refuse(request, stats, throughput, jitter_u, config)
 
 
@@ -134,17 +142,17 @@ def refuse(
     `reason` overrides the one derived from the limits (a request that expired in the queue).
     """
     drain = band_drain_rate_per_s(throughput, request.band)
-    positions = positions_to_drain(stats, request.band)
+    work = work_to_drain(stats, request.band, throughput.handover_cost)
     allowed = allowed_wait_s(request, throughput, config.safety_sigmas)
     if reason is None:
         budget_binds = allowed < request.max_queue_wait_s
         reason = Outcome.DEADLINE_UNMEETABLE if budget_binds else Outcome.QUEUE_FULL
     advice = retry_after_s(
-        excess_wait_s=cautious_wait_s(positions, throughput, request.band, config.safety_sigmas)
+        excess_wait_s=cautious_wait_s(work, throughput, request.band, config.safety_sigmas)
         - max(allowed, 0.0),
         band_drain_rate_per_s=drain,
         spread=throughput.retry_spread(request.band),
         jitter_u=jitter_u,
         config=config.retry,
     )
-    return Reject(reason=reason, retry_after_s=advice, predicted_wait_s=positions / drain)
+    return Reject(reason=reason, retry_after_s=advice, predicted_wait_s=work / drain)

@@ -1,10 +1,14 @@
 """How long will a request wait for a slot? Predicted queue wait under strict priority.
 
-A request of band b waits until every request queued ahead of it (in bands 0..b, most urgent
-first) and itself have been handed a slot. Slots hand over at the pool's drain rate, but requests
-of more urgent bands that arrive meanwhile jump ahead, so band b only sees what the urgent bands
-leave over: mu_b = mu - sum(admitted rate of bands < b), floored so that an estimate never says
-"never" while the urgent bands are merely busy.
+Everything is counted in work units, a request's cost (1 for a plain request; batch items or
+tokens where requests differ in size): queues hold work, the pool drains work per second, and
+arrival rates are work per second. With every cost 1 work is a count of requests.
+
+A request of band b waits until the work queued ahead of it (in bands 0..b, most urgent first) has
+been handed slots, and then for one hand-over of its own. Slots hand work over at the pool's drain
+rate, but work of more urgent bands that arrives meanwhile jumps ahead, so band b only sees what
+the urgent bands leave over: mu_b = mu - sum(admitted rate of bands < b), floored so that an
+estimate never says "never" while the urgent bands are merely busy.
 """
 
 from __future__ import annotations
@@ -21,9 +25,15 @@ class QueueStats:
     """What the queue holds right now for one model."""
 
     queued_by_band: tuple[int, ...]
+    """Requests waiting, per band."""
     free_slots: int
-    external_waiting: int = 0
-    """Requests the backends report queued inside them (sent by others): ahead of every band."""
+    queued_work_by_band: tuple[float, ...] = ()
+    """Work waiting, per band; the request counts when not given (every cost 1)."""
+    external_waiting: float = 0.0
+    """Work the backends report queued inside them (sent by others): ahead of every band."""
+
+    def work(self, band: int) -> float:
+        return (self.queued_work_by_band or self.queued_by_band)[band]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,13 +41,13 @@ class Throughput:
     """Measured speeds of one model's pool."""
 
     service_time_s: float
-    """Mean time a slot is held for one request (send, backend work, answer back)."""
+    """Mean time a slot is held for one hand-over (send, backend work, answer back)."""
     drain_rate_per_s: float
-    """Requests per second handed a slot while every slot is busy."""
+    """Work per second handed slots while every slot is busy."""
     admitted_rate_by_band: tuple[float, ...]
-    """Admitted arrivals per second, per band."""
+    """Admitted work per second, per band."""
     offered_rate_by_band: tuple[float, ...]
-    """All arrivals per second (admitted or not), per band."""
+    """All arriving work per second (admitted or not), per band."""
     service_spread_s: float = 0.0
     """Standard deviation of the service time."""
     service_cv: float = 1.0
@@ -45,15 +55,18 @@ class Throughput:
     service times, until enough have been measured to tell."""
     retry_spread_by_band: tuple[float, ...] = ()
     """Retry-After spread factors per band (policies.retry_after.next_spread); 1 when absent."""
+    handover_cost: float = 1.0
+    """Mean work a slot takes per hand-over (1 while every cost is 1)."""
 
     def retry_spread(self, band: int) -> float:
         return self.retry_spread_by_band[band] if band < len(self.retry_spread_by_band) else 1.0
 
 
-def positions_to_drain(stats: QueueStats, band: int) -> int:
-    """How many slot hand-overs must happen before a new request of `band` gets one (0: a slot is free)."""
-    ahead = sum(stats.queued_by_band[: band + 1]) + stats.external_waiting
-    return max(0, ahead + 1 - stats.free_slots)
+def work_to_drain(stats: QueueStats, band: int, handover_cost: float = 1.0) -> float:
+    """The work that must be handed slots before a new request of `band` gets one, its own
+    hand-over included (0: a slot is free). Each free slot takes one hand-over's work at once."""
+    ahead = sum(stats.work(b) for b in range(band + 1)) + stats.external_waiting
+    return max(0.0, ahead + handover_cost * (1 - stats.free_slots))
 
 
 def band_drain_rate_per_s(throughput: Throughput, band: int) -> float:
@@ -64,24 +77,24 @@ def band_drain_rate_per_s(throughput: Throughput, band: int) -> float:
 
 
 def band_count_variance_rate(throughput: Throughput, band: int) -> float:
-    """Variance per second of the count of hand-overs that reach `band` while it waits.
+    """Variance per second of the work handed to `band` while it waits.
 
     The pool's slots hand over like renewal processes: over a long time t, k slots of mean service
     m and coefficient of variation cv hand over mu * t times with variance mu * t * cv**2 (1 for
     exponential service times, near 0 for a model whose every call takes the same time). The
     urgent bands' admitted arrivals, taken as Poisson, take hand-overs away with variance equal to
-    their mean.
+    their mean. Each hand-over carries `handover_cost` of work, which scales both variances by it.
     """
     urgent_rate = sum(throughput.admitted_rate_by_band[:band])
-    return throughput.drain_rate_per_s * throughput.service_cv**2 + urgent_rate
+    return throughput.handover_cost * (throughput.drain_rate_per_s * throughput.service_cv**2 + urgent_rate)
 
 
 def predicted_wait_s(stats: QueueStats, throughput: Throughput, band: int) -> float:
     """Expected seconds in the queue for a request of `band` arriving now."""
-    positions = positions_to_drain(stats, band)
-    if positions == 0:
+    work = work_to_drain(stats, band, throughput.handover_cost)
+    if work == 0:
         return 0.0
-    return positions / band_drain_rate_per_s(throughput, band)
+    return work / band_drain_rate_per_s(throughput, band)
 
 
 def offered_load(throughput: Throughput, band: int) -> float:
@@ -89,17 +102,19 @@ def offered_load(throughput: Throughput, band: int) -> float:
     return throughput.offered_rate_by_band[band] / band_drain_rate_per_s(throughput, band)
 
 
-def drain_rate_from_slots(slots: int, service_time_s: float) -> float:
+def drain_rate_from_slots(slots: int, service_time_s: float, handover_cost: float = 1.0) -> float:
     """The drain rate implied by the slot count and service time, used until one is measured."""
-    return max(slots, 1) / service_time_s
+    return max(slots, 1) * handover_cost / service_time_s
 
 
 DRAIN_PRIOR_S = 0.1
 """Seconds of backlog the slots' bound counts for when blended with the measured hand-overs."""
 
 
-def pool_drain_rate_per_s(handovers: float, backlog_s: float, slots: int, service_time_s: float) -> float:
-    """The pool's drain rate from `handovers` seen in `backlog_s` seconds of backlog.
+def pool_drain_rate_per_s(
+    handed_work: float, backlog_s: float, slots: int, service_time_s: float, handover_cost: float = 1.0
+) -> float:
+    """The pool's drain rate from `handed_work` seen handed over in `backlog_s` seconds of backlog.
 
     Each slot holds one request for the service time on average, so by Little's law hand-overs
     cannot outpace slots / service time for long. The measurement is blended with that bound, which
@@ -112,6 +127,6 @@ def pool_drain_rate_per_s(handovers: float, backlog_s: float, slots: int, servic
     Once seconds of backlog have been seen the measurement dominates (a 2 s window gives the bound
     5%), so a pool slowed by other clients' traffic is seen as slow. Nothing seen: the bound.
     """
-    ceiling = drain_rate_from_slots(slots, service_time_s)
-    blended = (handovers + ceiling * DRAIN_PRIOR_S) / (backlog_s + DRAIN_PRIOR_S)
+    ceiling = drain_rate_from_slots(slots, service_time_s, handover_cost)
+    blended = (handed_work + ceiling * DRAIN_PRIOR_S) / (backlog_s + DRAIN_PRIOR_S)
     return min(blended, ceiling)

@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from gateway.flow.estimates import RetrySpreads
-from gateway.queues.base import Full, Granted, RequestQueue, Slot, Ticket, Unavailable
+from gateway.flow.retry_spreads import RetrySpreads
+from gateway.queues.base import Batching, Flow, Full, Granted, RequestQueue, Slot, Ticket, Unavailable
 from gateway.settings import PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.admission import (
@@ -25,7 +25,7 @@ from policies.admission import (
     AdmissionRequest,
     Reject,
     allowed_wait_s,
-    max_positions,
+    max_work_ahead,
     refuse,
 )
 from policies.outcomes import Outcome
@@ -88,29 +88,31 @@ class AdmissionController:
 
     async def acquire(
         self,
-        model: str,
-        band: int,
+        flow: Flow,
+        cost: float,
         budget_s: float | None,
         until_disconnect: Callable[[], Awaitable[object]],
         on_grant: Callable[[Slot], None] | None = None,
+        batching: Batching | None = None,
     ) -> Lease | Refusal:
-        """A slot for a request of `band`, or the reason it gets none.
+        """A slot for a request of `flow` that costs `cost` work units, or the reason it gets none.
 
         `until_disconnect` returns when the client goes away; it is awaited only while queued.
         `on_grant` runs inside the store's grant when a queued request gets its slot (see Ticket).
         """
+        model, band = flow.model, flow.band
         arrived_at = self._clock()
         request = AdmissionRequest(band=band, max_queue_wait_s=self._max_wait_s[band], budget_s=budget_s)
         throughput = self._store.throughput(model, arrived_at)
-        # Requests the backends hold for other clients are ahead of every band: they take
-        # positions from the limit the store checks atomically.
-        external = int(self._signals.external_waiting(model))
+        # Work the backends hold for other clients is ahead of every band: it comes off the
+        # limit the store checks atomically.
+        external = int(self._signals.external_waiting(model)) * throughput.handover_cost
         if (shed := self._shed(model, request, throughput, external)) is not None:
             return shed
         allowed_s = allowed_wait_s(request, throughput, self._admission.safety_sigmas)
-        limit = max_positions(request, throughput, self._admission)
+        limit = max_work_ahead(request, throughput, self._admission)
         offer = await self._store.offer(
-            model, band, allowed_s, limit - external if limit >= 0 else limit, arrived_at
+            flow, cost, allowed_s, limit - external if limit >= 0 else limit, arrived_at, batching
         )
         if isinstance(offer, Granted):
             self._metrics.observe_queue_wait(model, self._class_names[band], 0.0)
@@ -153,7 +155,7 @@ class AdmissionController:
         return self._store.release_soon(slot, self._clock())
 
     def _shed(
-        self, model: str, request: AdmissionRequest, throughput: Throughput, external: int
+        self, model: str, request: AdmissionRequest, throughput: Throughput, external: float
     ) -> Refusal | None:
         """Refuse at once a class the cluster backlog sheds, with the cluster's wait added."""
         backlog = self._signals.backlog()

@@ -1,9 +1,16 @@
 """The RequestQueue protocol that every store (memory, Redis) implements, and its values.
 
-A store holds, per model, the waiting requests (metadata only, never bodies) in per-band queues
-and the count of backend slots in use. Its rules:
+A store holds, per model, the waiting requests (metadata only, never bodies) and the count of
+backend slots in use. Requests wait in flows, (model, band, tenant), each ordered by a score
+computed once at enqueue (policies.ordering), so that a heap and a sorted set order alike. Every
+request carries a cost in work units (1 for a plain request; batch items or tokens where requests
+differ in size): queue statistics, admission limits and drain rates are in work. Its rules:
 - `offer` checks the admission limit and inserts (or grants a free slot) in one atomic step;
-- a slot that frees is handed to the head of the most urgent non-empty band;
+- a slot that frees goes to the most urgent band with work waiting, and within it to the flow
+  whose head has the lowest score (until weighted fair queuing picks the flow);
+- a grant may hand one slot to several tickets of one flow at once, when they share a batch key:
+  the head and the tickets right behind it with its key, up to the head's batch cost; they share
+  one Slot (one upstream call serves them, and it is released once);
 - `withdraw` and `release` are idempotent, so cleanup paths may call them without bookkeeping,
   and they run to completion even when their caller is cancelled (a store that does I/O shields
   it), so cleanup in a `finally` never leaks a slot;
@@ -26,12 +33,35 @@ from policies.wait import QueueStats, Throughput
 log = logging.getLogger("gateway.queues")
 
 
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """Whose work a request is, within which band: the unit that fairness and quotas divide
+    between. `tenant` is a configured tenant's name, or "" for the one default flow."""
+
+    model: str
+    band: int
+    tenant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Batching:
+    """A request that may share its slot: with the tickets of its flow queued right behind it
+    that have the same `key` (the shell's word for "mergeable"), up to `max_cost` of work in all."""
+
+    key: str
+    max_cost: float
+
+
 @dataclass(slots=True, eq=False)
 class Slot:
-    """One backend slot held by one request; released exactly once."""
+    """One backend slot held by one request, or by a batch of them; released exactly once."""
 
     model: str
     backend: BackendState
+    cost: float = 1.0
+    """The work it carries: the sum of its tickets' costs."""
+    batch: tuple[Ticket, ...] = ()
+    """The tickets granted this one slot together, when it went to a batch."""
     released: bool = False
     lease: str = ""
     """The store's id for the slot, where it keeps one (Redis)."""
@@ -43,14 +73,23 @@ class Slot:
 class Ticket:
     """A request waiting for a slot."""
 
-    model: str
-    band: int
+    flow: Flow
+    cost: float
     wakeup: asyncio.Future[Slot | Outcome] = field(repr=False)
     id: str = ""
     """The store's id for the ticket, where it keeps one (Redis)."""
+    batching: Batching | None = None
     on_grant: Callable[[Slot], None] | None = field(default=None, repr=False)
     """Called inside the store's grant, before the waiter runs: it may start the request's
     exchange at once (the proxy writes it on an idle connection). It must not raise."""
+
+    @property
+    def model(self) -> str:
+        return self.flow.model
+
+    @property
+    def band(self) -> int:
+        return self.flow.band
 
     def grant(self, slot: Slot) -> None:
         """End the wait with `slot` (the store checked that the wait had not ended)."""
@@ -108,11 +147,19 @@ class RequestQueue(Protocol):
         ...
 
     async def offer(
-        self, model: str, band: int, allowed_wait_s: float, max_positions: int, now: float
+        self,
+        flow: Flow,
+        cost: float,
+        allowed_wait_s: float,
+        max_work_ahead: float,
+        now: float,
+        batching: Batching | None = None,
     ) -> Offer:
-        """Grant a free slot, queue, or refuse when more than `max_positions` hand-overs are ahead.
+        """Grant a free slot, queue, or refuse when more than `max_work_ahead` work would be
+        queued ahead of it (its band and the more urgent ones) with no slot free; a negative limit
+        refuses even with a slot free.
 
-        `allowed_wait_s` is how long the request may wait; the store orders its queue by its
+        `allowed_wait_s` is how long the request may wait; the store orders its flow by its
         configured Ordering, on its own clock.
         """
         ...

@@ -26,7 +26,7 @@ from typing import Literal
 from anyio.abc import TaskStatus
 from redis.exceptions import RedisError
 
-from gateway.queues.base import Offer, Slot, Ticket, Unavailable
+from gateway.queues.base import Batching, Flow, Offer, Slot, Ticket, Unavailable
 from gateway.queues.memory import MemoryQueue
 from gateway.queues.redis import RedisQueue
 from gateway.supervision import Loop, Supervisor
@@ -122,16 +122,22 @@ class FailoverQueue:
         self._local.record_service(model, service_s)
 
     async def offer(
-        self, model: str, band: int, allowed_wait_s: float, max_positions: int, now: float
+        self,
+        flow: Flow,
+        cost: float,
+        allowed_wait_s: float,
+        max_work_ahead: float,
+        now: float,
+        batching: Batching | None = None,
     ) -> Offer:
         if self.up:
             try:
-                return await self._redis.offer(model, band, allowed_wait_s, max_positions, now)
+                return await self._redis.offer(flow, cost, allowed_wait_s, max_work_ahead, now, batching)
             except RedisError as error:
                 self.redis_failed(error)
         if self._mode == "reject":
             return Unavailable(retry_after_s=self._probe_interval_s)
-        return await self._local.offer(model, band, allowed_wait_s, max_positions, now)
+        return await self._local.offer(flow, cost, allowed_wait_s, max_work_ahead, now, batching)
 
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
         if not ticket.id:

@@ -1,9 +1,9 @@
-"""MemoryQueue: per-model band heaps and slot counts in this process.
+"""MemoryQueue: per-model flows and slot counts in this process.
 
 Everything runs on one event loop and no method awaits, so each operation is atomic by
-construction. Withdrawn tickets stay in their heap until they reach its top (lazy deletion); the
-per-band `depth` counts only live ones. As the fallback of a shared store, it uses only this
-replica's share of each backend's slots (`slot_divisor`).
+construction. Each band keeps a heap per flow; withdrawn tickets stay in their heap until they
+reach its top (lazy deletion), while the band's count and work cover only live ones. As the fallback
+of a shared store, it uses only this replica's share of each backend's slots (`slot_divisor`).
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ import asyncio
 import heapq
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from gateway.flow.estimates import PoolEstimates
-from gateway.queues.base import Full, Granted, Offer, Queued, Slot, Ticket
+from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket
+from gateway.queues.estimates import PoolEstimates, StoreCounters
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots, pick_backend
-from policies.dispatch import next_band
 from policies.ordering import Ordering, score
 from policies.outcomes import Outcome
 from policies.wait import QueueStats, Throughput
@@ -51,6 +50,15 @@ class _Capacity:
         return self.backend.external_waiting
 
 
+@dataclass(slots=True, eq=False)
+class _Band:
+    """One band's waiting tickets: a heap per flow (by tenant), and the live count and work."""
+
+    flows: dict[str, list[_HeapEntry]] = field(default_factory=dict)
+    count: int = 0
+    work: float = 0.0
+
+
 class _ModelQueue:
     def __init__(self, pool: ModelPool, bands: int, estimation: Estimation, slot_divisor: int) -> None:
         self.pool = pool
@@ -58,10 +66,10 @@ class _ModelQueue:
         self.capacity: list[_Capacity] = []
         self.capacity_of: dict[BackendState, _Capacity] = {}
         self.follow_backends()
-        self.heaps: list[list[_HeapEntry]] = [[] for _ in range(bands)]
-        self.depth = [0] * bands
+        self.bands = [_Band() for _ in range(bands)]
         self.live: set[Ticket] = set()
         self.estimates = PoolEstimates(bands, pool.expected_service_s, estimation)
+        self.counters = StoreCounters.empty(bands)
         # Set after a hand-over that left requests waiting: the gap to the next hand-over is then a
         # clean sample of the drain rate (no idle slot in between).
         self.backlogged_handover_at: float | None = None
@@ -90,7 +98,11 @@ class _ModelQueue:
         self.capacity = list(current.values())
 
     def stats(self) -> QueueStats:
-        return QueueStats(queued_by_band=tuple(self.depth), free_slots=free_slots(self.capacity))
+        return QueueStats(
+            queued_by_band=tuple(b.count for b in self.bands),
+            free_slots=free_slots(self.capacity),
+            queued_work_by_band=tuple(b.work for b in self.bands),
+        )
 
     @property
     def total_slots(self) -> int:
@@ -102,28 +114,68 @@ class _ModelQueue:
         capacity.backend.inflight += 1  # the gateway-wide count of slots held, for metrics
         return capacity.backend
 
+    def insert(self, ticket: Ticket, rank: float, sequence: int) -> None:
+        band = self.bands[ticket.band]
+        heapq.heappush(band.flows.setdefault(ticket.flow.tenant, []), (rank, sequence, ticket))
+        band.count += 1
+        band.work += ticket.cost
+        self.live.add(ticket)
+
     def remove(self, ticket: Ticket) -> bool:
         if ticket not in self.live:
             return False
         self.live.discard(ticket)
-        self.depth[ticket.band] -= 1
+        band = self.bands[ticket.band]
+        band.count -= 1
+        band.work = band.work - ticket.cost if band.count else 0.0  # no float residue when empty
         if not self.live:
             self.backlogged_handover_at = None
-        heap = self.heaps[ticket.band]
-        if len(heap) > 64 and len(heap) > 4 * self.depth[ticket.band]:
-            self.heaps[ticket.band] = [entry for entry in heap if entry[2] in self.live]
-            heapq.heapify(self.heaps[ticket.band])
+        heap = band.flows.get(ticket.flow.tenant)
+        if heap is not None and len(heap) > 64 and len(heap) > 4 * band.count:
+            heap[:] = [entry for entry in heap if entry[2] in self.live]
+            heapq.heapify(heap)
         return True
 
-    def pop_next(self) -> Ticket | None:
-        """The head of the most urgent non-empty band, removed from the queue."""
-        while (band := next_band(self.depth)) is not None:
-            heap = self.heaps[band]
-            while heap:
-                ticket = heapq.heappop(heap)[2]
-                if self.remove(ticket):
-                    return ticket
-        return None
+    def pop_next(self) -> list[Ticket]:
+        """The next tickets to get a slot, removed from the queue: the head of the flow with the
+        lowest head score in the most urgent band with work, and the batch it leads, if any."""
+        for band in self.bands:
+            if band.count == 0:
+                continue
+            tenant = min(
+                (tenant for tenant, heap in band.flows.items() if self._clean_head(heap)),
+                key=lambda tenant: band.flows[tenant][0][:2],
+            )
+            heap = band.flows[tenant]
+            leader = heapq.heappop(heap)[2]
+            self.remove(leader)
+            taken = [leader]
+            if leader.batching is not None:
+                taken += self._batch_behind(heap, leader.batching, leader.cost)
+            if not heap:
+                del band.flows[tenant]
+            return taken
+        return []
+
+    def _batch_behind(self, heap: list[_HeapEntry], batching: Batching, cost: float) -> list[Ticket]:
+        followers: list[Ticket] = []
+        while self._clean_head(heap):
+            ticket = heap[0][2]
+            if ticket.batching is None or ticket.batching.key != batching.key:
+                break
+            if cost + ticket.cost > batching.max_cost:
+                break
+            heapq.heappop(heap)
+            self.remove(ticket)
+            followers.append(ticket)
+            cost += ticket.cost
+        return followers
+
+    def _clean_head(self, heap: list[_HeapEntry]) -> bool:
+        """Drop withdrawn tickets off the heap's top; True when a live one is left."""
+        while heap and heap[0][2] not in self.live:
+            heapq.heappop(heap)
+        return bool(heap)
 
 
 class MemoryQueue:
@@ -153,38 +205,52 @@ class MemoryQueue:
 
     def throughput(self, model: str, now: float) -> Throughput:
         queue = self._models[model]
+        queue.estimates.observe(queue.counters, now)
         return queue.estimates.throughput(queue.total_slots, now)
 
     def record_service(self, model: str, service_s: float) -> None:
         self._models[model].estimates.record_service(service_s)
 
     async def offer(
-        self, model: str, band: int, allowed_wait_s: float, max_positions: int, now: float
+        self,
+        flow: Flow,
+        cost: float,
+        allowed_wait_s: float,
+        max_work_ahead: float,
+        now: float,
+        batching: Batching | None = None,
     ) -> Offer:
-        return self.offer_nowait(model, band, allowed_wait_s, max_positions, now)
+        return self.offer_nowait(flow, cost, allowed_wait_s, max_work_ahead, now, batching)
 
     def offer_nowait(
-        self, model: str, band: int, allowed_wait_s: float, max_positions: int, now: float
+        self,
+        flow: Flow,
+        cost: float,
+        allowed_wait_s: float,
+        max_work_ahead: float,
+        now: float,
+        batching: Batching | None = None,
     ) -> Offer:
-        queue = self._models[model]
-        ahead = sum(queue.depth[: band + 1])
+        queue = self._models[flow.model]
+        queue.estimates.observe(queue.counters, now)  # closes the counting interval before this one
+        counters = queue.counters
+        counters.offered_work[flow.band] += cost
+        ahead = sum(band.work for band in queue.bands[: flow.band + 1]) if queue.live else 0.0
         free = free_slots(queue.capacity)
-        positions = max(0, ahead + 1 - free)
-        if positions > max_positions:
-            queue.estimates.record_offer(band, admitted=False, now=now)
-            return Full(QueueStats(queued_by_band=tuple(queue.depth), free_slots=free))
-        queue.estimates.record_offer(band, admitted=True, now=now)
-        if positions == 0 and (index := pick_backend(queue.capacity)) is not None:
-            return Granted(Slot(model, queue.take(index)))
-        ticket = Ticket(model, band, self._loop_factory().create_future())
-        self._enqueue(queue, ticket, score(self._ordering, now, now + allowed_wait_s))
+        if (ahead if (ahead > 0 or free == 0) else 0.0) > max_work_ahead:
+            return Full(queue.stats())
+        counters.admitted_work[flow.band] += cost
+        if free > 0 and ahead == 0 and (index := pick_backend(queue.capacity)) is not None:
+            return Granted(Slot(flow.model, queue.take(index), cost))
+        ticket = Ticket(flow, cost, self._loop_factory().create_future(), batching=batching)
+        queue.insert(ticket, score(self._ordering, now, now + allowed_wait_s), next(self._sequence))
         return Queued(ticket)
 
     def adopt(self, ticket: Ticket, now: float) -> None:
         """Take over a ticket another store held (its wait goes on here, behind those waiting)."""
         queue = self._models[ticket.model]
         ticket.id = ""
-        self._enqueue(queue, ticket, now)
+        queue.insert(ticket, now, next(self._sequence))
         self._dispatch(queue, now=None)
 
     def charge(self, slot: Slot) -> None:
@@ -212,11 +278,6 @@ class MemoryQueue:
             queue.idle_waiters.append(waiter)
             await waiter
 
-    def _enqueue(self, queue: _ModelQueue, ticket: Ticket, rank: float) -> None:
-        heapq.heappush(queue.heaps[ticket.band], (rank, next(self._sequence), ticket))
-        queue.depth[ticket.band] += 1
-        queue.live.add(ticket)
-
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
         self.withdraw_nowait(ticket, outcome)
 
@@ -225,7 +286,8 @@ class MemoryQueue:
         queue.remove(ticket)
         ticket.interrupt(outcome)
         if not ticket.wakeup.cancelled() and isinstance(slot := ticket.wakeup.result(), Slot):
-            self.release_nowait(slot, now=None)
+            if not slot.batch:  # a batch's slot is released by whoever runs the batch's call
+                self.release_nowait(slot, now=None)
         queue.wake_if_idle()
 
     async def release(self, slot: Slot, now: float) -> None:
@@ -255,24 +317,34 @@ class MemoryQueue:
         if queue.pool.any_ready:
             self._dispatch(queue, now=None)
             return
-        while (ticket := queue.pop_next()) is not None:
-            ticket.interrupt(Outcome.NO_BACKEND)
+        while tickets := queue.pop_next():
+            for ticket in tickets:
+                ticket.interrupt(Outcome.NO_BACKEND)
 
     def _dispatch(self, queue: _ModelQueue, now: float | None) -> int:
-        """Hand free slots to waiters, most urgent first; returns how many were handed over.
+        """Hand free slots to waiters, most urgent first; returns how many slots were handed over.
 
         `now` is given when exactly one slot just freed, which makes the hand-over a drain sample.
         """
         granted = 0
+        counters = queue.counters
         while queue.live and (index := pick_backend(queue.capacity)) is not None:
-            ticket = queue.pop_next()
-            if ticket is None:
+            popped = queue.pop_next()
+            if not popped:
                 break
-            if ticket.wakeup.done():
-                continue  # its wait already ended; it only awaited removal
-            ticket.grant(Slot(ticket.model, queue.take(index)))
+            tickets = [t for t in popped if not t.wakeup.done()]  # done: it only awaited removal
+            if not tickets:
+                continue
+            cost = sum(t.cost for t in tickets)
+            slot = Slot(queue.pool.name, queue.take(index), cost, tuple(tickets) if len(tickets) > 1 else ())
+            for ticket in tickets:
+                ticket.grant(slot)
             granted += 1
+            counters.handovers += 1
+            counters.handed_work += cost
             if now is not None and queue.backlogged_handover_at is not None:
-                queue.estimates.record_handover_gap(now - queue.backlogged_handover_at, now)
+                counters.drained_work += cost
+                counters.drained_s += now - queue.backlogged_handover_at
+                counters.drained_at = now
             queue.backlogged_handover_at = now if (now is not None and queue.live) else None
         return granted

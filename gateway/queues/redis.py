@@ -2,16 +2,19 @@
 
 Each check-and-change is one Lua script (lua/*.lua, run by EVALSHA and reloaded on NOSCRIPT), so
 replicas never read and then write across a round trip. Redis holds metadata only: the replica that
-holds a client's connection sends its request when the ticket is granted.
+holds a client's connection sends its request when the ticket is granted. Arguments and replies go
+through gateway.queues.redis_codec, with named fields.
 
-- Offer: admission check, then a slot (a lease) or a place in the band's sorted set.
-- Grants: the script that frees a slot pops the next ticket and pushes the grant onto the owning
-  replica's list; each replica waits on its lists with BLPOP on its own connection (no polling).
+- Offer: admission check, then a slot (a lease) or a place in its flow's sorted set.
+- Grants: the script that frees a slot takes the next ticket (or a batch of one flow) and pushes
+  the grant onto the owning replica's list; each replica waits on its lists with BLMPOP on its own
+  connection (no polling). gateway.queues.redis_grants keeps each replica's side of it.
 - Leases: a slot is a lease with a TTL, renewed by its replica's heartbeat. The reaper, run by every
   replica, frees the leases and purges the queued tickets of a replica that stopped beating.
-- Estimates: the drain rate and the arrival rates are kept in Redis, on Redis's clock, so that
-  admission and Retry-After use the global queue; every script returns a fresh snapshot of them.
-  Service times are measured locally (every replica measures the same backends).
+- Estimates: the scripts keep raw totals only (work offered, admitted, handed over, and the gaps
+  between backlogged hand-overs) on Redis's clock, and every script returns them; each replica
+  turns them into rates with the same PoolEstimates as the memory store. Service times are
+  measured locally (every replica measures the same backends).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
 
@@ -31,106 +33,30 @@ from anyio.abc import TaskStatus
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.flow.estimates import JUMP_Z, TICK_S, PoolEstimates, rate_taus
-from gateway.queues.base import Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
+from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
+from gateway.queues.estimates import PoolEstimates
+from gateway.queues.redis_codec import Grant, View, as_list, backends_arg, decode, encode, grants, ready_arg
+from gateway.queues.redis_grants import ModelState
 from gateway.settings import Estimation
 from gateway.supervision import Loop, Supervisor
-from gateway.upstream.backends import BackendState, ModelPool
-from policies.estimators import JUMP_MIN_EVENTS
+from gateway.upstream.backends import ModelPool
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
-from policies.wait import QueueStats, Throughput, pool_drain_rate_per_s, positions_to_drain
+from policies.wait import QueueStats, Throughput
 
 log = logging.getLogger("gateway.redis")
 
-# BLPOP returns at once when a grant is pushed; this only bounds how long a stop waits for it.
+# BLMPOP returns at once when a grant is pushed; this only bounds how long a stop waits for it.
 LISTEN_WAKE_S = 0.25
-# A snapshot younger than this may refuse an arrival without asking Redis: scripts run for every
+# A view younger than this may refuse an arrival without asking Redis: scripts run for every
 # admitted request and every release, so under load it is rarely older than a millisecond or two.
 _VIEW_FRESH_S = 0.05
-# An offer's reply comes within a command timeout, or never: a grant unclaimed this long is freed.
-_UNCLAIMED_AFTER_S = 10.0
 _SCRIPTS = ("offer", "release", "withdraw", "heartbeat", "reap", "ready", "snapshot", "rejoin")
 
 
 def _script_source(name: str) -> str:
     lua = files("gateway.queues") / "lua"
     return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
-
-
-@dataclass(slots=True)
-class _GlobalView:
-    """The last snapshot a script returned, in local clock time."""
-
-    seen_at: float
-    redis_now: float
-    """When the script that produced it ran, on Redis's clock: replies may arrive out of order."""
-    free_slots: int
-    queued_by_band: tuple[int, ...]
-    offered: tuple[float, ...]
-    admitted: tuple[float, ...]
-    drain_handovers: float
-    drain_backlog_s: float
-    """Hand-overs seen in seconds of backlog, forgotten over the drain window (0, 0 when stale)."""
-
-    def positions_to_drain(self, band: int) -> int:
-        return positions_to_drain(QueueStats(self.queued_by_band, self.free_slots), band)
-
-    @classmethod
-    def parse(cls, raw: list[Any], bands: int, seen_at: float, stale_after_s: float) -> _GlobalView:
-        now = float(raw[0])
-        events, observed, drain_at = float(raw[2]), float(raw[3]), float(raw[4])
-        fresh = observed > 0 and now - drain_at <= stale_after_s
-        per_band = raw[5:]
-        return cls(
-            seen_at=seen_at,
-            redis_now=now,
-            free_slots=int(raw[1]),
-            queued_by_band=tuple(int(per_band[3 * b]) for b in range(bands)),
-            offered=tuple(float(per_band[3 * b + 1]) for b in range(bands)),
-            admitted=tuple(float(per_band[3 * b + 2]) for b in range(bands)),
-            drain_handovers=events if fresh else 0.0,
-            drain_backlog_s=observed if fresh else 0.0,
-        )
-
-
-@dataclass(slots=True, eq=False)
-class _Model:
-    pool: ModelPool
-    tag: str
-    estimates: PoolEstimates
-    view: _GlobalView
-    waiting: dict[str, Ticket] = field(default_factory=dict)
-    held: dict[str, Slot] = field(default_factory=dict)
-    refused_locally: list[int] = field(default_factory=list)
-    # A grant can reach the listener before the reply to the offer that queued its ticket:
-    # it waits here (with when it came) for the offer to claim it.
-    early_grants: dict[str, tuple[float, str]] = field(default_factory=dict)
-    # Tickets withdrawn after Redis had granted them: their grants are on the way, to be freed.
-    withdrawn: dict[str, float] = field(default_factory=dict)
-
-    def backend(self, url: str) -> BackendState:
-        """The backend a grant names. One that left the pool since (endpoint discovery) is kept
-        as a detached, unready record: the grant's slot is real and is given back through it."""
-        for backend in self.pool.backends:
-            if backend.url == url:
-                return backend
-        return BackendState(self.pool.name, url, 0, "", ready=False)
-
-    @property
-    def backend_args(self) -> list[Any]:
-        """The backends as the scripts read them: count, then (url, slots, queued inside) each.
-
-        Built per call: slots may be discovered late, and the reported queues change every scrape.
-        """
-        args: list[Any] = [len(self.pool.backends)]
-        for b in self.pool.backends:
-            args += [b.url, b.max_concurrency, b.external_waiting]
-        return args
-
-    def take_refused_locally(self) -> list[int]:
-        counts, self.refused_locally = self.refused_locally, [0] * len(self.refused_locally)
-        return counts
 
 
 class RedisQueue:
@@ -147,6 +73,7 @@ class RedisQueue:
         lease_ttl_s: float,
         ordering: Ordering = Ordering.FIFO,
         clock: Callable[[], float] = time.monotonic,
+        redis_clock: Callable[[], float] | None = None,
         on_failure: Callable[[BaseException], None] = lambda error: None,
         close_clients: bool = False,
         expected_replicas: int = 1,
@@ -159,22 +86,23 @@ class RedisQueue:
         self._listener = listener
         self._bands = bands
         self._estimation = estimation
-        self._rate_taus = rate_taus(estimation)
         self._replica = replica_id
         self._ttl_s = lease_ttl_s
         self._ordering = ordering
         self._clock = clock
+        self._redis_clock = redis_clock
+        """Tests: the time the scripts use instead of Redis's TIME."""
         self._scripts = {name: client.register_script(_script_source(name)) for name in _SCRIPTS}
-        self._models: dict[str, _Model] = {}
-        for pool in pools:
-            empty = _GlobalView(clock(), 0.0, 0, (0,) * bands, (0.0,) * bands, (0.0,) * bands, 0.0, 0.0)
-            self._models[pool.name] = _Model(
-                pool=pool,
-                tag=f"{{{key_prefix}:{pool.name}}}",
-                estimates=PoolEstimates(bands, pool.expected_service_s, estimation),
-                view=empty,
-                refused_locally=[0] * bands,
+        self._models = {
+            pool.name: ModelState(
+                pool,
+                f"{{{key_prefix}:{pool.name}}}",
+                PoolEstimates(bands, pool.expected_service_s, estimation),
+                bands,
+                clock(),
             )
+            for pool in pools
+        }
         self.supervisor = supervisor if supervisor is not None else Supervisor()
         """Runs the grant listeners and the upkeep loop; stopped with the store."""
         self._listeners: dict[str, Loop] = {}
@@ -209,7 +137,7 @@ class RedisQueue:
 
     async def stop(self) -> None:
         """Leave: stop the loops and let the reaper reclaim whatever this replica still holds."""
-        # The loops watch a flag rather than being cancelled: cancelling a blocking BLPOP can leave
+        # The loops watch a flag rather than being cancelled: cancelling a blocking BLMPOP can leave
         # its connection half torn down. The listener wakes every LISTEN_WAKE_S to see the flag.
         self._stopping = True
         await self.supervisor.stop(grace_s=2 * LISTEN_WAKE_S + 1)
@@ -224,89 +152,70 @@ class RedisQueue:
     # -- the RequestQueue protocol ---------------------------------------------------------------
 
     def stats(self, model: str) -> QueueStats:
-        view = self._models[model].view
-        return QueueStats(queued_by_band=view.queued_by_band, free_slots=view.free_slots)
+        return self._models[model].view.stats
 
     def throughput(self, model: str, now: float) -> Throughput:
         state = self._models[model]
-        estimates, view = state.estimates, state.view
-        drain = pool_drain_rate_per_s(
-            view.drain_handovers, view.drain_backlog_s, state.pool.total_slots, estimates.service_time_s
-        )
-        return Throughput(
-            service_time_s=estimates.service_time_s,
-            drain_rate_per_s=drain,
-            admitted_rate_by_band=view.admitted,
-            offered_rate_by_band=view.offered,
-            service_spread_s=estimates.service_spread_s,
-            service_cv=estimates.service_cv,
-        )
+        view = state.view
+        # The estimates run on Redis's clock: bring the local `now` onto it.
+        return state.estimates.throughput(state.pool.total_slots, view.redis_now + (now - view.seen_at))
 
     def record_service(self, model: str, service_s: float) -> None:
         self._models[model].estimates.record_service(service_s)
 
     async def offer(
-        self, model: str, band: int, allowed_wait_s: float, max_positions: int, now: float
+        self,
+        flow: Flow,
+        cost: float,
+        allowed_wait_s: float,
+        max_work_ahead: float,
+        now: float,
+        batching: Batching | None = None,
     ) -> Offer:
-        state = self._models[model]
-        if (down := self._loop_down(model)) is not None:
+        state = self._models[flow.model]
+        if (down := self._loop_down(flow.model)) is not None:
             return Unavailable(retry_after_s=max(LISTEN_WAKE_S, down.restart_in_s))
-        view = self._clock() - state.view.seen_at <= _VIEW_FRESH_S and state.view
-        if view and view.positions_to_drain(band) > max_positions:
-            # Clearly over the limit by a snapshot a few milliseconds old: refuse without a round
-            # trip (under overload most arrivals end here), and count the arrival with the next script.
-            state.refused_locally[band] += 1
-            return Full(self.stats(model))
-        args = [
-            self._replica,
-            band,
-            max_positions,
-            self._bands,
-            self._ordering.value,
-            allowed_wait_s,
-            self._ttl_s,
-            *self._rate_taus,
-            TICK_S,
-            JUMP_Z,
-            JUMP_MIN_EVENTS,
-            *state.take_refused_locally(),
-            *state.backend_args,
-        ]
+        view = state.view
+        if self._clock() - view.seen_at <= _VIEW_FRESH_S and view.work_ahead(flow.band) > max_work_ahead:
+            # Clearly over the limit by a view a few milliseconds old: refuse without a round trip
+            # (under overload most arrivals end here), and count the arrival with the next script.
+            state.refused_locally[flow.band] += cost
+            return Full(view.stats)
+        args: dict[str, Any] = {
+            "replica": self._replica,
+            "band": flow.band,
+            "tenant": flow.tenant,
+            "cost": cost,
+            "max_ahead": max_work_ahead,
+            "edf": self._ordering is Ordering.EDF,
+            "allowed_s": allowed_wait_s,
+            "ttl": self._ttl_s,
+            "refused": state.take_refused_locally(),
+        }
+        if batching is not None:
+            args["batch"] = {"key": batching.key, "max": batching.max_cost}
         reply = await self._run("offer", state, args)
-        kind = _text(reply[0])
-        self._take_view(state, reply[-1])
-        if kind == "granted":
-            slot = self._slot(state, _text(reply[1]), _text(reply[2]))
-            return Granted(slot)
-        if kind == "queued":
-            ticket = Ticket(model, band, asyncio.get_running_loop().create_future(), id=_text(reply[1]))
-            state.waiting[ticket.id] = ticket
-            if (early := state.early_grants.pop(ticket.id, None)) is not None:
-                self._deliver(state, early[1])
+        self._take_view(state, reply["view"])
+        if reply["kind"] == "granted":
+            return Granted(state.hold(reply["lease"], reply["url"], cost))
+        if reply["kind"] == "queued":
+            loop = asyncio.get_running_loop()
+            ticket = Ticket(flow, cost, loop.create_future(), id=reply["ticket"], batching=batching)
+            state.claim(ticket)
             return Queued(ticket)
-        return Full(self.stats(model))
+        return Full(state.view.stats)
 
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
         state = self._models[ticket.model]
         ticket.interrupt(outcome)
         if state.waiting.pop(ticket.id, None) is not None:
-            args = [
-                ticket.id,
-                ticket.band,
-                self._replica,
-                self._bands,
-                *self._rate_taus,
-                *state.backend_args,
-            ]
-            reply = await self._shielded(self._run("withdraw", state, args))
-            self._take_view(state, reply[1])
-            if not reply[0]:  # Redis had granted it: free the grant, now or when it arrives
-                if (early := state.early_grants.pop(ticket.id, None)) is not None:
-                    self._free_grant(state, early[1])
-                else:
-                    state.withdrawn[ticket.id] = self._clock()
+            reply = await self._shielded(self._run("withdraw", state, {"ticket": ticket.id}))
+            self._take_view(state, reply["view"])
+            if not reply["removed"]:  # Redis had granted it: free the grant, now or when it arrives
+                self._give_back(state.granted_before_withdrawal(ticket.id, self._clock()))
         if not ticket.wakeup.cancelled() and isinstance(slot := ticket.wakeup.result(), Slot):
-            await self.release(slot, self._clock())
+            if not slot.batch:  # a batch's slot is released by whoever runs the batch's call
+                await self.release(slot, self._clock())
 
     async def release(self, slot: Slot, now: float) -> None:
         task = self._release_task(slot)
@@ -344,37 +253,37 @@ class RedisQueue:
         `reserve` maps model -> backend url -> slots the fallback store still uses; they are held
         as leases, whose ids are returned per model.
         """
-        # Pooled connections to the Redis that went away would fail once each: drop them first.
-        await self._client.connection_pool.disconnect()
-        await self._listener.connection_pool.disconnect()
+        # Idle pooled connections to the Redis that went away would fail once each: drop them
+        # first. Not those in use: closing a connection under a command in flight (a grant
+        # listener's BLMPOP, a heartbeat) fails it with an error that is not a RedisError, which
+        # would crash the loop and refuse requests while it restarts.
+        await self._client.connection_pool.disconnect(inuse_connections=False)
+        await self._listener.connection_pool.disconnect(inuse_connections=False)
         reserved: dict[str, list[str]] = {}
         for name, state in self._models.items():
-            ready = [item for b in state.pool.backends for item in (b.url, "1" if b.ready else "0")]
-            share = [item for url, n in reserve.get(name, {}).items() if n for item in (url, n)]
-            kept = [item for lease, slot in state.held.items() for item in (lease, slot.backend.url)]
-            args = [
-                self._replica,
-                self._bands,
-                self._ttl_s,
-                self._estimation.drain_window_s,
+            args = {
+                "replica": self._replica,
+                "ttl": self._ttl_s,
                 # Long enough for every live replica to notice Redis is back and rejoin.
-                self._ttl_s + 1.0,
-                self._expected_replicas,
-                *state.backend_args,
-                len(state.pool.backends),
-                *ready,
-                len(share) // 2,
-                *share,
-                *kept,
-            ]
-            dropped, freed, _, leases, renamed = await self._run("rejoin", state, args)
-            if dropped or freed:
-                log.info("model %s: dropped %d stale ticket(s) and %d stale lease(s)", name, dropped, freed)
-            for old, new in zip(renamed[::2], renamed[1::2], strict=True):
-                slot = state.held.pop(_text(old))
-                slot.lease = _text(new)
-                state.held[slot.lease] = slot
-            reserved[name] = [_text(lease) for lease in leases]
+                "window": self._ttl_s + 1.0,
+                "expected": self._expected_replicas,
+                "ready": ready_arg(state.pool),
+                "reserve": [{"u": url, "n": n} for url, n in reserve.get(name, {}).items() if n],
+                "keep": [{"l": lease, "u": slot.backend.url} for lease, slot in state.held.items()],
+            }
+            reply = await self._run("rejoin", state, args)
+            if reply["dropped"] or reply["freed"]:
+                log.info(
+                    "model %s: dropped %d stale ticket(s) and %d stale lease(s)",
+                    name,
+                    reply["dropped"],
+                    reply["freed"],
+                )
+            for old, new in as_list(reply["renamed"]):
+                slot = state.held.pop(old)
+                slot.lease = new
+                state.held[new] = slot
+            reserved[name] = as_list(reply["reserved"])
             await self._refresh(state)
         return reserved
 
@@ -401,76 +310,45 @@ class RedisQueue:
                 return loop
         return None
 
-    def _slot(self, state: _Model, lease: str, url: str) -> Slot:
-        backend = state.backend(url)
-        backend.inflight += 1  # this replica's share, for its metrics
-        slot = Slot(state.pool.name, backend, lease=lease)
-        state.held[lease] = slot
-        return slot
-
     def _release_task(self, slot: Slot) -> asyncio.Task[Any] | None:
         if slot.released:
             return None
         slot.released = True
         state = self._models[slot.model]
-        state.held.pop(slot.lease, None)
-        slot.backend.inflight -= 1
+        state.let_go(slot)
         return self._spawn(self._free(state, slot.lease))
 
-    async def _free(self, state: _Model, lease: str) -> None:
+    def _give_back(self, slot: Slot | None) -> None:
+        if slot is not None:
+            self._release_task(slot)
+
+    async def _free(self, state: ModelState, lease: str) -> None:
         """Run the release script; grants it made for this replica are delivered from its reply."""
-        args = [
-            lease,
-            self._bands,
-            self._ttl_s,
-            self._estimation.drain_window_s,
-            *self._rate_taus,
-            self._replica,
-            *state.backend_args,
-        ]
-        reply = await self._run("release", state, args)
-        self._take_view(state, reply[2])
-        for grant in reply[3]:
+        reply = await self._run("release", state, {"lease": lease, "replica": self._replica})
+        self._take_view(state, reply["view"])
+        for grant in grants(reply["mine"]):
             self._deliver(state, grant)
 
-    def _deliver(self, state: _Model, grant: bytes | str) -> None:
-        grant = _text(grant)
-        ticket_id = grant.split("|", 1)[0]
-        ticket = state.waiting.pop(ticket_id, None)
-        if ticket is None:
-            if state.withdrawn.pop(ticket_id, None) is not None:
-                self._free_grant(state, grant)
-            else:
-                state.early_grants[ticket_id] = (self._clock(), grant)
-            return
-        if ticket.wakeup.done():
-            self._free_grant(state, grant)  # its waiter left in the meantime
-            return
-        _, lease, url = grant.split("|", 2)
-        ticket.grant(self._slot(state, lease, url))
+    def _deliver(self, state: ModelState, grant: Grant) -> None:
+        try:
+            self._give_back(state.deliver(grant, self._clock()))
+        except Exception:  # one broken grant must not stop the others (their slots would leak)
+            log.exception("model %s: could not deliver grant %s", state.pool.name, grant)
 
-    def _free_grant(self, state: _Model, grant: str) -> None:
-        _, lease, url = grant.split("|", 2)
-        self._release_task(self._slot(state, lease, url))
-
-    def _sweep(self, state: _Model) -> None:
-        """Free grants no offer claimed (its reply was lost), forget withdrawals long settled."""
-        old = self._clock() - _UNCLAIMED_AFTER_S
-        for ticket_id, (at, grant) in list(state.early_grants.items()):
-            if at < old:
-                del state.early_grants[ticket_id]
-                self._free_grant(state, grant)
-        for ticket_id, at in list(state.withdrawn.items()):
-            if at < old:
-                del state.withdrawn[ticket_id]
-
-    def _take_view(self, state: _Model, raw: list[Any]) -> None:
-        view = _GlobalView.parse(raw, self._bands, self._clock(), self._estimation.drain_stale_after_s)
+    def _take_view(self, state: ModelState, raw: dict[str, Any]) -> None:
+        view = View.parse(raw, self._clock())
         if view.redis_now >= state.view.redis_now:
             state.view = view
+            state.estimates.observe(view.counters, view.redis_now)
 
-    async def _run(self, script: str, state: _Model, args: list[Any]) -> Any:
-        return await self._scripts[script](keys=[state.tag], args=args)
+    async def _run(self, script: str, state: ModelState, args: dict[str, Any]) -> Any:
+        args["bands"] = self._bands
+        args["backends"] = backends_arg(state.pool)
+        args.setdefault("ttl", self._ttl_s)
+        if self._redis_clock is not None:
+            args["now"] = self._redis_clock()
+        reply = await self._scripts[script](keys=[state.tag], args=[encode(args)])
+        return decode(reply) if isinstance(reply, bytes | str) else reply
 
     def _spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
         """Run `work` to the end in the background, whatever happens to whoever started it."""
@@ -490,34 +368,32 @@ class RedisQueue:
     async def _shielded(self, work: Awaitable[Any]) -> Any:
         return await asyncio.shield(self._spawn(work))
 
-    async def _beat(self, state: _Model) -> None:
-        await self._run("heartbeat", state, [self._replica, self._ttl_s, self._expected_replicas])
+    async def _beat(self, state: ModelState) -> None:
+        await self._run(
+            "heartbeat",
+            state,
+            {"replica": self._replica, "ttl": self._ttl_s, "expected": self._expected_replicas},
+        )
 
-    async def _publish_ready(self, state: _Model) -> None:
-        pairs: list[Any] = []
-        for backend in state.pool.backends:
-            pairs += [backend.url, "1" if backend.ready else "0"]
-        args = [self._bands, self._ttl_s, self._estimation.drain_window_s, *state.backend_args, *pairs]
-        await self._run("ready", state, args)
+    async def _publish_ready(self, state: ModelState) -> None:
+        await self._run("ready", state, {"ttl": self._ttl_s, "ready": ready_arg(state.pool)})
 
-    async def _refresh(self, state: _Model) -> None:
-        args = [self._bands, *self._rate_taus, *state.take_refused_locally(), *state.backend_args]
-        reply = await self._run("snapshot", state, args)
+    async def _refresh(self, state: ModelState) -> None:
+        reply = await self._run("snapshot", state, {"refused": state.take_refused_locally()})
         self._take_view(state, reply)
 
-    async def _reap(self, state: _Model) -> None:
-        args = [self._bands, self._ttl_s, self._estimation.drain_window_s, *state.backend_args]
-        dead, expired, granted = await self._run("reap", state, args)
-        if dead or expired:
+    async def _reap(self, state: ModelState) -> None:
+        reply = await self._run("reap", state, {"ttl": self._ttl_s})
+        if reply["dead"] or reply["expired"]:
             log.warning(
                 "model %s: reclaimed %d dead replica(s) and %d expired lease(s), %d grant(s) followed",
                 state.pool.name,
-                dead,
-                expired,
-                granted,
+                reply["dead"],
+                reply["expired"],
+                reply["granted"],
             )
 
-    async def _listen(self, state: _Model, *, task_status: TaskStatus[None]) -> None:
+    async def _listen(self, state: ModelState, *, task_status: TaskStatus[None]) -> None:
         """Deliver this replica's grants to their waiting requests, as soon as they are pushed."""
         key = f"{state.tag}:grants:{self._replica}"
         task_status.started()  # grants pushed before the first BLMPOP wait in their list
@@ -528,8 +404,8 @@ class RedisQueue:
                 self._on_failure(error)
                 await asyncio.sleep(LISTEN_WAKE_S)
                 continue
-            for grant in popped[1] if popped else ():
-                self._deliver(state, grant)
+            for raw in popped[1] if popped else ():
+                self._deliver(state, Grant.parse(raw))
 
     async def _upkeep(self, *, task_status: TaskStatus[None]) -> None:
         """Heartbeat (renews leases) every third of the TTL; reap and refresh on the way.
@@ -541,7 +417,8 @@ class RedisQueue:
         next_beat = self._clock()
         while not self._stopping:
             for state in self._models.values():
-                self._sweep(state)
+                for slot in state.sweep(self._clock()):
+                    self._give_back(slot)
             if self._clock() >= next_beat:
                 next_beat = self._clock() + beat_s * random.uniform(0.9, 1.1)
                 for state in self._models.values():
@@ -553,7 +430,3 @@ class RedisQueue:
                         self._on_failure(error)
                 task_status.started()
             await asyncio.sleep(LISTEN_WAKE_S)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -13,6 +13,7 @@ from gateway.queues.memory import MemoryQueue
 from gateway.queues.redis import RedisQueue
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
+from policies.ordering import Ordering
 from tests.redis_server import redis_url_or_skip, unique_prefix
 
 MODEL = "m"
@@ -54,9 +55,11 @@ StoreFactory = Callable[..., Awaitable[StoreUnderTest]]
 async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
     if request.param == "memory":
 
-        async def memory(slots: tuple[int, ...] = (2,), bands: int = 2) -> StoreUnderTest:
+        async def memory(
+            slots: tuple[int, ...] = (2,), bands: int = 2, ordering: Ordering = Ordering.FIFO
+        ) -> StoreUnderTest:
             pool = make_pool(slots)
-            return StoreUnderTest(MemoryQueue([pool], bands, Estimation()), pool)
+            return StoreUnderTest(MemoryQueue([pool], bands, Estimation(), ordering=ordering), pool)
 
         yield memory
         return
@@ -68,10 +71,20 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
     prefix = unique_prefix()
     started: list[RedisQueue] = []
 
-    async def redis(slots: tuple[int, ...] = (2,), bands: int = 2) -> StoreUnderTest:
+    async def redis(
+        slots: tuple[int, ...] = (2,), bands: int = 2, ordering: Ordering = Ordering.FIFO
+    ) -> StoreUnderTest:
         pool = make_pool(slots)
         store = RedisQueue(
-            client, listener, [pool], bands, Estimation(), key_prefix=prefix, replica_id="r1", lease_ttl_s=5.0
+            client,
+            listener,
+            [pool],
+            bands,
+            Estimation(),
+            key_prefix=f"{prefix}{len(started)}",
+            replica_id="r1",
+            lease_ttl_s=5.0,
+            ordering=ordering,
         )
         await store.start()
         started.append(store)
@@ -80,7 +93,7 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
     yield redis
     for store in started:
         await store.stop()
-    keys = [key async for key in client.scan_iter(match=f"{{{prefix}:*")]
+    keys = [key async for key in client.scan_iter(match=f"{{{prefix}*")]
     if keys:
         await client.delete(*keys)
     await client.aclose()

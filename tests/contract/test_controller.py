@@ -6,6 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.flow.controller import AdmissionController, Lease, Refusal
+from gateway.queues.base import Flow
 from gateway.settings import PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.admission import AdmissionConfig
@@ -37,16 +38,16 @@ def queued(sut) -> tuple[int, ...]:
 
 async def test_granted_at_once_when_a_slot_is_free(make_store):
     sut = await make_store(slots=(1,))
-    lease = await controller_for(sut).acquire(MODEL, 1, None, never)
+    lease = await controller_for(sut).acquire(Flow(MODEL, 1), 1.0, None, never)
     assert isinstance(lease, Lease) and lease.queue_wait_s == 0.0
 
 
 async def test_queued_request_leaves_when_its_wait_limit_passes(make_store):
     sut = await make_store(slots=(1,))
     controller = controller_for(sut)
-    held = await controller.acquire(MODEL, 0, None, never)
+    held = await controller.acquire(Flow(MODEL, 0), 1.0, None, never)
     # Budget 0.12 s less the 0.04 s expected service: it may wait 0.08 s, and the slot never frees.
-    refusal = await controller.acquire(MODEL, 0, 0.12, never)
+    refusal = await controller.acquire(Flow(MODEL, 0), 1.0, 0.12, never)
     assert isinstance(refusal, Refusal)
     assert refusal.outcome is Outcome.DEADLINE_EXPIRED_IN_QUEUE
     assert refusal.retry_after_s is not None and refusal.retry_after_s > 0
@@ -58,9 +59,9 @@ async def test_queued_request_leaves_when_its_wait_limit_passes(make_store):
 async def test_disconnect_while_queued_leaves_the_queue_and_takes_no_slot(make_store):
     sut = await make_store(slots=(1,))
     controller = controller_for(sut)
-    held = await controller.acquire(MODEL, 1, None, never)
+    held = await controller.acquire(Flow(MODEL, 1), 1.0, None, never)
     gone = asyncio.Event()
-    waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, gone.wait))
+    waiting = asyncio.ensure_future(controller.acquire(Flow(MODEL, 1), 1.0, None, gone.wait))
     await eventually(lambda: queued(sut) == (0, 1))
     gone.set()
     assert await waiting == Refusal(Outcome.CLIENT_DISCONNECTED)
@@ -72,8 +73,8 @@ async def test_disconnect_while_queued_leaves_the_queue_and_takes_no_slot(make_s
 async def test_cancelled_waiter_leaks_no_slot_even_when_granted_meanwhile(make_store):
     sut = await make_store(slots=(1,))
     controller = controller_for(sut)
-    held = await controller.acquire(MODEL, 1, None, never)
-    waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, never))
+    held = await controller.acquire(Flow(MODEL, 1), 1.0, None, never)
+    waiting = asyncio.ensure_future(controller.acquire(Flow(MODEL, 1), 1.0, None, never))
     await eventually(lambda: queued(sut) == (0, 1))
     await sut.store.release(held.slot, now=1.0)  # the slot goes to the waiter...
     waiting.cancel()  # ...which is cancelled, before it runs again or just after
@@ -91,8 +92,8 @@ async def test_cancelled_waiter_leaks_no_slot_even_when_granted_meanwhile(make_s
 async def test_release_counts_once(make_store):
     sut = await make_store(slots=(2,))
     controller = controller_for(sut)
-    lease = await controller.acquire(MODEL, 1, None, never)
-    await controller.acquire(MODEL, 1, None, never)
+    lease = await controller.acquire(Flow(MODEL, 1), 1.0, None, never)
+    await controller.acquire(Flow(MODEL, 1), 1.0, None, never)
     await controller.release(lease, service_s=0.05)
     await controller.release(lease, service_s=0.05)
     assert sut.store.stats(MODEL).free_slots == 1
@@ -101,11 +102,11 @@ async def test_release_counts_once(make_store):
 async def test_overload_is_refused_at_arrival_with_a_computed_retry_after(make_store):
     sut = await make_store(slots=(1,))
     controller = controller_for(sut)
-    await controller.acquire(MODEL, 0, None, never)
+    await controller.acquire(Flow(MODEL, 0), 1.0, None, never)
     # One slot at 0.04 s drains 25/s; high may wait 0.1 s: 2 positions. The third waiter is refused.
-    waiters = [asyncio.ensure_future(controller.acquire(MODEL, 0, None, never)) for _ in range(2)]
+    waiters = [asyncio.ensure_future(controller.acquire(Flow(MODEL, 0), 1.0, None, never)) for _ in range(2)]
     await eventually(lambda: queued(sut) == (2, 0))
-    refusal = await controller.acquire(MODEL, 0, None, never)
+    refusal = await controller.acquire(Flow(MODEL, 0), 1.0, None, never)
     assert isinstance(refusal, Refusal) and refusal.outcome is Outcome.QUEUE_FULL
     # It would wait 3/25 s, 0.02 s too long; advice is never below one slot turnover, 1/25 s.
     assert refusal.retry_after_s == pytest.approx(1 / 25)
@@ -116,13 +117,13 @@ async def test_overload_is_refused_at_arrival_with_a_computed_retry_after(make_s
 async def test_grant_hook_runs_with_the_slot_inside_the_release(make_store):
     sut = await make_store(slots=(1,))
     controller = controller_for(sut)
-    held = await controller.acquire(MODEL, 1, None, never)
+    held = await controller.acquire(Flow(MODEL, 1), 1.0, None, never)
     hooked: list[tuple[object, bool]] = []
 
     def hook(slot: object) -> None:
         hooked.append((slot, waiting.done()))
 
-    waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, never, on_grant=hook))
+    waiting = asyncio.ensure_future(controller.acquire(Flow(MODEL, 1), 1.0, None, never, on_grant=hook))
     await eventually(lambda: queued(sut) == (0, 1))
     assert hooked == []
     await controller.release(held)
@@ -137,12 +138,12 @@ async def test_grant_hook_runs_with_the_slot_inside_the_release(make_store):
 async def test_a_failing_grant_hook_neither_breaks_dispatch_nor_loses_the_slot(make_store):
     sut = await make_store(slots=(1,))
     controller = controller_for(sut)
-    held = await controller.acquire(MODEL, 1, None, never)
+    held = await controller.acquire(Flow(MODEL, 1), 1.0, None, never)
 
     def broken(slot: object) -> None:
         raise RuntimeError("hook failed")
 
-    waiting = asyncio.ensure_future(controller.acquire(MODEL, 1, None, never, on_grant=broken))
+    waiting = asyncio.ensure_future(controller.acquire(Flow(MODEL, 1), 1.0, None, never, on_grant=broken))
     await eventually(lambda: queued(sut) == (0, 1))
     await controller.release(held)
     lease = await waiting

@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from gateway.queues.base import Granted, Queued, Slot
+from gateway.queues.base import Flow, Granted, Queued, Slot
 from gateway.queues.memory import MemoryQueue
 from gateway.settings import Estimation
 from policies.outcomes import Outcome
@@ -45,7 +45,7 @@ class MemoryQueueMachine(RuleBasedStateMachine):
     @rule(band=st.integers(0, BANDS - 1))
     def offer(self, band):
         arrival = float(next(self.clock))
-        offer = self.store.offer_nowait(MODEL, band, 30.0, 10**9, now=arrival)
+        offer = self.store.offer_nowait(Flow(MODEL, band), 1.0, 30.0, 10**9, now=arrival)
         if isinstance(offer, Granted):
             assert not any(w[0] <= band for w in self.waiting), "granted past a waiting request"
             self.held.append(offer.slot)

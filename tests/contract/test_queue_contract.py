@@ -5,9 +5,8 @@ import time
 
 import pytest
 
-from gateway.queues.base import Full, Granted, Queued, Slot
+from gateway.queues.base import Flow, Full, Granted, Queued, Slot
 from policies.outcomes import Outcome
-from policies.wait import QueueStats
 from tests.contract.conftest import MODEL
 from tests.eventually import eventually
 
@@ -16,8 +15,15 @@ UNLIMITED = 10**9
 ALLOWED_S = 30.0
 
 
-async def offer(sut, band, max_positions=UNLIMITED):
-    return await sut.store.offer(MODEL, band, ALLOWED_S, max_positions, now=time.monotonic())
+async def offer(sut, band, max_ahead=UNLIMITED, cost=1.0, tenant=""):
+    """Offer a request of `cost`; `max_ahead` is the work that may be queued ahead of it."""
+    return await sut.store.offer(Flow(MODEL, band, tenant), cost, ALLOWED_S, max_ahead, now=time.monotonic())
+
+
+def counts(sut) -> tuple[tuple[int, ...], int]:
+    """Requests queued per band, and free slots."""
+    stats = sut.store.stats(MODEL)
+    return stats.queued_by_band, stats.free_slots
 
 
 async def fill(sut, n, band=1):
@@ -34,7 +40,7 @@ async def test_offer_grants_free_slots_then_queues(make_store):
     first, second, third = await fill(sut, 3)
     assert isinstance(first, Granted) and isinstance(second, Granted)
     assert isinstance(third, Queued)
-    assert sut.store.stats(MODEL) == QueueStats((0, 1), free_slots=0)
+    assert counts(sut) == ((0, 1), 0)
 
 
 async def test_release_hands_the_slot_to_the_oldest_waiter(make_store):
@@ -60,28 +66,28 @@ async def test_strict_priority_serves_urgent_band_before_earlier_low(make_store)
     assert high.wakeup.done() and not low.wakeup.done()
 
 
-async def test_offer_refuses_beyond_the_position_limit(make_store):
+async def test_offer_refuses_beyond_the_work_limit(make_store):
     sut = await make_store(slots=(1,))
     await fill(sut, 1)  # the slot is taken
-    assert isinstance(await offer(sut, 1, max_positions=1), Queued)  # 1 position: ok
-    refused = await offer(sut, 1, max_positions=1)  # 2 positions > 1
+    assert isinstance(await offer(sut, 1, max_ahead=0), Queued)  # nothing queued ahead: ok
+    refused = await offer(sut, 1, max_ahead=0)  # one request ahead > 0
     assert isinstance(refused, Full)
     assert refused.stats.queued_by_band == (0, 1)
 
 
 async def test_a_negative_limit_refuses_even_with_free_slots(make_store):
     sut = await make_store(slots=(4,))
-    assert isinstance(await offer(sut, 0, max_positions=-1), Full)
+    assert isinstance(await offer(sut, 0, max_ahead=-1), Full)
     assert sut.store.stats(MODEL).free_slots == 4
 
 
 async def test_concurrent_offers_never_exceed_the_limit(make_store):
     sut = await make_store(slots=(2,))
-    offers = await asyncio.gather(*(offer(sut, 1, max_positions=5) for _ in range(50)))
+    offers = await asyncio.gather(*(offer(sut, 1, max_ahead=4) for _ in range(50)))
     granted = sum(isinstance(o, Granted) for o in offers)
     queued = sum(isinstance(o, Queued) for o in offers)
     assert granted == 2
-    assert queued == 5  # positions 1..5 fit; the 6th waiter would be 6 hand-overs away
+    assert queued == 5  # 0..4 ahead fit; the 6th waiter would have 5 ahead
     await sut.settle()
     assert sut.store.stats(MODEL).queued_by_band == (0, 5)
 
@@ -129,7 +135,7 @@ async def test_a_grant_racing_a_withdrawal_goes_back_to_the_pool(make_store):
         sut.store.withdraw(ticket, Outcome.CLIENT_DISCONNECTED),
     )
     await sut.settle()
-    assert sut.store.stats(MODEL) == QueueStats((0, 0), free_slots=1)
+    assert counts(sut) == ((0, 0), 1)
     assert sut.backend().inflight == 0
 
 
@@ -148,7 +154,7 @@ async def test_a_cancelled_waiter_leaks_nothing(make_store):
     ticket.wakeup.cancel()  # what cancelling the task that awaits it does to the wakeup
     await sut.store.withdraw(ticket, Outcome.CLIENT_DISCONNECTED)
     await release(sut, held.slot)
-    assert sut.store.stats(MODEL) == QueueStats((0, 0), free_slots=1)
+    assert counts(sut) == ((0, 0), 1)
 
 
 async def test_no_ready_backend_fails_every_waiter(make_store):

@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
-from gateway.queues.base import Granted, Queued, Slot, Unavailable
+from gateway.queues.base import Flow, Granted, Queued, Slot, Unavailable
 from gateway.queues.failover import FailoverQueue
 from gateway.queues.memory import MemoryQueue
 from gateway.queues.redis import RedisQueue
@@ -115,7 +115,7 @@ async def replicas() -> AsyncIterator[Replicas]:
 
 
 async def offer(store: Any) -> Any:
-    return await store.offer(MODEL, 0, 5.0, 100, 0.0)
+    return await store.offer(Flow(MODEL, 0), 1.0, 5.0, 100, 0.0)
 
 
 def lease_expiry(replicas: Replicas, lease: str) -> Awaitable[float | None]:

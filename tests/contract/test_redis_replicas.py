@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from gateway.flow.controller import AdmissionController, Lease
+from gateway.queues.base import Flow
 from gateway.queues.redis import RedisQueue
 from gateway.settings import Estimation, PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
@@ -54,7 +55,7 @@ async def test_two_replicas_under_contention_keep_the_count():
     async def request(index: int) -> None:
         nonlocal in_use, peak, done
         _, controller = replicas[index % 2]
-        lease = await controller.acquire(MODEL, index % 2, None, never)
+        lease = await controller.acquire(Flow(MODEL, index % 2), 1.0, None, never)
         assert isinstance(lease, Lease), lease
         in_use += 1
         peak = max(peak, in_use)

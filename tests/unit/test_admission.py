@@ -12,13 +12,14 @@ from policies.admission import (
     allowed_wait_s,
     cautious_wait_s,
     decide,
-    max_positions,
+    max_work,
+    max_work_ahead,
     refuse,
     service_allowance_s,
 )
 from policies.outcomes import Outcome
 from policies.retry_after import RetryAfterConfig
-from policies.wait import QueueStats, Throughput, positions_to_drain
+from policies.wait import QueueStats, Throughput, work_to_drain
 
 RETRY = RetryAfterConfig(min_s=0.01, max_s=60.0, jitter=0.0)
 EXACT = AdmissionConfig(safety_sigmas=0.0, retry=RETRY)  # no margin: the plain mean prediction
@@ -67,7 +68,7 @@ def test_admission_against_class_limit(request_, queued, free, admitted):
     ],
 )
 def test_safety_margin_shortens_the_admitted_queue(queued, admitted):
-    assert max_positions(LOW, FLOW, CAUTIOUS) == 173
+    assert int(max_work(LOW, FLOW, CAUTIOUS)) == 173
     assert isinstance(admit(LOW, queued, config=CAUTIOUS), Admit) is admitted
 
 
@@ -86,10 +87,10 @@ def test_steady_service_times_leave_only_the_urgent_arrivals_to_doubt():
 
 
 def test_the_margin_grows_with_the_variation_of_service_times():
-    limits = [max_positions(LOW, replace(FLOW, service_cv=cv), CAUTIOUS) for cv in (0.0, 0.25, 1.0, 2.5)]
+    limits = [max_work(LOW, replace(FLOW, service_cv=cv), CAUTIOUS) for cv in (0.0, 0.25, 1.0, 2.5)]
     assert limits == sorted(limits, reverse=True)
-    assert limits[0] == 200  # steady service and no urgent traffic: the plain mean
-    assert limits[2] == 173
+    assert limits[0] == pytest.approx(200)  # steady service and no urgent traffic: the plain mean
+    assert int(limits[2]) == 173
 
 
 def test_cautious_wait_of_a_band_counts_the_pool_hand_overs_it_must_sit_through():
@@ -135,8 +136,8 @@ def test_allowed_wait_is_the_tighter_of_class_limit_and_budget_less_service():
 
 def test_urgent_traffic_shrinks_what_low_may_queue():
     busy = Throughput(0.04, 200.0, admitted_rate_by_band=(120.0, 0.0), offered_rate_by_band=(120.0, 0.0))
-    assert max_positions(LOW, FLOW, EXACT) == 200
-    assert max_positions(LOW, busy, EXACT) == 80  # only 80 slots per second reach low
+    assert max_work(LOW, FLOW, EXACT) == pytest.approx(200)
+    assert max_work(LOW, busy, EXACT) == pytest.approx(80)  # only 80 slots per second reach low
 
 
 def test_refusal_of_an_expired_request_keeps_its_reason():
@@ -172,25 +173,34 @@ configs = st.builds(AdmissionConfig, safety_sigmas=st.floats(0, 4), retry=st.jus
 def test_admitted_requests_fit_their_allowance_with_margin(request, stats, flow, config):
     decision = decide(request, stats, flow, 0.5, config)
     if isinstance(decision, Admit):
-        positions = positions_to_drain(stats, request.band)
-        cautious = cautious_wait_s(positions, flow, request.band, config.safety_sigmas)
+        work = work_to_drain(stats, request.band, flow.handover_cost)
+        cautious = cautious_wait_s(work, flow, request.band, config.safety_sigmas)
         assert cautious <= allowed_wait_s(request, flow, config.safety_sigmas) * (1 + 1e-9) + 1e-12
     else:
         assert decision.retry_after_s > 0
 
 
 @given(requests, flows, configs)
-def test_position_limit_is_the_largest_position_that_fits(request, flow, config):
-    """The atomic store check (positions <= limit) must agree with the cautious wait check."""
-    limit = max_positions(request, flow, config)
+def test_work_limit_is_the_most_work_that_fits(request, flow, config):
+    """The atomic store check (work <= limit) must agree with the cautious wait check."""
+    limit = max_work(request, flow, config)
     allowed = allowed_wait_s(request, flow, config.safety_sigmas)
     if allowed < 0:
         assert limit == -1
         return
-    assert cautious_wait_s(limit, flow, request.band, config.safety_sigmas) <= allowed * (1 + 1e-12)
-    assert cautious_wait_s(limit + 1, flow, request.band, config.safety_sigmas) > allowed
+    assert cautious_wait_s(limit, flow, request.band, config.safety_sigmas) <= allowed * (1 + 1e-9) + 1e-12
+    more = limit * (1 + 1e-6) + 1e-6
+    assert cautious_wait_s(more, flow, request.band, config.safety_sigmas) > allowed
+
+
+@given(requests, flows, configs)
+def test_the_store_limit_leaves_room_for_the_requests_own_hand_over(request, flow, config):
+    limit = max_work(request, flow, config)
+    ahead = max_work_ahead(request, flow, config)
+    assert ahead == (limit if limit < 0 else limit - flow.handover_cost)
 
 
 @given(requests, flows)
 def test_a_margin_never_admits_more(request, flow):
-    assert max_positions(request, flow, CAUTIOUS) <= max_positions(request, flow, EXACT)
+    exact = max_work(request, flow, EXACT)
+    assert max_work(request, flow, CAUTIOUS) <= exact + 1e-12 * abs(exact)

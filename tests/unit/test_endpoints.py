@@ -2,6 +2,7 @@
 
 import pytest
 
+from gateway.queues.base import Flow
 from gateway.queues.memory import MemoryQueue
 from gateway.settings import Estimation, parse_settings
 from gateway.upstream.backends import ModelPool
@@ -98,7 +99,7 @@ async def test_a_departed_backend_keeps_its_slot_count_until_its_requests_end():
     )
     await discovery.refresh_all()
     pool.backends[0].ready = True
-    held = (await store.offer("m", 0, 10.0, 100, now=0.0)).slot
+    held = (await store.offer(Flow("m", 0), 1.0, 10.0, 100, now=0.0)).slot
     addresses[:] = ["10.0.0.2"]
     await discovery.refresh_all()
     pool.backends[0].ready = True

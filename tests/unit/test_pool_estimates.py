@@ -1,6 +1,6 @@
 import pytest
 
-from gateway.flow.estimates import PoolEstimates
+from gateway.queues.estimates import PoolEstimates
 from gateway.settings import Estimation
 
 CONFIG = Estimation(service_time_weight=0.1)

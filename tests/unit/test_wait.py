@@ -11,8 +11,8 @@ from policies.wait import (
     drain_rate_from_slots,
     offered_load,
     pool_drain_rate_per_s,
-    positions_to_drain,
     predicted_wait_s,
+    work_to_drain,
 )
 
 
@@ -26,7 +26,7 @@ def throughput(drain: float = 100.0, admitted: tuple[float, ...] = (0.0, 0.0), o
 
 
 @pytest.mark.parametrize(
-    ("queued", "free", "band", "positions"),
+    ("queued", "free", "band", "work"),
     [
         ((0, 0), 3, 1, 0),  # a slot is free: no wait
         ((0, 0), 0, 0, 1),  # all busy, nobody ahead: one hand-over
@@ -35,8 +35,22 @@ def throughput(drain: float = 100.0, admitted: tuple[float, ...] = (0.0, 0.0), o
         ((2, 5), 1, 1, 7),
     ],
 )
-def test_positions_count_more_urgent_and_own_band_less_free_slots(queued, free, band, positions):
-    assert positions_to_drain(QueueStats(queued, free), band) == positions
+def test_work_to_drain_counts_more_urgent_and_own_band_less_free_slots(queued, free, band, work):
+    assert work_to_drain(QueueStats(queued, free), band) == work
+
+
+@pytest.mark.parametrize(
+    ("work", "free", "band", "handover_cost", "expected"),
+    [
+        ((0.0, 0.0), 1, 1, 8.0, 0.0),  # a slot is free
+        ((0.0, 0.0), 0, 1, 8.0, 8.0),  # one hand-over of the usual size
+        ((16.0, 40.0), 0, 0, 8.0, 24.0),  # high counts high's work, then one hand-over
+        ((16.0, 40.0), 0, 1, 8.0, 64.0),
+    ],
+)
+def test_work_to_drain_counts_work_not_requests(work, free, band, handover_cost, expected):
+    stats = QueueStats((2, 5), free, queued_work_by_band=work)
+    assert work_to_drain(stats, band, handover_cost) == expected
 
 
 def test_wait_is_zero_when_a_slot_is_free():

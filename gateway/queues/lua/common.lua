@@ -1,43 +1,50 @@
 -- Shared by every script of the Redis store (prepended to each at load time).
 --
+-- Lua does only what must be atomic: check-and-insert, dispatch, leases, and the raw counters the
+-- estimators need (totals, never decayed). Every rate, drain estimate and jump is computed in
+-- Python, by one algorithm for both stores (gateway/queues/estimates.py).
+--
+-- Arguments come as one JSON object in ARGV[1] and replies go back as one JSON string, with named
+-- fields on both sides (gateway/queues/redis_codec.py). Timestamps travel as strings: cjson keeps
+-- 14 digits, too few for epoch seconds to the microsecond.
+--
 -- All keys of one model share the hash tag in KEYS[1] ("{<prefix>:<model>}"), so a model's
 -- state lives in one slot and the scripts also run on Redis Cluster:
---   <tag>:q:<band>       zset  ticket id -> ordering score (FIFO: arrival time; EDF: leave-by)
---   <tag>:tickets        hash  ticket id -> "<replica>|<band>"
---   <tag>:slots          hash  backend url -> slots in use, over all replicas
---   <tag>:ready          hash  backend url -> "1" when ready
---   <tag>:leases         zset  lease id -> expiry time
---   <tag>:lease          hash  lease id -> "<backend url>|<replica>"
---   <tag>:stats          hash  drain and arrival-rate estimates
---   <tag>:replicas       zset  replica -> heartbeat expiry
---   <tag>:seq            counter for ticket and lease ids
---   <tag>:grants:<r>     list  grants for replica r: "<ticket>|<lease>|<backend url>"
---   <tag>:held:<r>       set   leases held by replica r
---   <tag>:waiting:<r>    set   tickets queued by replica r
--- Time is Redis's own (TIME), so every replica orders and expires by the same clock.
+--   <tag>:q:<band>:<tenant> zset  ticket id -> ordering score (FIFO: arrival time; EDF: leave-by)
+--   <tag>:flows:<band>      zset  tenant -> its flow's head score (the band's flows with work)
+--   <tag>:tickets           hash  ticket id -> JSON {r: replica, b: band, t: tenant, c: cost,
+--                                 k: batch key, m: batch cost limit}
+--   <tag>:queued            hash  "n<band>" -> tickets waiting, "w<band>" -> their work
+--   <tag>:slots             hash  backend url -> slots in use, over all replicas
+--   <tag>:ready             hash  backend url -> "1" when ready
+--   <tag>:leases            zset  lease id -> expiry time
+--   <tag>:lease             hash  lease id -> "<backend url>|<replica>"
+--   <tag>:stats             hash  raw counters: off:<band>, adm:<band> (work offered, admitted),
+--                                 drained_work, drained_s, drained_at, handovers, handed_work;
+--                                 backlog_at; recovery_until, replicas_expected
+--   <tag>:replicas          zset  replica -> heartbeat expiry
+--   <tag>:seq               counter for ticket and lease ids
+--   <tag>:grants:<r>        list  grants for replica r: JSON {t: [ticket ids], l: lease, u: url, c: cost}
+--   <tag>:held:<r>          set   leases held by replica r
+--   <tag>:waiting:<r>       set   tickets queued by replica r
+-- Time is Redis's own (TIME), so every replica orders and expires by the same clock; a test may
+-- pass its own as A.now.
 
 local tag = KEYS[1]
+local A = cjson.decode(ARGV[1])
 
 local function now_s()
+  if A.now then return tonumber(A.now) end
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
--- Lua's tostring keeps 14 digits: too few for epoch seconds to the microsecond.
 local function fmt(x)
   return string.format('%.6f', x)
 end
 
--- Backends come as ARGV triples (url, max_concurrency, requests the backend reports queued
--- inside it) starting at `first`, their count at first - 1.
-local function read_backends(first)
-  local count = tonumber(ARGV[first - 1])
-  local backends = {}
-  for i = 0, count - 1 do
-    local at = first + 3 * i
-    backends[#backends + 1] = {url = ARGV[at], cap = tonumber(ARGV[at + 1]), queued = tonumber(ARGV[at + 2])}
-  end
-  return backends, first + 3 * count
+local function stat(field)
+  return tonumber(redis.call('HGET', tag .. ':stats', field) or '0')
 end
 
 -- For a while after Redis comes back (a replica rejoining from its fallback opens the window),
@@ -48,7 +55,7 @@ local function absent_replicas()
   if absent_cache == nil then
     local now = now_s()
     absent_cache = 0
-    if now < tonumber(redis.call('HGET', tag .. ':stats', 'recovery_until') or '0') then
+    if now < stat('recovery_until') then
       local expected = tonumber(redis.call('HGET', tag .. ':stats', 'replicas_expected') or '1')
       local live = redis.call('ZCOUNT', tag .. ':replicas', now, '+inf')
       absent_cache = math.max(0, expected - live)
@@ -67,6 +74,7 @@ local function slots_used(b)
   return used
 end
 
+-- A.backends: {url, cap (max_concurrency), queued (reported queued inside it)} per backend.
 local function free_slots(backends)
   local free = 0
   for _, b in ipairs(backends) do
@@ -78,8 +86,8 @@ local function free_slots(backends)
   return free
 end
 
--- The least loaded ready backend with a free slot: share of its slots in use plus what it reports
--- queued inside it (others' work); ties go to the first listed.
+-- The least loaded ready backend with a free slot (policies.balancing.pick_backend): share of its
+-- slots in use plus what it reports queued inside it; ties go to the first listed.
 local function pick_backend(backends)
   local best, best_load = nil, nil
   for _, b in ipairs(backends) do
@@ -94,60 +102,20 @@ local function pick_backend(backends)
   return best
 end
 
-local function queued(nbands)
-  local depths, total = {}, 0
+local function queued_total(nbands)
+  local total = 0
   for band = 0, nbands - 1 do
-    local n = redis.call('ZCARD', tag .. ':q:' .. band)
-    depths[#depths + 1] = n
-    total = total + n
+    total = total + tonumber(redis.call('HGET', tag .. ':queued', 'n' .. band) or '0')
   end
-  return depths, total
+  return total
 end
 
--- An exponentially decayed event rate kept in two stats fields: level at time `at`.
-local function rate_at(field, now, tau)
-  local level = tonumber(redis.call('HGET', tag .. ':stats', field) or '0')
-  local at = tonumber(redis.call('HGET', tag .. ':stats', field .. '_at') or tostring(now))
-  return level * math.exp(-math.max(0, now - at) / tau)
-end
-
-local function count_events(field, now, tau, n)
-  local level = rate_at(field, now, tau) + n / tau
-  redis.call('HSET', tag .. ':stats', field, tostring(level), field .. '_at', fmt(now))
-end
-
--- Admissions are also counted per interval of `jump.tick` seconds. A count too large for the
--- current level to explain (Poisson, `jump.z` deviations: policies.estimators.rate_jump) sets both
--- rates to the count's own rate, so that a step to overload is believed within one interval
--- rather than after seconds of averaging.
-local function count_admission(band, now, tau_slow, tau_fast, jump)
-  local stats = tag .. ':stats'
-  local slow_field, fast_field, tick_field = 'adm:' .. band, 'admf:' .. band, 'admt:' .. band
-  local started = tonumber(redis.call('HGET', stats, tick_field .. '_at') or tostring(now))
-  local count = tonumber(redis.call('HGET', stats, tick_field) or '0')
-  local elapsed = now - started
-  if elapsed >= jump.tick then
-    local level = math.max(rate_at(slow_field, now, tau_slow), rate_at(fast_field, now, tau_fast))
-    local expected = level * elapsed
-    if count >= jump.min_events and count > expected + jump.z * math.sqrt(math.max(expected, 1)) then
-      local level_now = fmt(count / elapsed)
-      redis.call('HSET', stats, slow_field, level_now, slow_field .. '_at', fmt(now),
-        fast_field, level_now, fast_field .. '_at', fmt(now))
-    end
-    started, count = now, 0
+local function work_ahead(band)
+  local work = 0
+  for b = 0, band do
+    work = work + tonumber(redis.call('HGET', tag .. ':queued', 'w' .. b) or '0')
   end
-  redis.call('HSET', stats, tick_field, tostring(count + 1), tick_field .. '_at', fmt(started))
-  count_events(slow_field, now, tau_slow, 1)
-  count_events(fast_field, now, tau_fast, 1)
-end
-
--- Arrivals a replica refused on its own (from a fresh snapshot, without a round trip) still count
--- towards the offered rates: ARGV carries them per band from `first`.
-local function count_refused_locally(first, nbands, now, tau)
-  for band = 0, nbands - 1 do
-    local n = tonumber(ARGV[first + band])
-    if n > 0 then count_events('off:' .. band, now, tau, n) end
-  end
+  return work
 end
 
 -- Ids are zero-padded so that equal scores in a zset still order by creation (FIFO).
@@ -155,11 +123,65 @@ local function next_id()
   return string.format('%015d', redis.call('INCR', tag .. ':seq'))
 end
 
-local function grant_lease(backend, replica, ttl, now)
+local function flow_key(band, tenant)
+  return tag .. ':q:' .. band .. ':' .. tenant
+end
+
+-- The band's flows are ordered by their heads' scores: keep a flow's entry equal to its head's.
+local function refresh_head(band, tenant)
+  local head = redis.call('ZRANGE', flow_key(band, tenant), 0, 0, 'WITHSCORES')
+  if #head == 0 then
+    redis.call('ZREM', tag .. ':flows:' .. band, tenant)
+  else
+    redis.call('ZADD', tag .. ':flows:' .. band, head[2], tenant)
+  end
+end
+
+local function count_queued(info, sign)
+  local n = redis.call('HINCRBY', tag .. ':queued', 'n' .. info.b, sign)
+  if n <= 0 then
+    redis.call('HSET', tag .. ':queued', 'n' .. info.b, 0, 'w' .. info.b, 0)  -- no float residue
+  else
+    redis.call('HINCRBYFLOAT', tag .. ':queued', 'w' .. info.b, sign * info.c)
+  end
+end
+
+local function enqueue(id, info, score)
+  redis.call('ZADD', flow_key(info.b, info.t), score, id)
+  redis.call('HSET', tag .. ':tickets', id, cjson.encode(info))
+  redis.call('SADD', tag .. ':waiting:' .. info.r, id)
+  count_queued(info, 1)
+  refresh_head(info.b, info.t)
+end
+
+-- Forget a ticket that left its flow's zset (popped by the caller, or removed here).
+local function forget_ticket(id, info)
+  redis.call('HDEL', tag .. ':tickets', id)
+  redis.call('SREM', tag .. ':waiting:' .. info.r, id)
+  count_queued(info, -1)
+end
+
+local function ticket_info(id)
+  local raw = redis.call('HGET', tag .. ':tickets', id)
+  if raw then return cjson.decode(raw) end
+  return nil
+end
+
+-- Take a queued ticket out of its queue; false when it was not queued (granted, or purged).
+local function unqueue(id)
+  local info = ticket_info(id)
+  if info == nil then return false end
+  redis.call('ZREM', flow_key(info.b, info.t), id)
+  forget_ticket(id, info)
+  refresh_head(info.b, info.t)
+  return true
+end
+
+local function grant_lease(url, replica, ttl, now)
   local lease = next_id()
-  redis.call('HINCRBY', tag .. ':slots', backend.url, 1)
+  redis.call('HINCRBY', tag .. ':slots', url, 1)
   redis.call('ZADD', tag .. ':leases', now + ttl, lease)
-  redis.call('HSET', tag .. ':lease', lease, backend.url .. '|' .. replica)
+  redis.call('HSET', tag .. ':lease', lease, url .. '|' .. replica)
   redis.call('SADD', tag .. ':held:' .. replica, lease)
   return lease
 end
@@ -178,50 +200,76 @@ local function free_lease(lease)
   return true
 end
 
--- Hand free slots to waiting tickets, most urgent band first, FIFO (by score) within a band.
--- `drain_sample`: one slot just freed, so a hand-over under backlog is a sample of the drain
--- rate (hand-overs per second of backlog, forgotten over drain_tau seconds).
--- Grants go onto their replica's list, except those for `caller`, which are returned: the
--- replica that runs the script delivers them itself, without a trip through its list.
-local function dispatch(nbands, backends, ttl, now, drain_sample, drain_tau, caller)
+-- The next tickets to get a slot: the head of the flow with the lowest head score in the most
+-- urgent band with work, and the tickets right behind it in its flow that share its batch key
+-- (same replica: the bodies are there), up to its batch cost. Returns ids, info of the head, cost.
+local function take_next(nbands)
+  for band = 0, nbands - 1 do
+    while true do
+      local flows = redis.call('ZRANGE', tag .. ':flows:' .. band, 0, 0)
+      if #flows == 0 then break end
+      local tenant = flows[1]
+      local key = flow_key(band, tenant)
+      local popped = redis.call('ZPOPMIN', key)
+      if #popped > 0 then
+        local id = popped[1]
+        local info = ticket_info(id)
+        forget_ticket(id, info)
+        local ids, cost = {id}, info.c
+        if info.k then
+          while true do
+            local behind = redis.call('ZRANGE', key, 0, 0)
+            if #behind == 0 then break end
+            local next_info = ticket_info(behind[1])
+            if next_info.k ~= info.k or next_info.r ~= info.r or cost + next_info.c > info.m then break end
+            redis.call('ZREM', key, behind[1])
+            forget_ticket(behind[1], next_info)
+            ids[#ids + 1] = behind[1]
+            cost = cost + next_info.c
+          end
+        end
+        refresh_head(band, tenant)
+        return ids, info, cost
+      end
+      redis.call('ZREM', tag .. ':flows:' .. band, tenant)  -- an empty flow's stale entry
+    end
+  end
+  return nil
+end
+
+-- Hand free slots to waiting tickets (policies.dispatch: strict priority, then the flow's head).
+-- `drain_sample`: one slot just freed, so a hand-over under backlog counts its work and the gap
+-- since the last one into the drain counters. Grants go onto their replica's list, except those
+-- for `caller`, which are returned: that replica delivers them itself, without a trip through
+-- its list.
+local function dispatch(nbands, backends, ttl, now, drain_sample, caller)
   local granted, mine = 0, {}
   while true do
     local backend = pick_backend(backends)
     if backend == nil then break end
-    local id = nil
-    for band = 0, nbands - 1 do
-      local popped = redis.call('ZPOPMIN', tag .. ':q:' .. band)
-      if #popped > 0 then id = popped[1] break end
+    local ids, info, cost = take_next(nbands)
+    if ids == nil then break end
+    local lease = grant_lease(backend.url, info.r, ttl, now)
+    local grant = cjson.encode({t = ids, l = lease, u = backend.url, c = cost})
+    if info.r == caller then
+      mine[#mine + 1] = grant
+    else
+      redis.call('RPUSH', tag .. ':grants:' .. info.r, grant)
     end
-    if id == nil then break end
-    local info = redis.call('HGET', tag .. ':tickets', id)
-    if info then
-      redis.call('HDEL', tag .. ':tickets', id)
-      local replica = string.match(info, '^([^|]*)')
-      redis.call('SREM', tag .. ':waiting:' .. replica, id)
-      local lease = grant_lease(backend, replica, ttl, now)
-      local grant = id .. '|' .. lease .. '|' .. backend.url
-      if replica == caller then
-        mine[#mine + 1] = grant
-      else
-        redis.call('RPUSH', tag .. ':grants:' .. replica, grant)
-      end
-      granted = granted + 1
-      if drain_sample then
-        local last = redis.call('HGET', tag .. ':stats', 'backlog_at')
-        if last then
-          local gap = math.max(0, now - tonumber(last))
-          local decay = math.exp(-gap / drain_tau)
-          local events = tonumber(redis.call('HGET', tag .. ':stats', 'drain_events') or '0') * decay + 1
-          local observed = tonumber(redis.call('HGET', tag .. ':stats', 'drain_observed') or '0') * decay + gap
-          redis.call('HSET', tag .. ':stats', 'drain_events', tostring(events),
-            'drain_observed', tostring(observed), 'drain_at', fmt(now))
-        end
+    granted = granted + 1
+    redis.call('HINCRBY', tag .. ':stats', 'handovers', 1)
+    redis.call('HINCRBYFLOAT', tag .. ':stats', 'handed_work', cost)
+    if drain_sample then
+      local last = redis.call('HGET', tag .. ':stats', 'backlog_at')
+      if last then
+        redis.call('HINCRBYFLOAT', tag .. ':stats', 'drained_work', cost)
+        redis.call('HINCRBYFLOAT', tag .. ':stats', 'drained_s', math.max(0, now - tonumber(last)))
+        redis.call('HSET', tag .. ':stats', 'drained_at', fmt(now))
       end
     end
   end
   -- Mark a hand-over that left requests waiting: the gap to the next one is a clean drain sample.
-  local _, total = queued(nbands)
+  local total = queued_total(nbands)
   if total > 0 and drain_sample and granted > 0 then
     redis.call('HSET', tag .. ':stats', 'backlog_at', fmt(now))
   elseif total == 0 or granted > 0 then
@@ -230,20 +278,29 @@ local function dispatch(nbands, backends, ttl, now, drain_sample, drain_tau, cal
   return granted, mine
 end
 
--- What admission and metrics need, as one flat list:
--- now, free, drain_events, drain_observed, drain_at, then per band: depth, offered, admitted.
-local function snapshot(nbands, backends, now, tau_slow, tau_fast)
-  local out = {fmt(now), free_slots(backends)}
-  local stats = tag .. ':stats'
-  out[#out + 1] = redis.call('HGET', stats, 'drain_events') or '0'
-  out[#out + 1] = redis.call('HGET', stats, 'drain_observed') or '0'
-  out[#out + 1] = redis.call('HGET', stats, 'drain_at') or '0'
+-- Arrivals a replica refused on its own (from a fresh view, without a round trip) still count
+-- as offered work: A.refused holds their work per band.
+local function count_refused_locally(nbands)
+  if A.refused == nil then return end
   for band = 0, nbands - 1 do
-    out[#out + 1] = redis.call('ZCARD', tag .. ':q:' .. band)
-    out[#out + 1] = tostring(rate_at('off:' .. band, now, tau_slow))
-    local slow = rate_at('adm:' .. band, now, tau_slow)
-    local fast = rate_at('admf:' .. band, now, tau_fast)
-    out[#out + 1] = tostring(math.max(slow, fast))
+    local work = tonumber(A.refused[band + 1] or 0)
+    if work > 0 then redis.call('HINCRBYFLOAT', tag .. ':stats', 'off:' .. band, work) end
   end
-  return out
+end
+
+-- What admission, metrics and the estimators need (gateway/queues/redis_codec.View).
+local function view(nbands, backends, now)
+  local n, w, off, adm = {}, {}, {}, {}
+  for band = 0, nbands - 1 do
+    n[#n + 1] = tonumber(redis.call('HGET', tag .. ':queued', 'n' .. band) or '0')
+    w[#w + 1] = tonumber(redis.call('HGET', tag .. ':queued', 'w' .. band) or '0')
+    off[#off + 1] = stat('off:' .. band)
+    adm[#adm + 1] = stat('adm:' .. band)
+  end
+  return {
+    now = fmt(now), free = free_slots(backends), n = n, w = w, off = off, adm = adm,
+    dw = stat('drained_work'), ds = stat('drained_s'),
+    da = redis.call('HGET', tag .. ':stats', 'drained_at') or '',
+    h = stat('handovers'), hw = stat('handed_work'),
+  }
 end

@@ -8,50 +8,35 @@
 --    leases it no longer uses; count again the slots it still uses that Redis forgot (a restart
 --    without persistence);
 -- 6. dispatch.
--- ARGV: replica, nbands, lease_ttl_s, drain_tau, window_s, replicas_expected,
---       nbackends, (url, max_concurrency, queued)..., nready, (url, '0'|'1')..., nreserve, (url, count)...,
---       then (lease, url) pairs of the leases it still uses.
--- Returns {tickets dropped, leases freed, grants, {reserved lease ids}, {old lease, new lease}...}.
-local replica, nbands = ARGV[1], tonumber(ARGV[2])
-local ttl, drain_tau, window = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local backends, i = read_backends(8)
+-- A: replica, bands, ttl, window, expected, backends, ready ({u, r} each), reserve ({u, n} each),
+--    keep ({l: lease, u: url} each: the leases it still uses), now (tests).
+-- Returns {dropped, freed, granted, reserved: lease ids, renamed: {old, new} pairs}.
 local now = now_s()
+local replica = A.replica
 
-if now + window > tonumber(redis.call('HGET', tag .. ':stats', 'recovery_until') or '0') then
-  redis.call('HSET', tag .. ':stats', 'recovery_until', fmt(now + window))
+if now + A.window > stat('recovery_until') then
+  redis.call('HSET', tag .. ':stats', 'recovery_until', fmt(now + A.window))
 end
-redis.call('HSET', tag .. ':stats', 'replicas_expected', ARGV[6])
-
-local nready = tonumber(ARGV[i])
-local ready_at = i + 1
-i = i + 1 + 2 * nready
+redis.call('HSET', tag .. ':stats', 'replicas_expected', A.expected)
 
 local reserved = {}
-local nreserve = tonumber(ARGV[i])
-for r = 0, nreserve - 1 do
-  local url, count = ARGV[i + 1 + 2 * r], tonumber(ARGV[i + 2 + 2 * r])
-  for _ = 1, count do reserved[#reserved + 1] = grant_lease({url = url}, replica, ttl, now) end
+for _, share in ipairs(A.reserve) do
+  for _ = 1, share.n do reserved[#reserved + 1] = grant_lease(share.u, replica, A.ttl, now) end
 end
-i = i + 1 + 2 * nreserve
 
-redis.call('ZADD', tag .. ':replicas', now + ttl, replica)
-for r = 0, nready - 1 do
-  redis.call('HSET', tag .. ':ready', ARGV[ready_at + 2 * r], ARGV[ready_at + 2 * r + 1])
+redis.call('ZADD', tag .. ':replicas', now + A.ttl, replica)
+for _, entry in ipairs(A.ready) do
+  redis.call('HSET', tag .. ':ready', entry.u, entry.r)
 end
 
 local dropped = 0
 for _, id in ipairs(redis.call('SMEMBERS', tag .. ':waiting:' .. replica)) do
-  local info = redis.call('HGET', tag .. ':tickets', id)
-  if info then
-    redis.call('ZREM', tag .. ':q:' .. string.match(info, '|(%d+)$'), id)
-    redis.call('HDEL', tag .. ':tickets', id)
-    dropped = dropped + 1
-  end
+  if unqueue(id) then dropped = dropped + 1 end
 end
 redis.call('DEL', tag .. ':waiting:' .. replica, tag .. ':grants:' .. replica)
 
 local keep, renamed = {}, {}
-for k = i, #ARGV, 2 do keep[ARGV[k]] = ARGV[k + 1] end
+for _, kept in ipairs(A.keep) do keep[kept.l] = kept.u end
 for _, lease in ipairs(reserved) do keep[lease] = true end
 local freed = 0
 for _, lease in ipairs(redis.call('SMEMBERS', tag .. ':held:' .. replica)) do
@@ -59,10 +44,9 @@ for _, lease in ipairs(redis.call('SMEMBERS', tag .. ':held:' .. replica)) do
 end
 for lease, url in pairs(keep) do
   if url ~= true and redis.call('HEXISTS', tag .. ':lease', lease) == 0 then
-    renamed[#renamed + 1] = lease
-    renamed[#renamed + 1] = grant_lease({url = url}, replica, ttl, now)
+    renamed[#renamed + 1] = {lease, grant_lease(url, replica, A.ttl, now)}
   end
 end
 
-local granted = dispatch(nbands, backends, ttl, now, false, drain_tau)
-return {dropped, freed, granted, reserved, renamed}
+local granted = dispatch(A.bands, A.backends, A.ttl, now, false, nil)
+return cjson.encode({dropped = dropped, freed = freed, granted = granted, reserved = reserved, renamed = renamed})

@@ -1,0 +1,190 @@
+"""The measured speeds of one model's pool: one algorithm for every store.
+
+A store only counts: cumulative, never-decayed totals of the work offered, admitted and handed over
+(`StoreCounters`), the one thing it can keep atomically (the Redis store in its Lua scripts, the
+memory store in plain additions). `PoolEstimates` turns successive readings of those totals into
+rates with the pure estimators of policies.estimators and policies.wait, identically for both
+stores: the Redis store feeds it the readings each script returns, on Redis's clock; the memory
+store its own, on the event loop's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.settings import Estimation
+from policies.estimators import (
+    ObservedRate,
+    blend_rate,
+    coefficient_of_variation,
+    counter_increase,
+    ewma,
+    rate_jump,
+)
+from policies.wait import Throughput, pool_drain_rate_per_s
+
+# Readings closer together than this are not blended yet: the counts accumulate into one interval.
+TICK_S = 0.05
+# Deviations a counting interval must exceed the current level by to be taken as a step up.
+JUMP_Z = 6.0
+# The weight of each hand-over's work in the mean work per hand-over.
+_HANDOVER_COST_WEIGHT = 0.1
+
+
+@dataclass(slots=True)
+class StoreCounters:
+    """What a store has counted for one model since it started (totals, in work units)."""
+
+    offered_work: list[float]
+    """Per band: work that arrived, admitted or not."""
+    admitted_work: list[float]
+    drained_work: float = 0.0
+    """Work handed over at hand-overs that came while requests were waiting since the last one."""
+    drained_s: float = 0.0
+    """The gaps before those hand-overs: seconds of backlog observed."""
+    drained_at: float = float("-inf")
+    """When the last such hand-over was counted, on the store's clock."""
+    handovers: int = 0
+    handed_work: float = 0.0
+
+    @classmethod
+    def empty(cls, bands: int) -> StoreCounters:
+        return cls([0.0] * bands, [0.0] * bands)
+
+
+@dataclass(slots=True)
+class _Rates:
+    offered: list[float]
+    admitted_slow: list[float]
+    admitted_fast: list[float]
+    drain: ObservedRate
+    handover_cost: float = 1.0
+    last: StoreCounters | None = None
+    last_at: float | None = None
+    drained_at: float = float("-inf")
+    snapshot: Throughput | None = field(default=None)
+
+
+def rate_taus(config: Estimation) -> tuple[float, float]:
+    """Time constants of the slow and the fast arrival-rate estimates."""
+    return config.rate_window_s, config.rate_window_s / 4
+
+
+class PoolEstimates:
+    """Service time, drain rate, work per hand-over and per-band arrival rates of one model.
+
+    The drain rate is measured from the gaps between slot hand-overs while requests were waiting
+    the whole time, bounded by slots / service time (policies.wait.pool_drain_rate_per_s); without a
+    recent measurement it is that bound.
+
+    Admitted rates feed the drain left to less urgent bands, so they are read as the larger of a
+    slow and a fast estimate: quick to believe that urgent traffic rose (a low request admitted
+    on a stale, low estimate would expire in the queue), slow to believe that it fell. A counting
+    interval with far more admissions than the estimates explain (policies.estimators.rate_jump)
+    sets both to its own rate at once: the onset of an overload is believed within ~50 ms.
+
+    Service times are measured where the requests are sent (every replica measures the same
+    backends), so they are fed one by one. Reading the estimates is on every request's path, so the
+    Throughput snapshot is rebuilt only when something in it changed.
+    """
+
+    def __init__(self, bands: int, expected_service_s: float, config: Estimation) -> None:
+        self._config = config
+        self._slow_tau_s, self._fast_tau_s = rate_taus(config)
+        self.service_time_s = expected_service_s
+        self.service_spread_s = 0.0
+        """Standard deviation of the service time (EWMA of squared deviations)."""
+        self._service_variance = 0.0
+        self._service_samples = 0
+        self._rates = _Rates([0.0] * bands, [0.0] * bands, [0.0] * bands, ObservedRate(config.drain_window_s))
+        self._snapshot_key: tuple[int, bool] = (0, False)
+
+    def record_service(self, service_s: float) -> None:
+        weight = self._config.service_time_weight
+        deviation = service_s - self.service_time_s
+        self._service_variance = ewma(self._service_variance, deviation * deviation, weight)
+        self.service_spread_s = self._service_variance**0.5
+        self.service_time_s = ewma(self.service_time_s, service_s, weight)
+        self._service_samples += 1
+        self._rates.snapshot = None
+
+    @property
+    def service_cv(self) -> float:
+        weight = self._config.service_time_weight
+        return coefficient_of_variation(
+            self.service_time_s, self.service_spread_s, self._service_samples, weight
+        )
+
+    def observe(self, counters: StoreCounters, now: float) -> None:
+        """Take in the store's totals as read at `now` (its clock); blends once per TICK_S."""
+        rates = self._rates
+        last = rates.last
+        if last is None or rates.last_at is None:
+            rates.last, rates.last_at = _copy(counters), now
+            rates.drained_at = counters.drained_at
+            return
+        elapsed_s = now - rates.last_at
+        if elapsed_s < TICK_S:
+            return
+        for band in range(len(rates.offered)):
+            offered = counter_increase(last.offered_work[band], counters.offered_work[band])
+            admitted = counter_increase(last.admitted_work[band], counters.admitted_work[band])
+            rates.offered[band] = blend_rate(rates.offered[band], offered, elapsed_s, self._slow_tau_s)
+            # A step is judged on counts of requests (Poisson), not on work.
+            cost = rates.handover_cost
+            level = max(rates.admitted_slow[band], rates.admitted_fast[band]) / cost
+            jump = rate_jump(level, round(admitted / cost), elapsed_s, JUMP_Z)
+            rates.admitted_slow[band] = blend_rate(
+                rates.admitted_slow[band], admitted, elapsed_s, self._slow_tau_s
+            )
+            rates.admitted_fast[band] = blend_rate(
+                rates.admitted_fast[band], admitted, elapsed_s, self._fast_tau_s
+            )
+            if jump is not None:
+                jump *= cost
+                rates.admitted_slow[band] = max(rates.admitted_slow[band], jump)
+                rates.admitted_fast[band] = max(rates.admitted_fast[band], jump)
+        drained_s = counter_increase(last.drained_s, counters.drained_s)
+        if drained_s > 0:
+            rates.drain = rates.drain.observe(
+                counter_increase(last.drained_work, counters.drained_work), drained_s
+            )
+            rates.drained_at = counters.drained_at
+        handovers = counter_increase(last.handovers, counters.handovers)
+        if handovers > 0:
+            per_handover = counter_increase(last.handed_work, counters.handed_work) / handovers
+            weight = 1 - (1 - _HANDOVER_COST_WEIGHT) ** handovers
+            rates.handover_cost = ewma(rates.handover_cost, per_handover, weight)
+        rates.last, rates.last_at = _copy(counters), now
+        rates.snapshot = None
+
+    def throughput(self, slots: int, now: float) -> Throughput:
+        rates = self._rates
+        drain_fresh = now - rates.drained_at <= self._config.drain_stale_after_s
+        key = (slots, drain_fresh)
+        if rates.snapshot is None or key != self._snapshot_key:
+            seen = (rates.drain.events, rates.drain.observed_s) if drain_fresh else (0.0, 0.0)
+            drain = pool_drain_rate_per_s(*seen, slots, self.service_time_s, rates.handover_cost)
+            rates.snapshot = Throughput(
+                service_time_s=self.service_time_s,
+                drain_rate_per_s=drain,
+                admitted_rate_by_band=tuple(map(max, rates.admitted_slow, rates.admitted_fast)),
+                offered_rate_by_band=tuple(rates.offered),
+                service_spread_s=self.service_spread_s,
+                service_cv=self.service_cv,
+                handover_cost=rates.handover_cost,
+            )
+            self._snapshot_key = key
+        return rates.snapshot
+
+
+def _copy(counters: StoreCounters) -> StoreCounters:
+    return StoreCounters(
+        list(counters.offered_work),
+        list(counters.admitted_work),
+        counters.drained_work,
+        counters.drained_s,
+        counters.drained_at,
+        counters.handovers,
+        counters.handed_work,
+    )

@@ -1,0 +1,100 @@
+"""What the Redis store's scripts take and give back: one JSON object each way, with named fields.
+
+The Lua side reads the same names (lua/common.lua documents the keys). Timestamps come back as
+strings, since Redis's cjson keeps only 14 digits; an empty Lua table comes back as {} where a
+list was meant.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.queues.estimates import StoreCounters
+from gateway.upstream.backends import ModelPool
+from policies.wait import QueueStats
+
+
+def encode(args: dict[str, Any]) -> str:
+    return json.dumps(args, separators=(",", ":"))
+
+
+def decode(raw: bytes | str) -> Any:
+    return json.loads(raw)
+
+
+def as_list(value: Any) -> list[Any]:
+    """A list from Lua: cjson turns an empty table into {}."""
+    return value if isinstance(value, list) else []
+
+
+def backends_arg(pool: ModelPool) -> list[dict[str, Any]]:
+    """The backends as the scripts read them. Built per call: slots may be discovered late, and
+    the reported queues change every scrape."""
+    return [{"url": b.url, "cap": b.max_concurrency, "queued": b.external_waiting} for b in pool.backends]
+
+
+def ready_arg(pool: ModelPool) -> list[dict[str, str]]:
+    return [{"u": b.url, "r": "1" if b.ready else "0"} for b in pool.backends]
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """The global state a script saw, as it returned it."""
+
+    seen_at: float
+    """When it arrived, on the local clock."""
+    redis_now: float
+    """When the script ran, on Redis's clock (replies may arrive out of order)."""
+    stats: QueueStats
+    counters: StoreCounters
+
+    @classmethod
+    def empty(cls, bands: int, seen_at: float) -> View:
+        stats = QueueStats((0,) * bands, 0, (0.0,) * bands)
+        return cls(seen_at, 0.0, stats, StoreCounters.empty(bands))
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], seen_at: float) -> View:
+        stats = QueueStats(
+            queued_by_band=tuple(int(n) for n in raw["n"]),
+            free_slots=int(raw["free"]),
+            queued_work_by_band=tuple(float(w) for w in raw["w"]),
+        )
+        counters = StoreCounters(
+            offered_work=[float(x) for x in raw["off"]],
+            admitted_work=[float(x) for x in raw["adm"]],
+            drained_work=float(raw["dw"]),
+            drained_s=float(raw["ds"]),
+            drained_at=float(raw["da"]) if raw["da"] else float("-inf"),
+            handovers=int(raw["h"]),
+            handed_work=float(raw["hw"]),
+        )
+        return cls(seen_at, float(raw["now"]), stats, counters)
+
+    def work_ahead(self, band: int) -> float:
+        """The work a new request of `band` would see ahead of it (0 with a slot free and nothing
+        queued), as the offer script counts it."""
+        ahead = sum(self.stats.work(b) for b in range(band + 1))
+        return ahead if ahead > 0 or self.stats.free_slots == 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A slot one script granted to tickets of one replica: one ticket, or a batch of them."""
+
+    tickets: tuple[str, ...]
+    lease: str
+    url: str
+    cost: float
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> Grant:
+        fields = decode(raw)
+        return cls(tuple(fields["t"]), fields["l"], fields["u"], float(fields["c"]))
+
+
+def grants(raw: Sequence[bytes | str] | dict[str, Any]) -> list[Grant]:
+    return [Grant.parse(item) for item in as_list(raw)]

@@ -1,0 +1,128 @@
+"""The Redis store's record of one model on this replica: its waiting tickets, the slots it holds,
+and grants on their way.
+
+A grant can reach the listener before the reply to the offer that queued its ticket, or after the
+ticket was withdrawn; a batch grant names several tickets, each in any of those states. The rules:
+- a grant's slot goes to each of its tickets that is still waiting (they share it);
+- a ticket not claimed yet gets the slot when its offer's reply comes (`claim`);
+- a slot none of whose tickets takes it is given back: at once when all of them are settled,
+  or after `UNCLAIMED_AFTER_S` (an offer whose reply was lost);
+so a grant never leaves a slot held by nobody.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.queues.base import Slot, Ticket
+from gateway.queues.estimates import PoolEstimates
+from gateway.queues.redis_codec import Grant, View
+from gateway.upstream.backends import BackendState, ModelPool
+
+# An offer's reply comes within a command timeout, or never: a grant unclaimed this long is freed.
+UNCLAIMED_AFTER_S = 10.0
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """A grant with tickets this replica has not claimed yet."""
+
+    slot: Slot
+    since: float
+    unclaimed: set[str] = field(default_factory=set)
+    delivered: int = 0
+
+
+class ModelState:
+    def __init__(self, pool: ModelPool, tag: str, estimates: PoolEstimates, bands: int, now: float) -> None:
+        self.pool = pool
+        self.tag = tag
+        self.estimates = estimates
+        self.view = View.empty(bands, now)
+        self.waiting: dict[str, Ticket] = {}
+        self.held: dict[str, Slot] = {}
+        self.refused_locally = [0.0] * bands
+        """Work refused from a fresh view without a round trip, counted with the next script."""
+        self._pending: dict[str, _Pending] = {}
+        self._withdrawn: dict[str, float] = {}
+        """Tickets withdrawn after Redis had granted them: their grants are on the way."""
+
+    def backend(self, url: str) -> BackendState:
+        """The backend a grant names. One that left the pool since (endpoint discovery) is kept
+        as a detached, unready record: the grant's slot is real and is given back through it."""
+        for backend in self.pool.backends:
+            if backend.url == url:
+                return backend
+        return BackendState(self.pool.name, url, 0, "", ready=False)
+
+    def take_refused_locally(self) -> list[float]:
+        work, self.refused_locally = self.refused_locally, [0.0] * len(self.refused_locally)
+        return work
+
+    def hold(self, lease: str, url: str, cost: float) -> Slot:
+        backend = self.backend(url)
+        backend.inflight += 1  # this replica's share, for its metrics
+        slot = Slot(self.pool.name, backend, cost, lease=lease)
+        self.held[lease] = slot
+        return slot
+
+    def let_go(self, slot: Slot) -> None:
+        self.held.pop(slot.lease, None)
+        slot.backend.inflight -= 1
+
+    def deliver(self, grant: Grant, now: float) -> Slot | None:
+        """Hand a grant's slot to its waiting tickets; the slot to give back when none takes it."""
+        pending = _Pending(self.hold(grant.lease, grant.url, grant.cost), now)
+        batch = len(grant.tickets) > 1
+        for ticket_id in grant.tickets:
+            ticket = self.waiting.pop(ticket_id, None)
+            if ticket is not None:
+                if not ticket.wakeup.done():  # done: its waiter left, its withdrawal is under way
+                    self._give(pending, ticket, batch)
+            elif self._withdrawn.pop(ticket_id, None) is None:
+                pending.unclaimed.add(ticket_id)
+                self._pending[ticket_id] = pending
+        return self._unused(pending)
+
+    def claim(self, ticket: Ticket) -> None:
+        """The offer that queued `ticket` replied: it waits, or takes the grant that came first."""
+        pending = self._pending.pop(ticket.id, None)
+        if pending is None:
+            self.waiting[ticket.id] = ticket
+            return
+        pending.unclaimed.discard(ticket.id)
+        self._give(pending, ticket, batch=bool(pending.slot.batch) or pending.delivered > 0)
+
+    def granted_before_withdrawal(self, ticket_id: str, now: float) -> Slot | None:
+        """Redis had granted the withdrawn ticket: the slot to give back when no ticket takes it."""
+        pending = self._pending.pop(ticket_id, None)
+        if pending is None:
+            self._withdrawn[ticket_id] = now  # its grant is still on the way
+            return None
+        pending.unclaimed.discard(ticket_id)
+        return self._unused(pending)
+
+    def sweep(self, now: float) -> list[Slot]:
+        """Forget what waited too long to be claimed; the slots nobody took, to give back."""
+        old = now - UNCLAIMED_AFTER_S
+        unused: list[Slot] = []
+        for ticket_id, pending in list(self._pending.items()):
+            if pending.since < old:
+                del self._pending[ticket_id]
+                pending.unclaimed.discard(ticket_id)
+                if (slot := self._unused(pending)) is not None:
+                    unused.append(slot)
+        for ticket_id, at in list(self._withdrawn.items()):
+            if at < old:
+                del self._withdrawn[ticket_id]
+        return unused
+
+    def _give(self, pending: _Pending, ticket: Ticket, batch: bool) -> None:
+        pending.delivered += 1
+        if batch:
+            pending.slot.batch = (*pending.slot.batch, ticket)
+        ticket.grant(pending.slot)
+
+    @staticmethod
+    def _unused(pending: _Pending) -> Slot | None:
+        return pending.slot if not pending.unclaimed and pending.delivered == 0 else None

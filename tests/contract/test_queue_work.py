@@ -1,0 +1,188 @@
+"""The RequestQueue contract for what the second wave builds on, against every store: work in cost
+units, flows within a band, batch grants (one slot, several tickets of one flow), EDF ordering."""
+
+import asyncio
+import time
+
+import pytest
+
+from gateway.queues.base import Batching, Flow, Full, Granted, Queued, Slot
+from policies.ordering import Ordering
+from policies.outcomes import Outcome
+from tests.contract.conftest import MODEL
+from tests.eventually import eventually
+
+pytestmark = pytest.mark.anyio
+UNLIMITED = 10**9
+
+
+async def offer(sut, *, band=1, cost=1.0, tenant="", max_ahead=UNLIMITED, allowed_s=30.0, batching=None):
+    flow = Flow(MODEL, band, tenant)
+    return await sut.store.offer(flow, cost, allowed_s, max_ahead, time.monotonic(), batching)
+
+
+async def release(sut, slot):
+    await sut.store.release(slot, now=time.monotonic())
+    await sut.settle()
+
+
+async def take_the_slot(sut):
+    held = await offer(sut)
+    assert isinstance(held, Granted)
+    return held.slot
+
+
+async def granted_in_order(sut, slot, tickets):
+    """Release `slot` again and again, returning the tickets in the order they were granted."""
+    order: list = []
+
+    def newly_granted() -> list:
+        return [t for t in tickets if t.wakeup.done() and t not in order]
+
+    while len(order) < len(tickets):
+        await release(sut, slot)
+        await eventually(newly_granted)
+        granted = newly_granted()
+        assert len(granted) == 1, "one slot, one grant"
+        order.extend(granted)
+        slot = granted[0].wakeup.result()
+    return order
+
+
+async def test_queue_statistics_count_work_as_well_as_requests(make_store):
+    sut = await make_store(slots=(1,))
+    await take_the_slot(sut)
+    await offer(sut, cost=3.0)
+    await offer(sut, cost=2.5, tenant="team-a")
+    await offer(sut, band=0, cost=4.0)
+    stats = sut.store.stats(MODEL)
+    assert stats.queued_by_band == (1, 2)
+    assert stats.queued_work_by_band == pytest.approx((4.0, 5.5))
+
+
+async def test_the_admission_limit_is_in_work(make_store):
+    sut = await make_store(slots=(1,))
+    await take_the_slot(sut)
+    assert isinstance(await offer(sut, cost=4.0, max_ahead=0.0), Queued)  # nothing ahead yet
+    refused = await offer(sut, cost=1.0, max_ahead=3.9)  # 4 units ahead
+    assert isinstance(refused, Full)
+    assert refused.stats.queued_work_by_band == pytest.approx((0.0, 4.0))
+    assert isinstance(await offer(sut, cost=1.0, max_ahead=4.0), Queued)
+    # More urgent work counts ahead of a band; less urgent work does not.
+    assert isinstance(await offer(sut, band=0, cost=1.0, max_ahead=0.0), Queued)
+    assert isinstance(await offer(sut, band=1, cost=1.0, max_ahead=5.5), Full)
+
+
+async def test_withdrawn_work_leaves_the_statistics(make_store):
+    sut = await make_store(slots=(1,))
+    await take_the_slot(sut)
+    ticket = (await offer(sut, cost=2.5)).ticket
+    await offer(sut, cost=1.5)
+    await sut.store.withdraw(ticket, Outcome.CLIENT_DISCONNECTED)
+    await sut.store.withdraw(ticket, Outcome.CLIENT_DISCONNECTED)  # idempotent
+    stats = sut.store.stats(MODEL)
+    assert (stats.queued_by_band, stats.queued_work_by_band) == ((0, 1), pytest.approx((0.0, 1.5)))
+
+
+async def test_flows_of_a_band_keep_the_bands_order_between_them(make_store):
+    sut = await make_store(slots=(1,))
+    slot = await take_the_slot(sut)
+    tickets = [(await offer(sut, tenant=tenant)).ticket for tenant in ("a", "b", "a", "", "b")]
+    assert await granted_in_order(sut, slot, tickets) == tickets
+    assert [t.flow.tenant for t in tickets] == ["a", "b", "a", "", "b"]
+
+
+async def test_a_more_urgent_flow_of_any_tenant_goes_first(make_store):
+    sut = await make_store(slots=(1,))
+    slot = await take_the_slot(sut)
+    low = (await offer(sut, band=1, tenant="a")).ticket
+    high = (await offer(sut, band=0, tenant="b")).ticket
+    assert await granted_in_order(sut, slot, [low, high]) == [high, low]
+
+
+async def test_edf_grants_the_earliest_leave_by_time_first(make_store):
+    sut = await make_store(slots=(1,), ordering=Ordering.EDF)
+    slot = await take_the_slot(sut)
+    patient = (await offer(sut, allowed_s=10.0)).ticket
+    urgent = (await offer(sut, allowed_s=1.0, tenant="b")).ticket
+    middle = (await offer(sut, allowed_s=5.0)).ticket
+    assert await granted_in_order(sut, slot, [patient, urgent, middle]) == [urgent, middle, patient]
+
+
+async def test_fifo_grants_in_arrival_order_whatever_the_leave_by_times(make_store):
+    sut = await make_store(slots=(1,), ordering=Ordering.FIFO)
+    slot = await take_the_slot(sut)
+    tickets = [(await offer(sut, allowed_s=allowed)).ticket for allowed in (10.0, 1.0, 5.0)]
+    assert await granted_in_order(sut, slot, tickets) == tickets
+
+
+def batch(cost: float = 3.0, key: str = "k") -> Batching:
+    return Batching(key, cost)
+
+
+async def test_a_grant_hands_one_slot_to_a_batch_of_one_flow(make_store):
+    sut = await make_store(slots=(1,))
+    slot = await take_the_slot(sut)
+    tickets = [(await offer(sut, batching=batch(3.0))).ticket for _ in range(4)]
+    await release(sut, slot)
+    await eventually(lambda: all(t.wakeup.done() for t in tickets[:3]))
+    shared = tickets[0].wakeup.result()
+    assert isinstance(shared, Slot)
+    assert all(t.wakeup.result() is shared for t in tickets[:3])
+    assert shared.cost == 3.0 and set(shared.batch) == set(tickets[:3])
+    assert not tickets[3].wakeup.done()  # over the batch's cost: it waits for the next slot
+    stats = sut.store.stats(MODEL)
+    assert (stats.queued_by_band, stats.free_slots) == ((0, 1), 0)
+    await release(sut, shared)  # one release for the whole batch
+    await eventually(lambda: tickets[3].wakeup.done())
+    assert tickets[3].wakeup.result().batch == ()  # alone: a plain slot
+
+
+async def test_a_batch_takes_only_the_tickets_right_behind_with_its_key(make_store):
+    sut = await make_store(slots=(1,))
+    slot = await take_the_slot(sut)
+    first = (await offer(sut, batching=batch(10.0))).ticket
+    same = (await offer(sut, batching=batch(10.0))).ticket
+    other_key = (await offer(sut, batching=batch(10.0, key="j"))).ticket
+    after = (await offer(sut, batching=batch(10.0))).ticket
+    await release(sut, slot)
+    await eventually(lambda: same.wakeup.done())
+    shared = first.wakeup.result()
+    assert same.wakeup.result() is shared and shared.cost == 2.0
+    assert not other_key.wakeup.done() and not after.wakeup.done()
+
+
+async def test_a_batch_never_takes_another_flows_tickets(make_store):
+    sut = await make_store(slots=(1,))
+    slot = await take_the_slot(sut)
+    a1 = (await offer(sut, tenant="a", batching=batch(10.0))).ticket
+    b1 = (await offer(sut, tenant="b", batching=batch(10.0))).ticket
+    a2 = (await offer(sut, tenant="a", batching=batch(10.0))).ticket
+    await release(sut, slot)
+    await eventually(lambda: a2.wakeup.done())
+    shared = a1.wakeup.result()
+    assert a2.wakeup.result() is shared and shared.cost == 2.0
+    assert not b1.wakeup.done()
+
+
+async def test_requests_without_batching_are_never_batched(make_store):
+    sut = await make_store(slots=(1,))
+    slot = await take_the_slot(sut)
+    leader = (await offer(sut, batching=batch(10.0))).ticket
+    plain = (await offer(sut)).ticket
+    await release(sut, slot)
+    await eventually(lambda: leader.wakeup.done())
+    assert leader.wakeup.result().cost == 1.0 and not plain.wakeup.done()
+
+
+async def test_the_drain_rate_is_measured_in_work(make_store):
+    sut = await make_store(slots=(1,))
+    slot = await take_the_slot(sut)
+    tickets = [(await offer(sut, cost=4.0)).ticket for _ in range(8)]
+    for ticket in tickets:
+        await asyncio.sleep(0.05)  # the behaviour under test: one hand-over every 50 ms
+        await sut.store.release(slot, now=time.monotonic())
+        slot = await asyncio.wait_for(ticket.wakeup, 2)
+    throughput = sut.store.throughput(MODEL, now=time.monotonic())
+    assert 48 < throughput.drain_rate_per_s < 88  # 4 units every 50 ms: 80 per second
+    assert throughput.handover_cost > 2.5  # on its way from 1 to 4

@@ -18,7 +18,7 @@ Poisson stream) and from the urgent bands' arrivals, which take hand-overs at ra
 
 Work is counted in cost units (policies.wait): n is the work to drain before the request's own
 hand-over, its own hand-over included. The check is also expressed as a work limit
-(`max_work_ahead`), so that a store can make the check and the insert it guards one atomic
+(`max_work`), so that a store can make the check and the insert it guards one atomic
 operation: the admitted amounts of work are exactly those with n + z * sqrt(n * v / mu_b) <=
 allowed * mu_b.
 """
@@ -104,13 +104,6 @@ def max_work(request: AdmissionRequest, throughput: Throughput, config: Admissio
     # The root written so that it does not cancel when c * c dwarfs the budget.
     root = 2 * budget / (c + math.sqrt(c * c + 4 * budget))
     return root * root
-
-
-def max_work_ahead(request: AdmissionRequest, throughput: Throughput, config: AdmissionConfig) -> float:
-    """`max_work` less the request's own hand-over: the most work that may be queued ahead of it
-    when no slot is free (what a store checks atomically). Negative refuses even with a free slot."""
-    limit = max_work(request, throughput, config)
-    return limit if limit < 0 else limit - throughput.handover_cost
 
 
 def decide(

@@ -25,7 +25,7 @@ from policies.admission import (
     AdmissionRequest,
     Reject,
     allowed_wait_s,
-    max_work_ahead,
+    max_work,
     refuse,
 )
 from policies.outcomes import Outcome
@@ -110,7 +110,7 @@ class AdmissionController:
         if (shed := self._shed(model, request, throughput, external)) is not None:
             return shed
         allowed_s = allowed_wait_s(request, throughput, self._admission.safety_sigmas)
-        limit = max_work_ahead(request, throughput, self._admission)
+        limit = max_work(request, throughput, self._admission)
         offer = await self._store.offer(
             flow, cost, allowed_s, limit - external if limit >= 0 else limit, arrived_at, batching
         )

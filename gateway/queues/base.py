@@ -151,13 +151,14 @@ class RequestQueue(Protocol):
         flow: Flow,
         cost: float,
         allowed_wait_s: float,
-        max_work_ahead: float,
+        max_work: float,
         now: float,
         batching: Batching | None = None,
     ) -> Offer:
-        """Grant a free slot, queue, or refuse when more than `max_work_ahead` work would be
-        queued ahead of it (its band and the more urgent ones) with no slot free; a negative limit
-        refuses even with a slot free.
+        """Grant a free slot, queue, or refuse when the work to drain before it gets a slot
+        exceeds `max_work`: the work queued ahead of it (its band and the more urgent ones) plus
+        one hand-over of its own, by the store's measure of the work a hand-over takes; none with
+        a slot free and nothing ahead. A negative limit refuses even then.
 
         `allowed_wait_s` is how long the request may wait; the store orders its flow by its
         configured Ordering, on its own clock.

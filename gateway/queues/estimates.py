@@ -109,6 +109,11 @@ class PoolEstimates:
         self._rates.snapshot = None
 
     @property
+    def handover_cost(self) -> float:
+        """Mean work a slot takes per hand-over."""
+        return self._rates.handover_cost
+
+    @property
     def service_cv(self) -> float:
         weight = self._config.service_time_weight
         return coefficient_of_variation(

@@ -126,18 +126,18 @@ class FailoverQueue:
         flow: Flow,
         cost: float,
         allowed_wait_s: float,
-        max_work_ahead: float,
+        max_work: float,
         now: float,
         batching: Batching | None = None,
     ) -> Offer:
         if self.up:
             try:
-                return await self._redis.offer(flow, cost, allowed_wait_s, max_work_ahead, now, batching)
+                return await self._redis.offer(flow, cost, allowed_wait_s, max_work, now, batching)
             except RedisError as error:
                 self.redis_failed(error)
         if self._mode == "reject":
             return Unavailable(retry_after_s=self._probe_interval_s)
-        return await self._local.offer(flow, cost, allowed_wait_s, max_work_ahead, now, batching)
+        return await self._local.offer(flow, cost, allowed_wait_s, max_work, now, batching)
 
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
         if not ticket.id:

@@ -216,18 +216,18 @@ class MemoryQueue:
         flow: Flow,
         cost: float,
         allowed_wait_s: float,
-        max_work_ahead: float,
+        max_work: float,
         now: float,
         batching: Batching | None = None,
     ) -> Offer:
-        return self.offer_nowait(flow, cost, allowed_wait_s, max_work_ahead, now, batching)
+        return self.offer_nowait(flow, cost, allowed_wait_s, max_work, now, batching)
 
     def offer_nowait(
         self,
         flow: Flow,
         cost: float,
         allowed_wait_s: float,
-        max_work_ahead: float,
+        max_work: float,
         now: float,
         batching: Batching | None = None,
     ) -> Offer:
@@ -237,7 +237,8 @@ class MemoryQueue:
         counters.offered_work[flow.band] += cost
         ahead = sum(band.work for band in queue.bands[: flow.band + 1]) if queue.live else 0.0
         free = free_slots(queue.capacity)
-        if (ahead if (ahead > 0 or free == 0) else 0.0) > max_work_ahead:
+        to_drain = ahead + queue.estimates.handover_cost if ahead > 0 or free == 0 else 0.0
+        if to_drain > max_work:
             return Full(queue.stats())
         counters.admitted_work[flow.band] += cost
         if free > 0 and ahead == 0 and (index := pick_backend(queue.capacity)) is not None:

@@ -168,15 +168,18 @@ class RedisQueue:
         flow: Flow,
         cost: float,
         allowed_wait_s: float,
-        max_work_ahead: float,
+        max_work: float,
         now: float,
         batching: Batching | None = None,
     ) -> Offer:
         state = self._models[flow.model]
         if (down := self._loop_down(flow.model)) is not None:
             return Unavailable(retry_after_s=max(LISTEN_WAKE_S, down.restart_in_s))
-        view = state.view
-        if self._clock() - view.seen_at <= _VIEW_FRESH_S and view.work_ahead(flow.band) > max_work_ahead:
+        view, handover = state.view, state.estimates.handover_cost
+        if (
+            self._clock() - view.seen_at <= _VIEW_FRESH_S
+            and view.work_to_drain(flow.band, handover) > max_work
+        ):
             # Clearly over the limit by a view a few milliseconds old: refuse without a round trip
             # (under overload most arrivals end here), and count the arrival with the next script.
             state.refused_locally[flow.band] += cost
@@ -186,7 +189,8 @@ class RedisQueue:
             "band": flow.band,
             "tenant": flow.tenant,
             "cost": cost,
-            "max_ahead": max_work_ahead,
+            "max_work": max_work,
+            "handover": handover,
             "edf": self._ordering is Ordering.EDF,
             "allowed_s": allowed_wait_s,
             "ttl": self._ttl_s,

@@ -74,11 +74,12 @@ class View:
         )
         return cls(seen_at, float(raw["now"]), stats, counters)
 
-    def work_ahead(self, band: int) -> float:
-        """The work a new request of `band` would see ahead of it (0 with a slot free and nothing
-        queued), as the offer script counts it."""
+    def work_to_drain(self, band: int, handover_cost: float) -> float:
+        """The work to drain before a new request of `band` gets a slot, as the offer script
+        counts it: what is queued ahead plus its own hand-over (none with a slot free and nothing
+        queued ahead)."""
         ahead = sum(self.stats.work(b) for b in range(band + 1))
-        return ahead if ahead > 0 or self.stats.free_slots == 0 else 0.0
+        return ahead + handover_cost if ahead > 0 or self.stats.free_slots == 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)

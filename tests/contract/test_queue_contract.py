@@ -15,9 +15,9 @@ UNLIMITED = 10**9
 ALLOWED_S = 30.0
 
 
-async def offer(sut, band, max_ahead=UNLIMITED, cost=1.0, tenant=""):
-    """Offer a request of `cost`; `max_ahead` is the work that may be queued ahead of it."""
-    return await sut.store.offer(Flow(MODEL, band, tenant), cost, ALLOWED_S, max_ahead, now=time.monotonic())
+async def offer(sut, band, max_work=UNLIMITED, cost=1.0, tenant=""):
+    """Offer a request of `cost`; `max_work` is the most work it may wait to be drained."""
+    return await sut.store.offer(Flow(MODEL, band, tenant), cost, ALLOWED_S, max_work, now=time.monotonic())
 
 
 def counts(sut) -> tuple[tuple[int, ...], int]:
@@ -69,25 +69,25 @@ async def test_strict_priority_serves_urgent_band_before_earlier_low(make_store)
 async def test_offer_refuses_beyond_the_work_limit(make_store):
     sut = await make_store(slots=(1,))
     await fill(sut, 1)  # the slot is taken
-    assert isinstance(await offer(sut, 1, max_ahead=0), Queued)  # nothing queued ahead: ok
-    refused = await offer(sut, 1, max_ahead=0)  # one request ahead > 0
+    assert isinstance(await offer(sut, 1, max_work=1), Queued)  # its own hand-over: ok
+    refused = await offer(sut, 1, max_work=1)  # one request ahead, then its own: 2 > 1
     assert isinstance(refused, Full)
     assert refused.stats.queued_by_band == (0, 1)
 
 
 async def test_a_negative_limit_refuses_even_with_free_slots(make_store):
     sut = await make_store(slots=(4,))
-    assert isinstance(await offer(sut, 0, max_ahead=-1), Full)
+    assert isinstance(await offer(sut, 0, max_work=-1), Full)
     assert sut.store.stats(MODEL).free_slots == 4
 
 
 async def test_concurrent_offers_never_exceed_the_limit(make_store):
     sut = await make_store(slots=(2,))
-    offers = await asyncio.gather(*(offer(sut, 1, max_ahead=4) for _ in range(50)))
+    offers = await asyncio.gather(*(offer(sut, 1, max_work=5) for _ in range(50)))
     granted = sum(isinstance(o, Granted) for o in offers)
     queued = sum(isinstance(o, Queued) for o in offers)
     assert granted == 2
-    assert queued == 5  # 0..4 ahead fit; the 6th waiter would have 5 ahead
+    assert queued == 5  # 1..5 hand-overs fit; the 6th waiter would wait for 6
     await sut.settle()
     assert sut.store.stats(MODEL).queued_by_band == (0, 5)
 

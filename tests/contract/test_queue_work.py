@@ -16,9 +16,9 @@ pytestmark = pytest.mark.anyio
 UNLIMITED = 10**9
 
 
-async def offer(sut, *, band=1, cost=1.0, tenant="", max_ahead=UNLIMITED, allowed_s=30.0, batching=None):
+async def offer(sut, *, band=1, cost=1.0, tenant="", max_work=UNLIMITED, allowed_s=30.0, batching=None):
     flow = Flow(MODEL, band, tenant)
-    return await sut.store.offer(flow, cost, allowed_s, max_ahead, time.monotonic(), batching)
+    return await sut.store.offer(flow, cost, allowed_s, max_work, time.monotonic(), batching)
 
 
 async def release(sut, slot):
@@ -63,14 +63,21 @@ async def test_queue_statistics_count_work_as_well_as_requests(make_store):
 async def test_the_admission_limit_is_in_work(make_store):
     sut = await make_store(slots=(1,))
     await take_the_slot(sut)
-    assert isinstance(await offer(sut, cost=4.0, max_ahead=0.0), Queued)  # nothing ahead yet
-    refused = await offer(sut, cost=1.0, max_ahead=3.9)  # 4 units ahead
+    # The work to drain: what is queued ahead, then one hand-over (1 unit until costs are seen).
+    assert isinstance(await offer(sut, cost=4.0, max_work=1.0), Queued)  # nothing ahead yet
+    refused = await offer(sut, cost=1.0, max_work=4.9)  # 4 units ahead, then its own
     assert isinstance(refused, Full)
     assert refused.stats.queued_work_by_band == pytest.approx((0.0, 4.0))
-    assert isinstance(await offer(sut, cost=1.0, max_ahead=4.0), Queued)
+    assert isinstance(await offer(sut, cost=1.0, max_work=5.0), Queued)
     # More urgent work counts ahead of a band; less urgent work does not.
-    assert isinstance(await offer(sut, band=0, cost=1.0, max_ahead=0.0), Queued)
-    assert isinstance(await offer(sut, band=1, cost=1.0, max_ahead=5.5), Full)
+    assert isinstance(await offer(sut, band=0, cost=1.0, max_work=1.0), Queued)
+    assert isinstance(await offer(sut, band=1, cost=1.0, max_work=6.5), Full)  # 1 + 5 + 1
+
+
+async def test_a_free_slot_is_granted_under_any_limit_but_a_negative_one(make_store):
+    sut = await make_store(slots=(2,))
+    assert isinstance(await offer(sut, max_work=0.0), Granted)  # no time to wait, none needed
+    assert isinstance(await offer(sut, max_work=-1.0), Full)  # cannot be served in time at all
 
 
 async def test_withdrawn_work_leaves_the_statistics(make_store):

@@ -135,6 +135,7 @@ class Sim(ServerProcess):
         token_ms: float = 0,
         per_item_ms: float = 0,
         port: int = 0,
+        on_disconnect: str = "finish",
     ) -> None:
         args = [
             "sim",
@@ -150,6 +151,8 @@ class Sim(ServerProcess):
             str(token_ms),
             "--per-item-ms",
             str(per_item_ms),
+            "--on-disconnect",
+            on_disconnect,
         ]
         super().__init__("sim", args, log_dir, "/v2/health/ready")
 

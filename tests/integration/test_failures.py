@@ -5,7 +5,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import aiohttp
 import pytest
@@ -63,16 +62,6 @@ async def test_backend_death_fails_fast_and_recovery_restores_service(start_sim,
     assert (await infer(gateway))[0] == 200
 
 
-async def test_slow_backend_is_cut_at_the_client_budget_with_504(start_sim, start_gateway):
-    sim = start_sim(slots=1, base_ms=600)
-    gateway = start_gateway(gateway_config([(sim.url, 1)], expected_service_ms=10))
-    started = time.monotonic()
-    status, _, body = await infer(gateway, **{"X-Request-Timeout-Ms": "200"})
-    assert (status, body["reason"]) == (504, "upstream_timeout")
-    assert time.monotonic() - started < 0.55
-    assert gateway.metric("gateway_inflight_requests", model="sim") == 0
-
-
 async def test_backend_dying_mid_stream_breaks_the_stream(start_sim, start_gateway):
     sim = start_sim(slots=1, base_ms=5, token_ms=100)
     gateway = start_gateway(gateway_config([(sim.url, 1)]))
@@ -86,30 +75,6 @@ async def test_backend_dying_mid_stream_breaks_the_stream(start_sim, start_gatew
             await reply.read()
     await eventually(lambda: gateway.assert_metric("gateway_inflight_requests", 0, model="sim"))
     assert gateway.metric("gateway_requests_total", outcome="upstream_error") == 1
-
-
-async def test_client_leaving_mid_stream_frees_its_slot_at_once(start_sim, start_gateway):
-    sim = start_sim(slots=2, base_ms=5, token_ms=50)
-    gateway = start_gateway(gateway_config([(sim.url, 1)]))
-    chat = {"model": "sim", "stream": True, "max_tokens": 200, "messages": [{"role": "user", "content": "x"}]}
-    async with aiohttp.ClientSession() as http:
-        reply = await http.post(gateway.url + "/v1/chat/completions", json=chat)
-        assert (await reply.content.readline()).startswith(b"data: ")
-        reply.close()  # the client goes away; the whole stream would take 10 s
-    deadline = time.monotonic() + 3
-    await eventually(
-        lambda: gateway.assert_metric("gateway_inflight_requests", 0, model="sim"),
-        timeout_s=deadline - time.monotonic(),
-    )
-    assert gateway.metric("gateway_requests_total", outcome="client_disconnected") == 1
-    # The gateway closed its upstream connection, so the backend stopped generating too.
-    await eventually(
-        lambda: sim.stats()["inflight"] == 0,
-        timeout_s=max(0.0, deadline - time.monotonic()),
-        what="the backend to stop generating",
-    )
-    # The slot and the upstream connection pool are fine for the next request.
-    assert (await infer(gateway))[0] == 200
 
 
 async def test_sigterm_drains_in_flight_work_and_refuses_new(start_sim, start_gateway):

@@ -13,7 +13,6 @@ from policies.admission import (
     cautious_wait_s,
     decide,
     max_work,
-    max_work_ahead,
     refuse,
     service_allowance_s,
 )
@@ -191,13 +190,6 @@ def test_work_limit_is_the_most_work_that_fits(request, flow, config):
     assert cautious_wait_s(limit, flow, request.band, config.safety_sigmas) <= allowed * (1 + 1e-9) + 1e-12
     more = limit * (1 + 1e-6) + 1e-6
     assert cautious_wait_s(more, flow, request.band, config.safety_sigmas) > allowed
-
-
-@given(requests, flows, configs)
-def test_the_store_limit_leaves_room_for_the_requests_own_hand_over(request, flow, config):
-    limit = max_work(request, flow, config)
-    ahead = max_work_ahead(request, flow, config)
-    assert ahead == (limit if limit < 0 else limit - flow.handover_cost)
 
 
 @given(requests, flows)

@@ -1,9 +1,10 @@
 -- Admission check and insert in one step: grant a free slot, queue, or refuse.
--- A: replica, band, tenant, cost, max_ahead, bands, edf, allowed_s, ttl, refused, backends,
---    batch ({key, max} or absent), now (tests).
--- The check (gateway/queues/base.RequestQueue.offer): refuse when more than max_ahead work would
--- be queued ahead of it in its band and the more urgent ones with no slot free; a negative limit
--- refuses even with a slot free.
+-- A: replica, band, tenant, cost, max_work, handover (the replica's estimate of the work a
+--    hand-over takes), bands, edf, allowed_s, ttl, refused, backends, batch ({key, max} or
+--    absent), now (tests).
+-- The check (gateway/queues/base.RequestQueue.offer): refuse when the work queued ahead of it in
+-- its band and the more urgent ones, plus one hand-over of its own, exceeds max_work (none with
+-- a slot free and nothing ahead); a negative limit refuses even then.
 -- Returns {kind = 'granted', lease, url, view} | {kind = 'queued', ticket, view} | {kind = 'full', view}.
 local now = now_s()
 local nbands = A.bands
@@ -11,14 +12,14 @@ count_refused_locally(nbands)
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'off:' .. A.band, A.cost)
 local ahead = work_ahead(A.band)
 local free = free_slots(A.backends)
-local needed = ahead
-if ahead <= 0 and free > 0 then needed = 0 end
-if needed > A.max_ahead then
+local to_drain = 0
+if ahead > 0 or free == 0 then to_drain = ahead + A.handover end
+if to_drain > A.max_work then
   return cjson.encode({kind = 'full', view = view(nbands, A.backends, now)})
 end
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'adm:' .. A.band, A.cost)
 
-if needed == 0 and free > 0 then
+if to_drain == 0 then
   local backend = pick_backend(A.backends)
   if backend ~= nil then
     local lease = grant_lease(backend.url, A.replica, A.ttl, now)

@@ -237,6 +237,8 @@ class Estimation(_Frozen):
     """Time constant of the arrival-rate estimates."""
     drain_stale_after_s: float = Field(10.0, gt=0)
     """A drain rate measured longer ago than this falls back to slots / service time."""
+    handover_cost_weight: float = Field(0.1, ge=0, le=1)
+    """EWMA weight of each hand-over's work in the mean work per hand-over (0 keeps it at 1)."""
 
 
 class Autoscaling(_Frozen):

@@ -27,8 +27,6 @@ from policies.wait import Throughput, pool_drain_rate_per_s
 TICK_S = 0.05
 # Deviations a counting interval must exceed the current level by to be taken as a step up.
 JUMP_Z = 6.0
-# The weight of each hand-over's work in the mean work per hand-over.
-_HANDOVER_COST_WEIGHT = 0.1
 
 
 @dataclass(slots=True)
@@ -158,7 +156,7 @@ class PoolEstimates:
         handovers = counter_increase(last.handovers, counters.handovers)
         if handovers > 0:
             per_handover = counter_increase(last.handed_work, counters.handed_work) / handovers
-            weight = 1 - (1 - _HANDOVER_COST_WEIGHT) ** handovers
+            weight = 1 - (1 - self._config.handover_cost_weight) ** handovers
             rates.handover_cost = ewma(rates.handover_cost, per_handover, weight)
         rates.last, rates.last_at = _copy(counters), now
         rates.snapshot = None

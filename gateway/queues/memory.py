@@ -330,6 +330,9 @@ class MemoryQueue:
         granted = 0
         counters = queue.counters
         while queue.live and (index := pick_backend(queue.capacity)) is not None:
+            # Read before taking the next tickets: taking the last of them ends the backlog, but
+            # the gap to this hand-over is still a clean sample.
+            backlogged_at = queue.backlogged_handover_at
             popped = queue.pop_next()
             if not popped:
                 break
@@ -343,9 +346,9 @@ class MemoryQueue:
             granted += 1
             counters.handovers += 1
             counters.handed_work += cost
-            if now is not None and queue.backlogged_handover_at is not None:
+            if now is not None and backlogged_at is not None:
                 counters.drained_work += cost
-                counters.drained_s += now - queue.backlogged_handover_at
+                counters.drained_s += now - backlogged_at
                 counters.drained_at = now
             queue.backlogged_handover_at = now if (now is not None and queue.live) else None
         return granted

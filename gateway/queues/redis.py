@@ -218,8 +218,8 @@ class RedisQueue:
             if not reply["removed"]:  # Redis had granted it: free the grant, now or when it arrives
                 self._give_back(state.granted_before_withdrawal(ticket.id, self._clock()))
         if not ticket.wakeup.cancelled() and isinstance(slot := ticket.wakeup.result(), Slot):
-            if not slot.batch:  # a batch's slot is released by whoever runs the batch's call
-                await self.release(slot, self._clock())
+            if not slot.batch and (task := self._release_task(slot, used=False)) is not None:
+                await asyncio.shield(task)  # a batch's slot is released by whoever runs the batch's call
 
     async def release(self, slot: Slot, now: float) -> None:
         task = self._release_task(slot)
@@ -294,7 +294,7 @@ class RedisQueue:
     async def release_leases(self, model: str, leases: Iterable[str]) -> None:
         state = self._models[model]
         for lease in leases:
-            await self._free(state, lease)
+            await self._free(state, lease, sample=False)  # reserved, never used
 
     async def settle(self) -> None:
         """Wait until every operation started in the background has finished (tests, shutdown)."""
@@ -314,21 +314,23 @@ class RedisQueue:
                 return loop
         return None
 
-    def _release_task(self, slot: Slot) -> asyncio.Task[Any] | None:
+    def _release_task(self, slot: Slot, *, used: bool = True) -> asyncio.Task[Any] | None:
+        """Free the slot in the background; `used` False for one that comes back unused."""
         if slot.released:
             return None
         slot.released = True
         state = self._models[slot.model]
         state.let_go(slot)
-        return self._spawn(self._free(state, slot.lease))
+        return self._spawn(self._free(state, slot.lease, sample=used))
 
     def _give_back(self, slot: Slot | None) -> None:
         if slot is not None:
-            self._release_task(slot)
+            self._release_task(slot, used=False)
 
-    async def _free(self, state: ModelState, lease: str) -> None:
+    async def _free(self, state: ModelState, lease: str, *, sample: bool = True) -> None:
         """Run the release script; grants it made for this replica are delivered from its reply."""
-        reply = await self._run("release", state, {"lease": lease, "replica": self._replica})
+        args = {"lease": lease, "replica": self._replica, "sample": sample}
+        reply = await self._run("release", state, args)
         self._take_view(state, reply["view"])
         for grant in grants(reply["mine"]):
             self._deliver(state, grant)

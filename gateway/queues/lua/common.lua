@@ -206,9 +206,19 @@ end
 local function take_next(nbands)
   for band = 0, nbands - 1 do
     while true do
-      local flows = redis.call('ZRANGE', tag .. ':flows:' .. band, 0, 0)
-      if #flows == 0 then break end
-      local tenant = flows[1]
+      local first = redis.call('ZRANGE', tag .. ':flows:' .. band, 0, 0, 'WITHSCORES')
+      if #first == 0 then break end
+      local tenant = first[1]
+      -- Flows whose heads tie go in the order their heads were queued (as the memory store does),
+      -- not by the tenants' names.
+      local tied = redis.call('ZRANGEBYSCORE', tag .. ':flows:' .. band, first[2], first[2])
+      if #tied > 1 then
+        local earliest = nil
+        for _, candidate in ipairs(tied) do
+          local head = redis.call('ZRANGE', flow_key(band, candidate), 0, 0)
+          if #head > 0 and (earliest == nil or head[1] < earliest) then earliest, tenant = head[1], candidate end
+        end
+      end
       local key = flow_key(band, tenant)
       local popped = redis.call('ZPOPMIN', key)
       if #popped > 0 then

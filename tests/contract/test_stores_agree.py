@@ -1,0 +1,233 @@
+"""The Redis store makes the same decisions as the memory store, for the same operations on the
+same clock: a hypothesis state machine drives both with offers of several flows and costs (batches
+among them), releases, withdrawals and expiries, and time passing. The memory store is the oracle:
+after every step both must have made the same grants (the same tickets, batched alike, on the same
+backends) and must report the same queue statistics and the same raw counters, from which one
+PoolEstimates computes the rates for either store.
+
+Replica loss is Redis's alone (there is no second memory replica to lose) and has its own tests in
+test_redis_replicas.py and tests/integration/test_shared_queue.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from redis.asyncio import Redis
+
+from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot
+from gateway.queues.memory import MemoryQueue
+from gateway.queues.redis import RedisQueue
+from gateway.settings import Estimation
+from gateway.upstream.backends import BackendState, ModelPool
+from policies.ordering import Ordering
+from policies.outcomes import Outcome
+from tests.redis_server import redis_url_or_skip, unique_prefix
+
+pytestmark = pytest.mark.redis
+MODEL = "m"
+BANDS = 2
+T = TypeVar("T")
+# The mean work per hand-over stays 1 in both stores: their estimators observe the same totals at
+# different moments, and admission decisions must not hang on that.
+ESTIMATION = Estimation(handover_cost_weight=0.0)
+UNLIMITED = 10.0**9
+
+
+def pool(slots: tuple[int, ...]) -> ModelPool:
+    backends = [
+        BackendState(MODEL, f"http://127.0.0.1:{9000 + i}", n, "/v2/health/ready", ready=True)
+        for i, n in enumerate(slots)
+    ]
+    return ModelPool(MODEL, backends, expected_service_s=0.04)
+
+
+@dataclass(eq=False)
+class Pair:
+    """One operation's results in the two stores."""
+
+    memory: Any
+    redis: Any
+
+
+class StoresAgree(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.now = 1_000_000.0
+        self.url = redis_url_or_skip()
+        self.prefix = unique_prefix()
+        self.client: Redis | None = None
+        self.memory: MemoryQueue | None = None
+        self.redis: RedisQueue | None = None
+        self.waiting: list[Pair] = []
+        """Tickets queued in both stores, oldest first."""
+        self.held: list[Pair] = []
+        """Slots granted in both stores."""
+
+    def run(self, work: Awaitable[T]) -> T:
+        return self.loop.run_until_complete(work)
+
+    @precondition(lambda self: self.memory is None)
+    @rule(
+        slots=st.sampled_from([(1,), (2,), (1, 2)]),
+        ordering=st.sampled_from([Ordering.FIFO, Ordering.EDF]),
+    )
+    def start(self, slots: tuple[int, ...], ordering: Ordering) -> None:
+        async def started() -> None:
+            self.client = Redis.from_url(self.url)
+            listener = Redis.from_url(self.url)
+            self.memory = MemoryQueue([pool(slots)], BANDS, ESTIMATION, ordering=ordering)
+            self.redis = RedisQueue(
+                self.client,
+                listener,
+                [pool(slots)],
+                BANDS,
+                ESTIMATION,
+                key_prefix=self.prefix,
+                replica_id="r1",
+                lease_ttl_s=10_000.0,  # no lease expires while the clock stands still
+                ordering=ordering,
+                redis_clock=lambda: self.now,
+                close_clients=True,
+            )
+            await self.redis.start()
+
+        self.run(started())
+
+    @precondition(lambda self: self.memory is not None)
+    @rule(
+        band=st.integers(0, BANDS - 1),
+        tenant=st.sampled_from(["", "a", "b"]),
+        cost=st.sampled_from([1.0, 2.0, 3.5]),
+        max_work=st.sampled_from([UNLIMITED, UNLIMITED, -1.0, 0.0, 1.0, 2.5, 4.0, 9.0]),
+        allowed_s=st.sampled_from([0.5, 2.0, 10.0]),
+        batch_key=st.sampled_from([None, None, "k", "j"]),
+    )
+    def offer(
+        self, band: int, tenant: str, cost: float, max_work: float, allowed_s: float, batch_key: str | None
+    ) -> None:
+        assert self.memory is not None and self.redis is not None
+        flow = Flow(MODEL, band, tenant)
+        batching = None if batch_key is None else Batching(batch_key, 4.0)
+
+        async def offered() -> tuple[Offer, Offer]:
+            assert self.memory is not None and self.redis is not None
+            return (
+                self.memory.offer_nowait(flow, cost, allowed_s, max_work, self.now, batching),
+                await self.redis.offer(flow, cost, allowed_s, max_work, self.now, batching),
+            )
+
+        in_memory, in_redis = self.run(offered())
+        assert type(in_memory) is type(in_redis), (in_memory, in_redis)
+        if isinstance(in_memory, Granted):
+            assert isinstance(in_redis, Granted)
+            self.hold(Pair(in_memory.slot, in_redis.slot))
+        elif isinstance(in_memory, Queued):
+            assert isinstance(in_redis, Queued)
+            self.waiting.append(Pair(in_memory.ticket, in_redis.ticket))
+        else:
+            assert isinstance(in_memory, Full) and isinstance(in_redis, Full)
+
+    @precondition(lambda self: self.held)
+    @rule(index=st.integers(0, 20))
+    def release(self, index: int) -> None:
+        assert self.memory is not None and self.redis is not None
+        pair = self.held.pop(index % len(self.held))
+        self.memory.release_nowait(pair.memory, self.now)
+        self.run(self.redis.release(pair.redis, self.now))
+        self.collect_grants()
+
+    @precondition(lambda self: self.waiting)
+    @rule(
+        index=st.integers(0, 20),
+        outcome=st.sampled_from([Outcome.DEADLINE_EXPIRED_IN_QUEUE, Outcome.CLIENT_DISCONNECTED]),
+    )
+    def leave(self, index: int, outcome: Outcome) -> None:
+        """A waiter leaves: its wait expired, or its client went away."""
+        assert self.memory is not None and self.redis is not None
+        pair = self.waiting.pop(index % len(self.waiting))
+        self.memory.withdraw_nowait(pair.memory, outcome)
+        self.run(self.redis.withdraw(pair.redis, outcome))
+        self.collect_grants()
+
+    @precondition(lambda self: self.memory is not None)
+    @rule(seconds=st.sampled_from([0.001, 0.03, 0.2, 1.5]))
+    def time_passes(self, seconds: float) -> None:
+        self.now += seconds
+
+    def hold(self, pair: Pair) -> None:
+        assert pair.memory.backend.url == pair.redis.backend.url, "dispatched to different backends"
+        assert pair.memory.cost == pair.redis.cost
+        self.held.append(pair)
+
+    def collect_grants(self) -> None:
+        """Move what both stores granted from `waiting` to `held`, checking they granted alike."""
+        self.run(self.redis_settled())
+        granted = [p for p in self.waiting if p.memory.wakeup.done()]
+        for pair in self.waiting:
+            assert pair.memory.wakeup.done() == pair.redis.wakeup.done(), "one store granted, the other not"
+        slots: dict[int, Pair] = {}
+        for pair in granted:
+            in_memory, in_redis = pair.memory.wakeup.result(), pair.redis.wakeup.result()
+            assert isinstance(in_memory, Slot) and isinstance(in_redis, Slot)
+            partners = {id(p.redis) for p in granted if p.memory in in_memory.batch}
+            assert partners == {id(t) for t in in_redis.batch}, "batched differently"
+            slots.setdefault(id(in_memory), Pair(in_memory, in_redis))
+        for slot_pair in slots.values():
+            self.hold(slot_pair)
+        self.waiting = [p for p in self.waiting if not p.memory.wakeup.done()]
+
+    async def redis_settled(self) -> None:
+        assert self.redis is not None
+        await self.redis.settle()
+
+    @invariant()
+    def statistics_and_counters_agree(self) -> None:
+        if self.memory is None or self.redis is None:
+            return
+        state = self.redis._models[MODEL]
+        self.run(self.redis._refresh(state))
+        in_memory, in_redis = self.memory.stats(MODEL), self.redis.stats(MODEL)
+        assert in_redis.queued_by_band == in_memory.queued_by_band
+        assert in_redis.free_slots == in_memory.free_slots
+        assert in_redis.queued_work_by_band == pytest.approx(in_memory.queued_work_by_band)
+        counted, seen = self.memory._models[MODEL].counters, state.view.counters
+        assert seen.offered_work == pytest.approx(counted.offered_work)
+        assert seen.admitted_work == pytest.approx(counted.admitted_work)
+        assert (seen.handovers, seen.handed_work) == (counted.handovers, pytest.approx(counted.handed_work))
+        assert (seen.drained_work, seen.drained_s) == (
+            pytest.approx(counted.drained_work),
+            pytest.approx(counted.drained_s, abs=1e-5),
+        )
+
+    def teardown(self) -> None:
+        async def stopped() -> None:
+            if self.redis is not None:
+                await self.redis.stop()
+            cleaner = Redis.from_url(self.url)
+            keys = [key async for key in cleaner.scan_iter(match=f"{{{self.prefix}*")]
+            if keys:
+                await cleaner.delete(*keys)
+            await cleaner.aclose()
+
+        try:
+            self.run(stopped())
+        finally:
+            self.loop.close()
+
+
+StoresAgree.TestCase.settings = settings(
+    max_examples=20,
+    stateful_step_count=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestStoresAgree = StoresAgree.TestCase

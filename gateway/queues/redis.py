@@ -2,8 +2,8 @@
 
 Each check-and-change is one Lua script (lua/*.lua, run by EVALSHA and reloaded on NOSCRIPT), so
 replicas never read and then write across a round trip. Redis holds metadata only: the replica that
-holds a client's connection sends its request when the ticket is granted. Arguments and replies go
-through gateway.queues.redis_codec, with named fields.
+holds a client's connection sends its request when the ticket is granted. Arguments and replies are
+named fields (gateway.queues.redis_codec).
 
 - Offer: admission check, then a slot (a lease) or a place in its flow's sorted set.
 - Grants: the script that frees a slot takes the next ticket (or a batch of one flow) and pushes
@@ -26,7 +26,6 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from importlib.resources import files
 from typing import Any
 
 from anyio.abc import TaskStatus
@@ -35,8 +34,10 @@ from redis.exceptions import RedisError
 
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
 from gateway.queues.estimates import PoolEstimates
-from gateway.queues.redis_codec import Grant, View, as_list, backends_arg, decode, encode, grants, ready_arg
+from gateway.queues.redis_codec import Grant, View, grants, ready_arg
 from gateway.queues.redis_grants import ModelState
+from gateway.queues.redis_rejoin import rejoin_args, take_rejoin
+from gateway.queues.redis_scripts import Scripts
 from gateway.settings import Estimation
 from gateway.supervision import Loop, Supervisor
 from gateway.upstream.backends import ModelPool
@@ -51,12 +52,6 @@ LISTEN_WAKE_S = 0.25
 # A view younger than this may refuse an arrival without asking Redis: scripts run for every
 # admitted request and every release, so under load it is rarely older than a millisecond or two.
 _VIEW_FRESH_S = 0.05
-_SCRIPTS = ("offer", "release", "withdraw", "heartbeat", "reap", "ready", "snapshot", "rejoin")
-
-
-def _script_source(name: str) -> str:
-    lua = files("gateway.queues") / "lua"
-    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
 class RedisQueue:
@@ -90,9 +85,7 @@ class RedisQueue:
         self._ttl_s = lease_ttl_s
         self._ordering = ordering
         self._clock = clock
-        self._redis_clock = redis_clock
-        """Tests: the time the scripts use instead of Redis's TIME."""
-        self._scripts = {name: client.register_script(_script_source(name)) for name in _SCRIPTS}
+        self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock)
         self._models = {
             pool.name: ModelState(
                 pool,
@@ -213,7 +206,7 @@ class RedisQueue:
         state = self._models[ticket.model]
         ticket.interrupt(outcome)
         if state.waiting.pop(ticket.id, None) is not None:
-            reply = await self._shielded(self._run("withdraw", state, {"ticket": ticket.id}))
+            reply = await asyncio.shield(self._spawn(self._run("withdraw", state, {"ticket": ticket.id})))
             self._take_view(state, reply["view"])
             if not reply["removed"]:  # Redis had granted it: free the grant, now or when it arrives
                 self._give_back(state.granted_before_withdrawal(ticket.id, self._clock()))
@@ -245,11 +238,7 @@ class RedisQueue:
 
     def abandon(self) -> list[Ticket]:
         """Redis is gone: hand back every waiting ticket, since no grant can reach them now."""
-        tickets: list[Ticket] = []
-        for state in self._models.values():
-            tickets += state.waiting.values()
-            state.waiting.clear()
-        return tickets
+        return [ticket for state in self._models.values() for ticket in state.abandon()]
 
     async def rejoin(self, reserve: dict[str, dict[str, int]]) -> dict[str, list[str]]:
         """Redis is back: rejoin in one script per model (see lua/rejoin.lua).
@@ -265,29 +254,10 @@ class RedisQueue:
         await self._listener.connection_pool.disconnect(inuse_connections=False)
         reserved: dict[str, list[str]] = {}
         for name, state in self._models.items():
-            args = {
-                "replica": self._replica,
-                "ttl": self._ttl_s,
-                # Long enough for every live replica to notice Redis is back and rejoin.
-                "window": self._ttl_s + 1.0,
-                "expected": self._expected_replicas,
-                "ready": ready_arg(state.pool),
-                "reserve": [{"u": url, "n": n} for url, n in reserve.get(name, {}).items() if n],
-                "keep": [{"l": lease, "u": slot.backend.url} for lease, slot in state.held.items()],
-            }
-            reply = await self._run("rejoin", state, args)
-            if reply["dropped"] or reply["freed"]:
-                log.info(
-                    "model %s: dropped %d stale ticket(s) and %d stale lease(s)",
-                    name,
-                    reply["dropped"],
-                    reply["freed"],
-                )
-            for old, new in as_list(reply["renamed"]):
-                slot = state.held.pop(old)
-                slot.lease = new
-                state.held[new] = slot
-            reserved[name] = as_list(reply["reserved"])
+            args = rejoin_args(
+                state, self._replica, self._ttl_s, self._expected_replicas, reserve.get(name, {})
+            )
+            reserved[name] = take_rejoin(state, await self._run("rejoin", state, args))
             await self._refresh(state)
         return reserved
 
@@ -348,13 +318,7 @@ class RedisQueue:
             state.estimates.observe(view.counters, view.redis_now)
 
     async def _run(self, script: str, state: ModelState, args: dict[str, Any]) -> Any:
-        args["bands"] = self._bands
-        args["backends"] = backends_arg(state.pool)
-        args.setdefault("ttl", self._ttl_s)
-        if self._redis_clock is not None:
-            args["now"] = self._redis_clock()
-        reply = await self._scripts[script](keys=[state.tag], args=[encode(args)])
-        return decode(reply) if isinstance(reply, bytes | str) else reply
+        return await self._scripts.run(script, state.tag, state.pool, args)
 
     def _spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
         """Run `work` to the end in the background, whatever happens to whoever started it."""
@@ -370,9 +334,6 @@ class RedisQueue:
                 self._on_failure(error)
             else:
                 log.warning("redis store operation failed: %r", error)
-
-    async def _shielded(self, work: Awaitable[Any]) -> Any:
-        return await asyncio.shield(self._spawn(work))
 
     async def _beat(self, state: ModelState) -> None:
         await self._run(

@@ -55,6 +55,10 @@ class ModelState:
                 return backend
         return BackendState(self.pool.name, url, 0, "", ready=False)
 
+    def abandon(self) -> list[Ticket]:
+        tickets, self.waiting = list(self.waiting.values()), {}
+        return tickets
+
     def take_refused_locally(self) -> list[float]:
         work, self.refused_locally = self.refused_locally, [0.0] * len(self.refused_locally)
         return work

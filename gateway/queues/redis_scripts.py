@@ -1,0 +1,44 @@
+"""The Redis store's Lua scripts, loaded once and run on one model's keys with named arguments.
+
+Every script gets the arguments all of them read (the band count, the backends, the lease TTL,
+and the time a test injects); gateway.queues.redis_codec encodes and decodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.resources import files
+from typing import Any
+
+from redis.asyncio import Redis
+
+from gateway.queues.redis_codec import backends_arg, decode, encode
+from gateway.upstream.backends import ModelPool
+
+_NAMES = ("offer", "release", "withdraw", "heartbeat", "reap", "ready", "snapshot", "rejoin")
+
+
+def script_source(name: str) -> str:
+    lua = files("gateway.queues") / "lua"
+    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+class Scripts:
+    def __init__(
+        self, client: Redis, bands: int, lease_ttl_s: float, redis_clock: Callable[[], float] | None
+    ) -> None:
+        self._registered = {name: client.register_script(script_source(name)) for name in _NAMES}
+        self._bands = bands
+        self._ttl_s = lease_ttl_s
+        self._redis_clock = redis_clock
+        """Tests: the time the scripts use instead of Redis's TIME."""
+
+    async def run(self, name: str, tag: str, pool: ModelPool, args: dict[str, Any]) -> Any:
+        """Run script `name` (EVALSHA, reloaded on NOSCRIPT) on the keys of `tag`."""
+        args["bands"] = self._bands
+        args["backends"] = backends_arg(pool)
+        args.setdefault("ttl", self._ttl_s)
+        if self._redis_clock is not None:
+            args["now"] = self._redis_clock()
+        reply = await self._registered[name](keys=[tag], args=[encode(args)])
+        return decode(reply) if isinstance(reply, bytes | str) else reply

@@ -1,0 +1,145 @@
+"""The admitted call over the memory store and the real controller, with a scripted upstream work
+and ingress: whatever the ingress or the work does, the slot is released exactly once, only when
+the work says the backend is done (or at once when no work was started), and the outcome is
+counted exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
+from gateway.flow.controller import AdmissionController, Lease, Refusal
+from gateway.flow.drain import Drain
+from gateway.queues.memory import MemoryQueue
+from gateway.settings import Estimation, PriorityClass
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.upstream.backends import BackendState, ModelPool
+from policies.outcomes import Outcome
+from tests.eventually import eventually
+
+pytestmark = pytest.mark.anyio
+META = RequestMeta(priority="low", band=0, tenant=None, budget_s=None)
+
+
+class Work:
+    """An upstream exchange that the test ends: `started` once granted, `finish` when the backend is done."""
+
+    def __init__(self, *, starts: bool = True) -> None:
+        self.on_done: Callable[[float | None], None] | None = None
+        self.starts = starts
+        self.started = False
+        self.closed = 0
+
+    def start_at_grant(self, backend: BackendState) -> None:
+        self.started = self.starts
+
+    def close(self) -> bool:
+        self.closed += 1
+        return self.started
+
+    def finish(self) -> None:
+        assert self.on_done is not None
+        self.on_done(0.04)
+
+
+class Ingress:
+    def __init__(self, answer: Callable[[], Outcome]) -> None:
+        self._answer = answer
+        self.refused: list[Refusal] = []
+        self.gone = asyncio.Event()
+
+    async def until_disconnect(self) -> None:
+        await self.gone.wait()
+
+    async def answer(self, lease: Lease) -> Outcome:
+        return self._answer()
+
+    async def refuse(self, refusal: Refusal) -> None:
+        self.refused.append(refusal)
+
+
+class Rig:
+    def __init__(self, slots: int = 1) -> None:
+        self.pool = ModelPool("m", [BackendState("m", "http://127.0.0.1:9", slots, "/", ready=True)], 0.04)
+        self.store = MemoryQueue([self.pool], 1, Estimation())
+        self.registry = CollectorRegistry()
+        metrics = GatewayMetrics(self.registry)
+        controller = AdmissionController(self.store, [PriorityClass(name="low", max_wait_ms=5000)], metrics)
+        self.admission = Admission(controller, metrics, Drain(), no_backend_retry_s=1.0)
+
+    def call(self, work: Work, ingress: Ingress) -> AdmittedCall:
+        return AdmittedCall(self.admission, self.pool, META, work, ingress)
+
+    @property
+    def free(self) -> int:
+        return self.store.stats("m").free_slots
+
+    def counted(self, outcome: Outcome) -> float:
+        labels = {"model": "m", "priority": "low", "outcome": outcome.value}
+        return self.registry.get_sample_value("gateway_requests_total", labels) or 0.0
+
+
+def answers(outcome: Outcome) -> Callable[[], Outcome]:
+    return lambda: outcome
+
+
+def fails() -> Outcome:
+    raise ConnectionResetError("the client's socket broke while answering")
+
+
+async def test_the_slot_is_released_when_the_work_is_done_not_when_the_answer_is():
+    rig = Rig()
+    work = Work()
+    await rig.call(work, Ingress(answers(Outcome.CLIENT_DISCONNECTED))).run()
+    assert (rig.free, work.closed) == (0, 1)  # the backend still works on it
+    work.finish()
+    work.finish()  # a second report changes nothing
+    assert rig.free == 1
+    assert rig.counted(Outcome.CLIENT_DISCONNECTED) == 1
+
+
+async def test_an_ingress_that_raises_still_counts_once_and_leaks_nothing():
+    rig = Rig()
+    work = Work()
+    with pytest.raises(ConnectionResetError):
+        await rig.call(work, Ingress(fails)).run()
+    work.finish()
+    assert rig.free == 1
+    assert rig.counted(Outcome.CLIENT_DISCONNECTED) == 1
+
+
+async def test_a_slot_no_work_was_started_on_goes_back_at_once():
+    rig = Rig()
+    await rig.call(Work(starts=False), Ingress(answers(Outcome.UPSTREAM_ERROR))).run()
+    assert rig.free == 1
+    assert rig.counted(Outcome.UPSTREAM_ERROR) == 1
+
+
+async def test_a_call_cancelled_while_queued_leaves_nothing_behind():
+    rig = Rig()
+    first = Work()
+    await rig.call(first, Ingress(answers(Outcome.OK))).run()  # holds the only slot
+    queued_work = Work()
+    queued = asyncio.ensure_future(rig.call(queued_work, Ingress(answers(Outcome.OK))).run())
+    await eventually(lambda: rig.store.stats("m").queued_by_band == (1,))
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    assert rig.store.stats("m").queued_by_band == (0,)
+    first.finish()
+    assert rig.free == 1 and not queued_work.started
+    assert (rig.counted(Outcome.OK), rig.counted(Outcome.CLIENT_DISCONNECTED)) == (1, 1)
+
+
+async def test_a_refusal_is_counted_once_and_told_to_the_client():
+    rig = Rig()
+    rig.admission.drain.draining = True
+    ingress = Ingress(answers(Outcome.OK))
+    await rig.call(Work(), ingress).run()
+    assert [r.outcome for r in ingress.refused] == [Outcome.DRAINING]
+    assert rig.counted(Outcome.DRAINING) == 1
+    assert rig.free == 1

@@ -35,6 +35,9 @@ class RequestMeta:
     band: int
     tenant: str | None
     budget_s: float | None
+    flow_tenant: str = ""
+    """The tenant whose flow the request joins: a configured tenant's name, or "" for the one
+    default flow (an unchecked X-Tenant value never makes a flow of its own)."""
 
 
 class SlotWork(Protocol):
@@ -95,9 +98,9 @@ def _acquire(
     on_grant: Callable[[Slot], None],
 ) -> Awaitable[Lease | Refusal]:
     # The one call into the controller's queue protocol (returned, not awaited: no extra frame).
-    # Every request is one default flow of cost 1 until tenants get flows of their own (by
-    # configured name only: an X-Tenant value must not make a flow) and requests get costs.
-    return controller.acquire(Flow(model, meta.band), 1.0, meta.budget_s, until_disconnect, on_grant=on_grant)
+    # Every request costs 1 until requests are priced (batch items, tokens).
+    flow = Flow(model, meta.band, meta.flow_tenant)
+    return controller.acquire(flow, 1.0, meta.budget_s, until_disconnect, on_grant=on_grant)
 
 
 class AdmittedCall:

@@ -82,7 +82,9 @@ class RequestClassifier:
                     f"X-Request-Timeout-Ms must be an integer from 1 to {MAX_BUDGET_MS}",
                 )
             budget_s = int(text) / 1000
-        return RequestMeta(self._class_names[band], band, tenant, budget_s)
+        # Tenants are configured only with keys: then the tenant is a configured name.
+        flow_tenant = (tenant or "") if self._tenants_by_digest else ""
+        return RequestMeta(self._class_names[band], band, tenant, budget_s, flow_tenant)
 
     def _tenant_for(self, authorization: bytes | None) -> Tenant | None:
         if authorization is None or len(authorization) > MAX_AUTHORIZATION_BYTES:

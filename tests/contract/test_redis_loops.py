@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import pytest
@@ -19,33 +19,13 @@ from gateway.queues.redis import RedisQueue
 from gateway.settings import Estimation
 from gateway.supervision import Backoff, Supervisor
 from tests.contract.conftest import MODEL, make_pool
+from tests.eventually import eventually
+from tests.faults import fail_once
 from tests.redis_server import free_port, redis_url_or_skip, unique_prefix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
 TTL_S = 0.9  # a beat every 0.3 s
-
-
-async def eventually(check: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
-def fail_once(target: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Make `target.name` raise RuntimeError on its first call, then behave; returns its call count."""
-    real = getattr(target, name)
-    calls: list[int] = []
-
-    def patched(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError(f"injected failure in {name}")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(target, name, patched)
-    return calls
 
 
 class HeldDown:

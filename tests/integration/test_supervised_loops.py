@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,8 @@ from gateway.telemetry.scaling import ScalingHints
 from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.discovery import TritonDiscovery, TritonModel
 from gateway.upstream.endpoints import EndpointDiscovery
+from tests.eventually import eventually
+from tests.faults import fail_once
 from tests.redis_server import redis_url_or_skip, unique_prefix
 
 pytestmark = pytest.mark.anyio
@@ -35,28 +36,6 @@ pytestmark = pytest.mark.anyio
 VLLM_METRICS = (Path(__file__).parent.parent / "data" / "vllm-sample.txt").read_text()
 VLLM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 FAST = Backoff(first_s=0.01, max_s=0.05)
-
-
-async def eventually(check: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
-def fail_once(target: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Make `target.name` raise RuntimeError on its first call, then behave; returns its call count."""
-    real = getattr(target, name)
-    calls: list[int] = []
-
-    def patched(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError(f"injected failure in {name}")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(target, name, patched)
-    return calls
 
 
 class Backend:

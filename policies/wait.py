@@ -69,6 +69,17 @@ def work_to_drain(stats: QueueStats, band: int, handover_cost: float = 1.0) -> f
     return max(0.0, ahead + handover_cost * (1 - stats.free_slots))
 
 
+def work_before_grant(queued_ahead: float, free_slots: int, handover_cost: float) -> float:
+    """What a store checks against an offer's `max_work`: the work queued ahead of it plus one
+    hand-over of its own, or none with a slot free and nothing queued ahead (it is granted now).
+
+    The Redis store checks the same in its offer script (gateway/queues/lua/offer.lua), atomically.
+    """
+    if queued_ahead > 0 or free_slots == 0:
+        return queued_ahead + handover_cost
+    return 0.0
+
+
 def band_drain_rate_per_s(throughput: Throughput, band: int) -> float:
     """The rate at which slots reach `band`: the pool's drain rate less what more urgent bands take."""
     urgent_rate = sum(throughput.admitted_rate_by_band[:band])

@@ -21,7 +21,7 @@ from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots, pick_backend
 from policies.ordering import Ordering, score
 from policies.outcomes import Outcome
-from policies.wait import QueueStats, Throughput
+from policies.wait import QueueStats, Throughput, work_before_grant
 
 _HeapEntry = tuple[float, int, Ticket]
 
@@ -237,7 +237,7 @@ class MemoryQueue:
         counters.offered_work[flow.band] += cost
         ahead = sum(band.work for band in queue.bands[: flow.band + 1]) if queue.live else 0.0
         free = free_slots(queue.capacity)
-        to_drain = ahead + queue.estimates.handover_cost if ahead > 0 or free == 0 else 0.0
+        to_drain = work_before_grant(ahead, free, queue.estimates.handover_cost)
         if to_drain > max_work:
             return Full(queue.stats())
         counters.admitted_work[flow.band] += cost

@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway.queues.estimates import StoreCounters
 from gateway.upstream.backends import ModelPool
-from policies.wait import QueueStats
+from policies.wait import QueueStats, work_before_grant
 
 
 def encode(args: dict[str, Any]) -> str:
@@ -79,7 +79,7 @@ class View:
         counts it: what is queued ahead plus its own hand-over (none with a slot free and nothing
         queued ahead)."""
         ahead = sum(self.stats.work(b) for b in range(band + 1))
-        return ahead + handover_cost if ahead > 0 or self.stats.free_slots == 0 else 0.0
+        return work_before_grant(ahead, self.stats.free_slots, handover_cost)
 
 
 @dataclass(frozen=True, slots=True)

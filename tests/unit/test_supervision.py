@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 
 import pytest
 from anyio.abc import TaskStatus
@@ -13,18 +11,12 @@ from prometheus_client import CollectorRegistry
 
 from gateway.supervision import Backoff, Supervisor
 from gateway.telemetry.metrics import GatewayMetrics
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.anyio
 
 # No jitter unless a test asks for it: draw 0.5 is the middle of the band.
 NO_JITTER = 0.5
-
-
-async def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.001)
 
 
 class Gate:
@@ -153,7 +145,7 @@ async def test_start_returns_only_once_the_loop_has_started():
 
     supervisor = Supervisor()
     starting = asyncio.create_task(supervisor.start("demo", body))
-    for _ in range(20):
+    for _ in range(20):  # turns of the loop in which start() must not return: nothing to wait for
         await asyncio.sleep(0)
     assert not starting.done()
     go.set()

@@ -12,6 +12,7 @@ from policies.wait import (
     offered_load,
     pool_drain_rate_per_s,
     predicted_wait_s,
+    work_before_grant,
     work_to_drain,
 )
 
@@ -147,3 +148,16 @@ def test_pool_drain_rate_is_positive_and_within_what_the_slots_sustain(handovers
 def test_count_variance_adds_service_variation_and_urgent_arrivals(cv, admitted, band, variance_rate):
     flow = Throughput(0.04, 100.0, admitted, admitted, service_cv=cv)
     assert band_count_variance_rate(flow, band) == pytest.approx(variance_rate)
+
+
+@pytest.mark.parametrize(
+    ("ahead", "free", "cost", "expected"),
+    [
+        (0.0, 1, 3.0, 0.0),  # a free slot and nobody ahead: granted now
+        (0.0, 0, 3.0, 3.0),  # every slot busy: its own hand-over
+        (4.0, 0, 3.0, 7.0),  # the work ahead, then its own hand-over
+        (4.0, 2, 3.0, 7.0),  # work ahead of it waits for those slots first
+    ],
+)
+def test_the_work_a_store_checks_before_a_grant(ahead, free, cost, expected):
+    assert work_before_grant(ahead, free, cost) == expected

@@ -12,6 +12,7 @@ count_refused_locally(nbands)
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'off:' .. A.band, A.cost)
 local ahead = work_ahead(A.band)
 local free = free_slots(A.backends)
+-- policies.wait.work_before_grant, here where it must be atomic with the insert.
 local to_drain = 0
 if ahead > 0 or free == 0 then to_drain = ahead + A.handover end
 if to_drain > A.max_work then

@@ -13,7 +13,7 @@ from typing import Any
 import uvicorn
 
 from gateway.planning import command as plan
-from gateway.serving import bind, run, url_of
+from gateway.serving import CannotListen, bind, run, url_of
 from gateway.settings import ConfigError, Settings, parse_settings
 from gateway.sim.server import SimOptions, build_sim
 
@@ -30,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"inference-gateway: invalid config {error.source}:", file=sys.stderr)
         for problem in error.problems:
             print(f"  - {problem}", file=sys.stderr)
+        return 2
+    except CannotListen as error:
+        print(f"inference-gateway: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

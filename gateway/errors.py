@@ -49,6 +49,10 @@ ERRORS: dict[Outcome, ErrorSpec] = {
 }
 
 
+MAX_DETAIL_CHARS = 200
+"""A detail may echo what the client sent (a model name, a header): never more than this of it."""
+
+
 def error_response(
     outcome: Outcome,
     style: ErrorStyle,
@@ -57,7 +61,13 @@ def error_response(
     retry_after_s: float | None = None,
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """Status, headers and JSON body for a request that ends with `outcome`."""
-    status, body = _error_body(outcome, style, detail)
+    if detail is None:
+        status, body = _plain_error_body(outcome, style)
+    else:
+        # Not cached: a detail carries request input, and a cache keyed by it is memory anyone can fill.
+        if len(detail) > MAX_DETAIL_CHARS:
+            detail = detail[:MAX_DETAIL_CHARS] + f"... ({len(detail)} characters)"
+        status, body = _error_body(outcome, style, detail)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if retry_after_s is not None:
         seconds, millis = header_values(retry_after_s)
@@ -65,9 +75,13 @@ def error_response(
     return status, headers, body
 
 
-@functools.lru_cache(maxsize=256)
-def _error_body(outcome: Outcome, style: ErrorStyle, detail: str | None) -> tuple[int, bytes]:
+@functools.lru_cache(maxsize=2 * len(ERRORS))
+def _plain_error_body(outcome: Outcome, style: ErrorStyle) -> tuple[int, bytes]:
     # Cached: under overload the same few refusals are rendered thousands of times a second.
+    return _error_body(outcome, style, None)
+
+
+def _error_body(outcome: Outcome, style: ErrorStyle, detail: str | None) -> tuple[int, bytes]:
     spec = ERRORS[outcome]
     message = f"{spec.message}: {detail}" if detail else spec.message
     if style is ErrorStyle.OPENAI:

@@ -29,13 +29,24 @@ HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 HAS_HTTPTOOLS = importlib.util.find_spec("httptools") is not None
 
 
+class CannotListen(Exception):
+    """A listening socket could not be opened (the port is taken, the address is not ours)."""
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        super().__init__(f"cannot listen on {host}:{port}: {reason}")
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket, so that port 0 can be resolved before serving."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as error:
+        sock.close()
+        raise CannotListen(host, port, error.strerror or str(error)) from None
     sock.setblocking(False)
     return sock
 

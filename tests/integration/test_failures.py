@@ -131,3 +131,24 @@ def test_missing_config_file_exits_2(tmp_path):
         timeout=30,
     )
     assert done.returncode == 2 and "cannot read" in done.stderr
+
+
+def test_a_port_already_in_use_is_one_line_naming_it_and_exit_2(tmp_path):
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        "priorities: [{name: a, max_wait_ms: 10}]\ndefault_priority: a\n"
+        "models: [{name: m, backends: [{url: 'http://127.0.0.1:9', max_concurrency: 1}]}]\n"
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
+    assert "Traceback" not in done.stderr

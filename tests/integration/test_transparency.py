@@ -5,6 +5,7 @@ import time
 
 import aiohttp
 import numpy as np
+import openai
 import pytest
 import tritonclient.http as triton
 from openai import OpenAI
@@ -86,6 +87,9 @@ def test_openai_completion_and_embeddings(pair):
     embeddings = client.embeddings.create(model="sim", input=["a", "b"])
     assert len(embeddings.data) == 2
     assert [m.id for m in client.models.list()] == ["sim"]
+    assert client.models.retrieve("sim").id == "sim"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-9")
 
 
 def test_model_config_and_metadata_pass_through(pair):

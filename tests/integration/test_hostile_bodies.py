@@ -1,0 +1,70 @@
+"""Bodies built to hurt the gateway itself: JSON nested past Python's recursion limit, model names
+megabytes long, bodies large enough to stall the event loop while they parse. Each gets a clear
+answer, counted, and leaves nothing behind in memory."""
+
+import io
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.integration.servers import gateway_config
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def gateway(module_launcher):
+    sim = module_launcher.sim(slots=2, base_ms=1)
+    return module_launcher.gateway(gateway_config([(sim.url, 2)]))
+
+
+async def chat(http: aiohttp.ClientSession, gateway, body: bytes) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    # A file-like body: aiohttp warns that raw bytes this large would block its own loop.
+    async with http.post(
+        gateway.url + "/v1/chat/completions", data=io.BytesIO(body), headers=headers
+    ) as reply:
+        return reply.status, await reply.json(content_type=None)
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc status")
+
+
+async def test_json_nested_past_the_recursion_limit_is_a_counted_400(gateway):
+    deep = b'{"model": "sim", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    async with aiohttp.ClientSession() as http:
+        status, body = await chat(http, gateway, deep)
+        assert (status, body["error"]["code"]) == (400, "bad_request")
+        assert "nests too deep" in body["error"]["message"]
+        fine = b'{"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}'
+        assert (await chat(http, gateway, fine))[0] == 200
+    assert gateway.metric("gateway_requests_total", model="", priority="low", outcome="bad_request") >= 1
+    assert "Traceback" not in gateway.log()
+
+
+async def test_a_large_body_is_parsed_off_the_event_loop_and_served(gateway):
+    padding = "x" * (3 << 20)  # past the size parsed inline
+    message = {"role": "user", "content": padding}
+    body = json.dumps({"model": "sim", "max_tokens": 1, "messages": [message]}).encode()
+    async with aiohttp.ClientSession() as http:
+        assert (await chat(http, gateway, body))[0] == 200
+
+
+async def test_huge_distinct_model_names_are_echoed_short_and_kept_nowhere(gateway):
+    async with aiohttp.ClientSession() as http:
+        warm = b'{"model": "' + b"w" * (2 << 20) + b'"}'
+        await chat(http, gateway, warm)  # the buffers a 2 MiB request needs, once
+        before = rss_bytes(gateway.process.pid)
+        for i in range(300):
+            name = f"{i:04d}".encode() + b"m" * (2 << 20)
+            status, body = await chat(http, gateway, b'{"model": "' + name + b'"}')
+            assert (status, body["error"]["code"]) == (404, "unknown_model")
+            assert len(body["error"]["message"]) < 400  # the name is echoed, cut short
+    grown = rss_bytes(gateway.process.pid) - before
+    assert grown < 50 << 20, f"the gateway grew by {grown >> 20} MiB over 300 distinct 2 MiB names"

@@ -44,6 +44,9 @@ ERRORS: dict[Outcome, ErrorSpec] = {
     Outcome.UNAUTHORIZED: ErrorSpec(401, "authentication_error", "missing or unknown API key"),
     Outcome.UNKNOWN_MODEL: ErrorSpec(404, _INVALID, "unknown model"),
     Outcome.BODY_TOO_LARGE: ErrorSpec(413, _INVALID, "request body too large"),
+    # Never rendered by the gateway: the backend's own answer passes through.
+    Outcome.BACKEND_CLIENT_ERROR: ErrorSpec(400, _INVALID, "the backend refused the request"),
+    Outcome.BACKEND_SERVER_ERROR: ErrorSpec(500, _SERVER, "the backend failed the request"),
     # Never sent (the client is gone); 499 is the status proxies log for it.
     Outcome.CLIENT_DISCONNECTED: ErrorSpec(499, _INVALID, "client closed the request"),
 }

@@ -7,6 +7,9 @@ from enum import StrEnum
 
 class Outcome(StrEnum):
     OK = "ok"
+    # The backend answered with an error, passed through to the client as it came.
+    BACKEND_CLIENT_ERROR = "backend_client_error"
+    BACKEND_SERVER_ERROR = "backend_server_error"
     # Load shedding: always 429 with Retry-After.
     QUEUE_FULL = "queue_full"
     DEADLINE_UNMEETABLE = "deadline_unmeetable"
@@ -36,3 +39,12 @@ SHED_OUTCOMES = frozenset(
         Outcome.CLUSTER_BACKLOGGED,
     }
 )
+
+
+def answered(status: int) -> Outcome:
+    """The outcome of a request the backend answered with `status` (passed to the client as is)."""
+    if status >= 500:
+        return Outcome.BACKEND_SERVER_ERROR
+    if status >= 400:
+        return Outcome.BACKEND_CLIENT_ERROR
+    return Outcome.OK

@@ -21,7 +21,7 @@ from gateway.http.exchange import RawHeaders, send_response, until_disconnect
 from gateway.upstream.client import downstream_response_headers
 from gateway.upstream.exchange import BUFFER_LIMIT_BYTES, UpstreamExchange
 from gateway.upstream.reply import ConnectFailed, Reply, UpstreamError
-from policies.outcomes import Outcome
+from policies.outcomes import Outcome, answered
 
 log = logging.getLogger("gateway.proxy")
 
@@ -104,7 +104,7 @@ class Relay:
                 _server_timing(lease.queue_wait_s, work.elapsed_s or 0.0),
             ]
             await send_response(self._send, reply.status, headers, body)
-            return Outcome.OK
+            return answered(reply.status)
         finally:
             if client_gone is not None:
                 client_gone.cancel()
@@ -130,7 +130,7 @@ class Relay:
             outcome = Outcome.UPSTREAM_TIMEOUT if isinstance(error, TimeoutError) else Outcome.UPSTREAM_ERROR
             return outcome  # without the final body message the server closes the connection
         await send({"type": "http.response.body", "body": b""})
-        return Outcome.OK
+        return answered(reply.status)
 
     def _watch_disconnect(self, reply: Reply) -> asyncio.Future[None]:
         """Give up on `reply` the moment the client goes away (cancel the watch once answered)."""

@@ -105,6 +105,9 @@ async def test_backend_errors_pass_through_unchanged(open_gateway):
     direct = await call(sim, "/v2/models/sim/infer", json=bad)
     assert await call(gateway, "/v2/models/sim/infer", json=bad) == direct
     assert direct[0] == 400
+    # Counted as what it was, not as a success.
+    counted = gateway.metric_by("gateway_requests_total", "outcome", model="sim", priority="low")
+    assert counted["backend_client_error"] >= 1
 
 
 async def test_unknown_route_and_method_are_json_errors(open_gateway):

@@ -41,6 +41,15 @@ async def test_no_ready_backend_is_503_with_retry_after(start_gateway):
         assert (await reply.json())["error"]["code"] == "no_backend"
 
 
+async def test_a_backend_down_from_the_start_is_logged_once_with_its_reason(start_gateway):
+    url = closed_port_url()
+    gateway = start_gateway(gateway_config([(url, 2)]), wait_ready=False)
+    said = f"backend {url} of model sim is not ready: cannot connect to {url}/v2/health/ready"
+    await eventually(lambda: said in gateway.log())
+    await asyncio.sleep(1.0)  # five more health checks (every 200 ms) must not say it again
+    assert gateway.log().count("is not ready") == 1
+
+
 async def test_backend_death_fails_fast_and_recovery_restores_service(start_sim, start_gateway):
     sim = start_sim(slots=1, base_ms=400)
     classes = [{"name": "high", "max_wait_ms": 5000}, {"name": "low", "max_wait_ms": 5000}]

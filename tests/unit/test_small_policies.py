@@ -8,6 +8,7 @@ from policies.balancing import free_slots, pick_backend
 from policies.dispatch import next_band
 from policies.estimators import ObservedRate, blend_rate, coefficient_of_variation, ewma, rate_jump
 from policies.ordering import Ordering, score
+from policies.outcomes import Outcome, answered
 
 
 @dataclass
@@ -131,3 +132,19 @@ def test_rate_jump_is_rare_at_the_mean(rate, elapsed):
 )
 def test_coefficient_of_variation_counts_as_exponential_until_measured(mean, spread, samples, cv):
     assert coefficient_of_variation(mean, spread, samples, weight=0.1) == pytest.approx(cv)
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [
+        (200, Outcome.OK),
+        (204, Outcome.OK),
+        (304, Outcome.OK),
+        (400, Outcome.BACKEND_CLIENT_ERROR),
+        (429, Outcome.BACKEND_CLIENT_ERROR),
+        (500, Outcome.BACKEND_SERVER_ERROR),
+        (503, Outcome.BACKEND_SERVER_ERROR),
+    ],
+)
+def test_an_answered_request_is_counted_by_the_backends_status(status, outcome):
+    assert answered(status) is outcome

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from starlette.types import Receive, Scope, Send
 
@@ -80,12 +81,20 @@ class AdmittedEndpoint:
         return AdmittedCall(admission, pool, meta, work, relay).run()
 
 
+# RFC 3986 path characters that need no escape (quote() keeps letters, digits and "_.-~" too).
+_PATH_SAFE = "/:@!$&'()*+,;="
+
+
 def upstream_request(scope: Scope, body: bytes, *, model_in_body: bool = False) -> UpstreamRequest:
-    """The client's request as its backend gets it (hop-by-hop fields dropped, the raw path kept)."""
-    raw_path = scope.get("raw_path")
+    """The client's request as its backend gets it (hop-by-hop fields dropped).
+
+    The path goes up as the gateway routed it: decoded, then escaped again where it must be. The raw
+    path could name another model once the backend decodes it (`/v2/models/%73im` is `sim`), past
+    the gateway's own routing and its `served_model` rewrite.
+    """
     return UpstreamRequest(
         method=scope["method"],
-        path=raw_path.decode("latin-1") if raw_path else scope["path"],
+        path=quote(scope["path"], safe=_PATH_SAFE),
         query=scope["query_string"],
         headers=upstream_request_headers(scope["headers"]),
         body=body,

@@ -1,5 +1,8 @@
 """Bad input gets a clear 4xx in the style of its route, and is counted, never forwarded."""
 
+import http.client
+import json
+
 import aiohttp
 import pytest
 
@@ -144,3 +147,23 @@ async def test_uncapped_tenant_keeps_its_priority(keyed_gateway):
     status, _ = await call(keyed_gateway, "/v1/chat/completions", json=CHAT, headers=headers)
     assert status == 200
     assert keyed_gateway.metric("gateway_requests_total", priority="high", outcome="ok") == 1
+
+
+def test_an_escaped_model_name_cannot_pass_the_served_name(module_launcher, open_gateway):
+    """`/v2/models/%73im` is `sim` once decoded: it is routed, rewritten and forwarded as `sim`."""
+    sim, _ = open_gateway
+    config = gateway_config([(sim.url, 2)])
+    config["models"][0]["backends"][0]["served_model"] = "real"
+    gateway = module_launcher.gateway(config)
+    host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+    for path in ("/v2/models/sim/infer", "/v2/models/%73im/infer"):
+        connection = http.client.HTTPConnection(host, int(port), timeout=5)
+        try:
+            connection.request(
+                "POST", path, body=json.dumps(INFER), headers={"Content-Type": "application/json"}
+            )
+            reply = connection.getresponse()
+            answer = json.loads(reply.read())
+        finally:
+            connection.close()
+        assert (reply.status, answer["model_name"]) == (200, "real"), path

@@ -33,6 +33,7 @@ from gateway.supervision import Supervisor
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.scaling import ScalingHints
 from gateway.upstream.backends import ModelPool
+from gateway.upstream.client import HeaderRules
 from gateway.upstream.discovery import TritonDiscovery
 from gateway.upstream.endpoints import EndpointDiscovery
 from gateway.upstream.exchange import Forwarder
@@ -127,15 +128,22 @@ def build_runtime(
 
 def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlette:
     rt = runtime if runtime is not None else build_runtime(settings)
+    header_rules = HeaderRules.from_settings(settings)
     intake = Intake(
         pools=rt.pools,
         classifier=RequestClassifier(settings),
         admission=rt.admission,
         forwarder=rt.forwarder,
         max_body_bytes=settings.limits.max_body_bytes,
+        header_rules=header_rules,
     )
     passthrough = ModelPassthrough(
-        rt.pools, rt.forwarder, rt.metrics, rt.drain, no_backend_retry_s=rt.admission.no_backend_retry_s
+        rt.pools,
+        rt.forwarder,
+        rt.metrics,
+        rt.drain,
+        no_backend_retry_s=rt.admission.no_backend_retry_s,
+        header_rules=header_rules,
     )
 
     @contextlib.asynccontextmanager

@@ -256,6 +256,17 @@ class Autoscaling(_Frozen):
     interval_ms: PositiveMs = 1000.0
 
 
+class Forwarding(_Frozen):
+    """What of the client's request the backend does not see."""
+
+    strip_request_headers: list[str] = ["x-tenant", "x-priority", "x-request-timeout-ms"]
+    """The gateway's own control headers, dropped before forwarding. Authorization is dropped too
+    whenever tenants are configured: the key is the gateway's then, not the backend's."""
+    forwarded_for: bool = True
+    """Append the client's address to X-Forwarded-For (a client's own value is kept in front of it,
+    never taken as the client's address)."""
+
+
 class Shutdown(_Frozen):
     drain_timeout_ms: PositiveMs = 30_000.0
 
@@ -276,6 +287,7 @@ class Settings(_Frozen):
     kueue: Kueue | None = None
     autoscaling: Autoscaling = Autoscaling()
     estimation: Estimation = Estimation()
+    forwarding: Forwarding = Forwarding()
     shutdown: Shutdown = Shutdown()
 
     @model_validator(mode="after")

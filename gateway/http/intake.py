@@ -19,7 +19,7 @@ from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
 from gateway.http.relay import Relay, send_error
 from gateway.http.request_meta import RequestClassifier
 from gateway.upstream.backends import ModelPool
-from gateway.upstream.client import upstream_request_headers
+from gateway.upstream.client import HeaderRules, upstream_request_headers
 from gateway.upstream.exchange import Forwarder, UpstreamRequest
 from policies.outcomes import Outcome
 
@@ -33,6 +33,7 @@ class Intake:
     admission: Admission
     forwarder: Forwarder
     max_body_bytes: int
+    header_rules: HeaderRules
 
 
 class AdmittedEndpoint:
@@ -74,7 +75,8 @@ class AdmittedEndpoint:
         """The admitted call of a request that is read and checked (returned to be awaited, so
         that the hot path has no extra frame)."""
         intake = self.intake
-        request = upstream_request(scope, body, model_in_body=self.style is ErrorStyle.OPENAI)
+        in_body = self.style is ErrorStyle.OPENAI
+        request = upstream_request(scope, body, intake.header_rules, model_in_body=in_body)
         work = intake.forwarder.exchange(pool, request, meta.budget_s)
         admission = intake.admission
         relay = Relay(receive, send, self.style, work, admission.drain, admission.no_backend_retry_s)
@@ -85,7 +87,9 @@ class AdmittedEndpoint:
 _PATH_SAFE = "/:@!$&'()*+,;="
 
 
-def upstream_request(scope: Scope, body: bytes, *, model_in_body: bool = False) -> UpstreamRequest:
+def upstream_request(
+    scope: Scope, body: bytes, rules: HeaderRules, *, model_in_body: bool = False
+) -> UpstreamRequest:
     """The client's request as its backend gets it (hop-by-hop fields dropped).
 
     The path goes up as the gateway routed it: decoded, then escaped again where it must be. The raw
@@ -96,7 +100,12 @@ def upstream_request(scope: Scope, body: bytes, *, model_in_body: bool = False) 
         method=scope["method"],
         path=quote(scope["path"], safe=_PATH_SAFE),
         query=scope["query_string"],
-        headers=upstream_request_headers(scope["headers"]),
+        headers=upstream_request_headers(scope["headers"], rules, _client_address(scope)),
         body=body,
         model_in_body=model_in_body,
     )
+
+
+def _client_address(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return client[0] if client else None

@@ -18,7 +18,7 @@ from gateway.http.relay import send_error
 from gateway.http.request_meta import Problem
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import ModelPool
-from gateway.upstream.client import downstream_response_headers
+from gateway.upstream.client import HeaderRules, downstream_response_headers
 from gateway.upstream.exchange import Forwarder
 from gateway.upstream.reply import UpstreamError
 from policies.outcomes import Outcome
@@ -58,7 +58,9 @@ class ModelPassthrough:
         drain: Drain,
         *,
         no_backend_retry_s: float,
+        header_rules: HeaderRules,
     ) -> None:
+        self._header_rules = header_rules
         self._pools = pools
         self._forwarder = forwarder
         self._metrics = metrics
@@ -77,7 +79,8 @@ class ModelPassthrough:
             await self._error(send, Outcome.NO_BACKEND, retry_after_s=self._no_backend_retry_s)
             return
         try:
-            reply, body = await self._forwarder.fetch(pool, backend, upstream_request(scope, b""))
+            request = upstream_request(scope, b"", self._header_rules)
+            reply, body = await self._forwarder.fetch(pool, backend, request)
         except TimeoutError:
             await self._error(send, Outcome.UPSTREAM_TIMEOUT)
             return

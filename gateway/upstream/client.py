@@ -8,8 +8,11 @@ decompression, no default headers the client did not send, no cookie jar shared 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import aiohttp
+
+from gateway.settings import Settings
 
 RawHeaders = list[tuple[bytes, bytes]]
 
@@ -43,10 +46,35 @@ def _connection_tokens(headers: RawHeaders) -> frozenset[bytes]:
     return frozenset(tokens)
 
 
-def upstream_request_headers(headers: RawHeaders) -> RawHeaders:
+@dataclass(frozen=True, slots=True)
+class HeaderRules:
+    """What the gateway takes out of a client's request headers, and what it adds."""
+
+    strip: frozenset[bytes] = frozenset()
+    """Names (lower case) the backend does not get: the gateway's control headers, its keys."""
+    forwarded_for: bool = False
+    """Append the client's address to X-Forwarded-For."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> HeaderRules:
+        strip = {name.lower().encode("latin-1") for name in settings.forwarding.strip_request_headers}
+        if settings.tenants:
+            strip.add(b"authorization")
+        return cls(frozenset(strip), settings.forwarding.forwarded_for)
+
+
+def upstream_request_headers(
+    headers: RawHeaders, rules: HeaderRules = HeaderRules(), client_address: str | None = None
+) -> RawHeaders:
     """The client's headers (names lower-cased, as ASGI gives them) as the backend should see them."""
-    drop = HOP_BY_HOP | _REQUEST_REWRITTEN | _connection_tokens(headers)
-    return [(k, v) for k, v in headers if k not in drop]
+    drop = HOP_BY_HOP | _REQUEST_REWRITTEN | _connection_tokens(headers) | rules.strip
+    if rules.forwarded_for:
+        drop |= {b"x-forwarded-for"}
+    kept = [(k, v) for k, v in headers if k not in drop]
+    if rules.forwarded_for and client_address is not None:
+        chain = [v for k, v in headers if k == b"x-forwarded-for"] + [client_address.encode("latin-1")]
+        kept.append((b"x-forwarded-for", b", ".join(chain)))
+    return kept
 
 
 def downstream_response_headers(raw: Sequence[tuple[bytes, bytes]]) -> RawHeaders:

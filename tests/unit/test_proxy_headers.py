@@ -2,7 +2,9 @@
 
 import json
 
-from gateway.upstream.client import downstream_response_headers, upstream_request_headers
+from gateway.http.intake import upstream_request
+from gateway.settings import parse_settings
+from gateway.upstream.client import HeaderRules, downstream_response_headers, upstream_request_headers
 from gateway.upstream.exchange import served_names
 
 
@@ -62,3 +64,54 @@ def test_served_names_rewrite_the_openai_body():
     )
     assert target == "/v1/chat/completions"
     assert json.loads(body) == {"model": "org/Llama-8B", "n": 1}
+
+
+SETTINGS = {
+    "priorities": [{"name": "low", "max_wait_ms": 1000}],
+    "default_priority": "low",
+    "models": [{"name": "m", "backends": [{"url": "http://127.0.0.1:9", "max_concurrency": 1}]}],
+}
+CLIENT_HEADERS = [
+    (b"authorization", b"Bearer the-tenants-key"),
+    (b"x-tenant", b"someone-else"),
+    (b"x-priority", b"high"),
+    (b"x-request-timeout-ms", b"500"),
+    (b"x-forwarded-for", b"10.1.2.3"),
+    (b"content-type", b"application/json"),
+]
+
+
+def test_the_gateways_control_headers_and_the_tenants_key_stay_at_the_gateway():
+    settings = parse_settings({**SETTINGS, "tenants": [{"name": "t", "api_keys": ["the-tenants-key"]}]})
+    forwarded = upstream_request_headers(CLIENT_HEADERS, HeaderRules.from_settings(settings), "127.0.0.9")
+    assert forwarded == [
+        (b"content-type", b"application/json"),
+        (b"x-forwarded-for", b"10.1.2.3, 127.0.0.9"),
+    ]
+
+
+def test_without_tenants_the_authorization_is_the_backends_and_passes():
+    rules = HeaderRules.from_settings(parse_settings(SETTINGS))
+    forwarded = dict(upstream_request_headers(CLIENT_HEADERS, rules, "127.0.0.9"))
+    assert forwarded[b"authorization"] == b"Bearer the-tenants-key"
+    assert b"x-tenant" not in forwarded and b"x-priority" not in forwarded
+
+
+def test_what_is_stripped_and_added_is_configurable():
+    settings = parse_settings(
+        {**SETTINGS, "forwarding": {"strip_request_headers": [], "forwarded_for": False}}
+    )
+    forwarded = upstream_request_headers(CLIENT_HEADERS, HeaderRules.from_settings(settings), "127.0.0.9")
+    assert forwarded == CLIENT_HEADERS
+
+
+def test_the_upstream_request_carries_the_clients_address():
+    scope = {
+        "method": "POST",
+        "path": "/v2/models/m/infer",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.7", 50000),
+    }
+    request = upstream_request(scope, b"{}", HeaderRules(forwarded_for=True))
+    assert (b"x-forwarded-for", b"127.0.0.7") in request.headers

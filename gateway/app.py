@@ -129,9 +129,10 @@ def build_runtime(
 def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlette:
     rt = runtime if runtime is not None else build_runtime(settings)
     header_rules = HeaderRules.from_settings(settings)
+    classifier = RequestClassifier(settings)
     intake = Intake(
         pools=rt.pools,
-        classifier=RequestClassifier(settings),
+        classifier=classifier,
         admission=rt.admission,
         forwarder=rt.forwarder,
         max_body_bytes=settings.limits.max_body_bytes,
@@ -144,6 +145,7 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
         rt.drain,
         no_backend_retry_s=rt.admission.no_backend_retry_s,
         header_rules=header_rules,
+        classifier=classifier,
     )
 
     @contextlib.asynccontextmanager
@@ -159,7 +161,7 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
     app = _GatewayApp(
         routes=[
             *kserve_routes(rt.readiness, passthrough),
-            *openai_routes(rt.pools),
+            *openai_routes(rt.pools, classifier),
             *ops_routes(rt.readiness, rt.metrics.registry),
         ],
         lifespan=lifespan,

@@ -15,7 +15,7 @@ from gateway.flow.readiness import Readiness
 from gateway.http.exchange import read_body, send_response
 from gateway.http.intake import AdmittedEndpoint, upstream_request
 from gateway.http.relay import send_error
-from gateway.http.request_meta import Problem
+from gateway.http.request_meta import Problem, RequestClassifier
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.client import HeaderRules, downstream_response_headers
@@ -31,14 +31,15 @@ class InferEndpoint(AdmittedEndpoint):
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         intake = self.intake
+        # The key first: a caller without one must not learn which model names exist.
+        meta = intake.classifier.classify(scope["headers"])
+        if isinstance(meta, Problem):
+            await self.fail(send, meta.outcome, detail=meta.detail)
+            return
         model = scope["path_params"]["model"]
         pool = intake.pools.get(model)
         if pool is None:
-            await self.fail(send, Outcome.UNKNOWN_MODEL, detail=repr(model))
-            return
-        meta = intake.classifier.classify(scope["headers"])
-        if isinstance(meta, Problem):
-            await self.fail(send, meta.outcome, model=model, detail=meta.detail)
+            await self.fail(send, Outcome.UNKNOWN_MODEL, priority=meta.priority, detail=repr(model))
             return
         body = await read_body(scope, receive, intake.max_body_bytes)
         if isinstance(body, Outcome):
@@ -59,8 +60,10 @@ class ModelPassthrough:
         *,
         no_backend_retry_s: float,
         header_rules: HeaderRules,
+        classifier: RequestClassifier,
     ) -> None:
         self._header_rules = header_rules
+        self._classifier = classifier
         self._pools = pools
         self._forwarder = forwarder
         self._metrics = metrics
@@ -68,6 +71,11 @@ class ModelPassthrough:
         self._no_backend_retry_s = no_backend_retry_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        checked = self._classifier.classify(scope["headers"])  # the key, before the model name
+        if isinstance(checked, Problem):
+            self._metrics.count("", "", checked.outcome)
+            await self._error(send, checked.outcome, detail=checked.detail)
+            return
         model = scope["path_params"]["model"]
         pool = self._pools.get(model)
         if pool is None:

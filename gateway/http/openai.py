@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import ErrorStyle, error_response
 from gateway.http.exchange import read_body
 from gateway.http.intake import AdmittedEndpoint
-from gateway.http.request_meta import Problem
+from gateway.http.request_meta import Problem, RequestClassifier
 from policies.outcomes import Outcome
 
 
@@ -71,7 +71,7 @@ def _model_in(body: bytes) -> str | Problem:
     return model
 
 
-def openai_routes(models: Iterable[str]) -> list[BaseRoute]:
+def openai_routes(models: Iterable[str], classifier: RequestClassifier) -> list[BaseRoute]:
     """/v1/models; the inference routes are routed by `InferenceRoutes`."""
     listing = {
         "object": "list",
@@ -82,10 +82,20 @@ def openai_routes(models: Iterable[str]) -> list[BaseRoute]:
 
     by_id = {model["id"]: model for model in listing["data"]}
 
-    async def models_route(request: Request) -> JSONResponse:
-        return JSONResponse(listing)
+    def refused(request: Request) -> Response | None:
+        """The key is checked here too: with tenants, only they may list the models."""
+        checked = classifier.classify(request.scope["headers"])
+        if not isinstance(checked, Problem):
+            return None
+        status, _, body = error_response(checked.outcome, ErrorStyle.OPENAI, detail=checked.detail)
+        return Response(body, status_code=status, media_type="application/json")
+
+    async def models_route(request: Request) -> Response:
+        return refused(request) or JSONResponse(listing)
 
     async def model_route(request: Request) -> Response:
+        if (refusal := refused(request)) is not None:
+            return refusal
         model = by_id.get(request.path_params["model"])
         if model is None:
             status, _, body = error_response(Outcome.UNKNOWN_MODEL, ErrorStyle.OPENAI)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -20,3 +21,18 @@ def fail_once(target: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[i
 
     monkeypatch.setattr(target, name, patched)
     return calls
+
+
+class HeldDown:
+    """An injected backoff sleep: a crashed loop stays down until the test lets it restart."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self._go = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        self.waiting += 1
+        await self._go.wait()
+
+    def release(self) -> None:
+        self._go.set()

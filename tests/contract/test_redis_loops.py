@@ -20,27 +20,12 @@ from gateway.settings import Estimation
 from gateway.supervision import Backoff, Supervisor
 from tests.contract.conftest import MODEL, make_pool
 from tests.eventually import eventually
-from tests.faults import fail_once
+from tests.faults import HeldDown, fail_once
 from tests.redis_server import free_port, redis_url_or_skip, unique_prefix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
 TTL_S = 0.9  # a beat every 0.3 s
-
-
-class HeldDown:
-    """An injected backoff sleep: a crashed loop stays down until the test lets it restart."""
-
-    def __init__(self) -> None:
-        self.waiting = 0
-        self._go = asyncio.Event()
-
-    async def sleep(self, seconds: float) -> None:
-        self.waiting += 1
-        await self._go.wait()
-
-    def release(self) -> None:
-        self._go.set()
 
 
 class Replicas:

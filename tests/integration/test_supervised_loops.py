@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,7 +27,7 @@ from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.discovery import TritonDiscovery, TritonModel
 from gateway.upstream.endpoints import EndpointDiscovery
 from tests.eventually import eventually
-from tests.faults import fail_once
+from tests.faults import HeldDown, fail_once
 from tests.redis_server import redis_url_or_skip, unique_prefix
 
 pytestmark = pytest.mark.anyio
@@ -236,21 +235,6 @@ async def redis_prefix() -> AsyncIterator[str]:
     if keys:
         await client.delete(*keys)
     await client.aclose()
-
-
-class HeldDown:
-    """An injected backoff sleep: a crashed loop stays down until the test lets it restart."""
-
-    def __init__(self) -> None:
-        self.waiting = 0
-        self._go = asyncio.Event()
-
-    async def sleep(self, seconds: float) -> None:
-        self.waiting += 1
-        await self._go.wait()
-
-    def release(self) -> None:
-        self._go.set()
 
 
 @pytest.mark.redis

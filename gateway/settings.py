@@ -156,6 +156,9 @@ class Model(_Frozen):
     expected_service_ms: PositiveMs = 100.0
     """The service time assumed until one is measured."""
     upstream_timeout_ms: PositiveMs = 300_000.0
+    max_queued_bytes: int | None = Field(None, ge=1)
+    """The most request-body bytes one replica holds queued for this model (limits.max_queued_bytes
+    bounds all models together)."""
 
 
 class Tenant(_Frozen):
@@ -168,6 +171,22 @@ class Tenant(_Frozen):
 class Limits(_Frozen):
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1)
     max_priority_header_bytes: int = Field(64, ge=1)
+    max_header_bytes: int = Field(32 * 1024, ge=1024, le=1 << 24)
+    """A request's line and headers together; more is answered 431."""
+    max_headers: int = Field(100, ge=8, le=10_000)
+    """Header fields per request; more is answered 431."""
+    header_timeout_ms: PositiveMs = 10_000.0
+    """A request's line and headers must arrive within this long of its first byte (or, on a new
+    connection, of the connection): slow or silent sockets are closed."""
+    body_timeout_ms: PositiveMs = 60_000.0
+    """A request's body must arrive within this long of its headers."""
+    max_connections: int | None = Field(None, ge=16)
+    """Client connections held at once, both listeners together. Default: from the open-file limit,
+    leaving room for backend and Redis connections. At the limit, the connection that has waited
+    longest without a request in progress is closed to make room."""
+    max_queued_bytes: int = Field(512 * 1024 * 1024, ge=1)
+    """The most request-body bytes one replica holds queued, all models together; a request that
+    would go beyond is refused 429 queue_full with Retry-After."""
 
 
 class RetryAfter(_Frozen):
@@ -226,6 +245,13 @@ class Health(_Frozen):
     timeout_ms: PositiveMs = 1000.0
     failures_to_down: int = Field(2, ge=1)
     """Failed probes in a row before a backend counts as down (a refused connection counts at once)."""
+    passive_failures_to_open: int = Field(5, ge=1)
+    """Data-path failures in a row (timeouts, stalled or cut-off answers, 502/503/504) that open a
+    backend's circuit: it gets no new requests though its health checks pass."""
+    stall_timeout_ms: PositiveMs = 30_000.0
+    """A backend with requests in flight that sends no byte of any answer for this long is failing."""
+    cooldown_ms: PositiveMs = 5_000.0
+    """An open circuit half-opens after this long: one trial request decides whether it closes."""
 
 
 class Estimation(_Frozen):
@@ -273,6 +299,8 @@ class Shutdown(_Frozen):
 
 class Settings(_Frozen):
     listen: Listen = Listen()
+    admin_listen: Listen | None = None
+    """Serve /metrics, /healthz and /readyz here, and not on the client listener."""
     store: Store = Store()
     priorities: list[PriorityClass] = Field(min_length=1)
     default_priority: str

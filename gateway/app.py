@@ -1,4 +1,4 @@
-"""create_app(settings) -> Starlette: the gateway's parts (`build_runtime`), each route given the
+"""create_app(settings) -> the ASGI app: the gateway's parts (`build_runtime`), each route given the
 ones it needs, and a lifespan that runs the background loops (gateway.runtime.running)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.flow.admitted import Admission
 from gateway.flow.controller import AdmissionController
@@ -126,7 +126,7 @@ def build_runtime(
     )
 
 
-def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlette:
+def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp:
     rt = runtime if runtime is not None else build_runtime(settings)
     header_rules = HeaderRules.from_settings(settings)
     classifier = RequestClassifier(settings)
@@ -158,17 +158,34 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> Starlet
         message = f"no route for {request.method} {request.url.path}"
         return JSONResponse({"error": message}, status_code=status)
 
-    app = _GatewayApp(
-        routes=[
-            *kserve_routes(rt.readiness, passthrough),
-            *openai_routes(rt.pools, classifier),
-            *ops_routes(rt.readiness, rt.metrics.registry),
-        ],
-        lifespan=lifespan,
-        exception_handlers={404: not_found, 405: not_found},
-    )
+    errors = {404: not_found, 405: not_found}
+    ops = ops_routes(rt.readiness, rt.metrics.registry)
+    client_routes = [*kserve_routes(rt.readiness, passthrough), *openai_routes(rt.pools, classifier)]
+    if settings.admin_listen is None:
+        client_routes += ops
+    app = _GatewayApp(routes=client_routes, lifespan=lifespan, exception_handlers=errors)
     app.inference = (InferEndpoint(intake), OpenAIEndpoint(intake))
-    return app
+    if settings.admin_listen is None:
+        return app
+    admin = Starlette(routes=ops, exception_handlers=errors)
+    return ByListener(app, admin=admin, admin_port=settings.admin_listen.port)
+
+
+class ByListener:
+    """The admin routes on the admin listener only, everything else on the client listener: one
+    server and one connection budget serve both, told apart by the port a connection came in on."""
+
+    def __init__(self, client: Starlette, *, admin: ASGIApp, admin_port: int) -> None:
+        self.client = client
+        self._admin = admin
+        self._admin_port = admin_port
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server")
+        if scope["type"] != "lifespan" and server is not None and server[1] == self._admin_port:
+            await self._admin(scope, receive, send)
+        else:
+            await self.client(scope, receive, send)
 
 
 class _GatewayApp(Starlette):

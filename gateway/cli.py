@@ -92,12 +92,19 @@ def _serve(args: argparse.Namespace) -> int:
         update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     )
     settings = settings.model_copy(update={"listen": listen})
-    sock = bind(settings.listen.host, settings.listen.port)
+    sockets = [bind(settings.listen.host, settings.listen.port)]
+    admin_words = ""
+    if settings.admin_listen is not None:
+        sockets.append(bind(settings.admin_listen.host, settings.admin_listen.port))
+        # The app tells the listeners apart by port: the one bound, when the config said 0.
+        admin = settings.admin_listen.model_copy(update={"port": sockets[1].getsockname()[1]})
+        settings = settings.model_copy(update={"admin_listen": admin})
+        admin_words = f" (admin {url_of(sockets[1])})"
     server = _gateway_server(settings, args.log_level, settings.shutdown.drain_timeout_ms / 1000)
-    log.info("inference-gateway listening on %s", url_of(sock))
+    log.info("inference-gateway listening on %s%s", url_of(sockets[0]), admin_words)
 
     async def main() -> None:
-        await server.serve([sock])
+        await server.serve(sockets)
 
     run(main)
     return 0

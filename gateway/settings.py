@@ -325,6 +325,9 @@ class Settings(_Frozen):
         _unique("models", [m.name for m in self.models])
         _unique("tenants", [t.name for t in self.tenants])
         _unique("tenants api_keys", [key for t in self.tenants for key in t.api_keys])
+        admin = self.admin_listen
+        if admin is not None and admin.port != 0 and admin.port == self.listen.port:
+            raise ValueError("admin_listen must use another port than listen")
         if self.default_priority not in class_names:
             raise ValueError(f"default_priority {self.default_priority!r} is not one of {class_names}")
         for tenant in self.tenants:

@@ -102,6 +102,7 @@ def test_the_config_map_holds_a_valid_gateway_config_listening_on_the_container_
     ports = {p["name"]: p["containerPort"] for p in gateway_container(kustomization)["ports"]}
     assert settings.listen.host == "0.0.0.0"
     assert settings.listen.port == ports["http"]
+    assert settings.admin_listen is not None and settings.admin_listen.port == ports["admin"]
 
 
 @pytest.mark.parametrize("kustomization", GATEWAY_KUSTOMIZATIONS)
@@ -116,10 +117,10 @@ def test_the_gateway_serves_the_config_mounted_from_the_generated_config_map(kus
     assert mount["readOnly"] is True
 
 
-def test_probes_ask_healthz_for_liveness_and_readyz_for_readiness():
+def test_probes_ask_healthz_for_liveness_and_readyz_for_readiness_on_the_admin_port():
     container = gateway_container(".")
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
 
 
 def test_the_pod_runs_as_non_root_on_a_read_only_root_filesystem_with_resources():
@@ -145,14 +146,27 @@ def test_service_servicemonitor_and_pdb_select_the_gateway_pods():
     objects = render(".")
     pod_labels = only(objects, "Deployment", "inference-gateway")["spec"]["template"]["metadata"]["labels"]
     service = only(objects, "Service", "inference-gateway")
+    admin = only(objects, "Service", "inference-gateway-admin")
     monitor = only(objects, "ServiceMonitor")
     pdb = only(objects, "PodDisruptionBudget")
     assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert admin["spec"]["selector"].items() <= pod_labels.items()
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    selected = [
+        s["metadata"]["name"]
+        for s in objects
+        if s["kind"] == "Service"
+        and monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+    ]
+    assert selected == ["inference-gateway-admin"]
     [endpoint] = monitor["spec"]["endpoints"]
-    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["port"] in {p["name"] for p in admin["spec"]["ports"]}
     assert endpoint["path"] == "/metrics"
+
+
+def test_the_client_service_does_not_expose_the_admin_port():
+    service = only(render("."), "Service", "inference-gateway")
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
 
 
 def test_the_hpa_scales_the_model_server_on_the_gateways_desired_replicas():

@@ -19,7 +19,8 @@ import yaml
 
 from tests.eventually import eventually_blocking
 
-_LISTENING = re.compile(r"listening on (http://[0-9.:\[\]]+)(?: \(metrics (http://\S+)\))?")
+# The sim names its metrics listener, the gateway its admin listener (when configured).
+_LISTENING = re.compile(r"listening on (http://[0-9.:\[\]]+)(?: \((?:metrics|admin) (http://[^\s)]+)\))?")
 
 
 def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
@@ -190,8 +191,13 @@ class Gateway(ServerProcess):
             "gateway", ["serve", "--config", str(self.config_path)], log_dir, "/healthz", python=python
         )
 
+    @property
+    def admin_url(self) -> str:
+        """Where /metrics, /healthz and /readyz are served: the admin listener, if configured."""
+        return self.metrics_url or self.url
+
     def metrics(self) -> str:
-        return http_get(self.url + "/metrics")[1].decode()
+        return http_get(self.admin_url + "/metrics")[1].decode()
 
     def metric(self, name: str, **labels: str) -> float:
         """The value of the one sample from /metrics named `name` with (at least) these labels.
@@ -233,7 +239,9 @@ class Gateway(ServerProcess):
     def wait_ready(self, timeout_s: float = 10.0) -> None:
         try:
             eventually_blocking(
-                lambda: http_get(self.url + "/readyz")[0] == 200, timeout_s=timeout_s, what="/readyz 200"
+                lambda: http_get(self.admin_url + "/readyz")[0] == 200,
+                timeout_s=timeout_s,
+                what="/readyz 200",
             )
         except AssertionError as error:
             raise AssertionError(f"gateway not ready: {error}\n{self.log()}") from None

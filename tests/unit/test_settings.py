@@ -76,3 +76,9 @@ def test_a_backend_needs_its_slots_unless_triton_discovers_them():
 def test_kueue_needs_an_http_url():
     kueue = {"url": "ftp://kueue", "cluster_queue": "q"}
     assert any(p.startswith("kueue.url") for p in problems(config(kueue=kueue)))
+
+
+def test_the_admin_listener_needs_a_port_of_its_own():
+    same = config(listen={"port": 8080}, admin_listen={"port": 8080})
+    assert problems(same) == ["admin_listen must use another port than listen"]
+    assert parse_settings(config(listen={"port": 0}, admin_listen={"port": 0})).admin_listen is not None

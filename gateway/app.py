@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.flow.admitted import Admission
 from gateway.flow.controller import AdmissionController
 from gateway.flow.drain import Drain
+from gateway.flow.queued_bytes import QueuedBytes
 from gateway.flow.readiness import Readiness
 from gateway.http.hot_routes import InferenceRoutes
 from gateway.http.intake import Intake
@@ -59,6 +60,8 @@ def build_runtime(
     signals = SignalBoard(
         pool_list, settings.signals, settings.kueue, metrics, supervisor=supervisor, clock=clock
     )
+    queued_bytes = QueuedBytes(settings.queued_byte_limits())
+    metrics.watch_queued_bytes([m.name for m in settings.models], queued_bytes.held)
     hints = ScalingHints(pool_list, store, settings.autoscaling, clock=clock)
     metrics.registry.register(hints)
     controller = AdmissionController(
@@ -68,6 +71,7 @@ def build_runtime(
         admission=settings.admission_policy(),
         signals=signals,
         backlog_limits=signals.cluster.limits if signals.cluster is not None else None,
+        queued_bytes=queued_bytes,
         clock=clock,
         jitter=jitter,
     )

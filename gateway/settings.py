@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from policies.admission import AdmissionConfig
 from policies.ordering import Ordering
+from policies.queued_bytes import ByteLimits
 from policies.retry_after import RetryAfterConfig
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")]
@@ -344,6 +345,10 @@ class Settings(_Frozen):
 
     def admission_policy(self) -> AdmissionConfig:
         return AdmissionConfig(safety_sigmas=self.admission.safety_sigmas, retry=self.retry_after.policy())
+
+    def queued_byte_limits(self) -> ByteLimits:
+        per_model = {m.name: m.max_queued_bytes for m in self.models if m.max_queued_bytes is not None}
+        return ByteLimits(self.limits.max_queued_bytes, per_model)
 
     def api_key_digests(self) -> dict[bytes, Tenant]:
         """Tenants by the SHA-256 of their keys, so lookups never compare secrets directly."""

@@ -96,22 +96,34 @@ def _acquire(
     meta: RequestMeta,
     until_disconnect: Callable[[], Awaitable[object]],
     on_grant: Callable[[Slot], None],
+    body_bytes: int,
 ) -> Awaitable[Lease | Refusal]:
     # The one call into the controller's queue protocol (returned, not awaited: no extra frame).
     # Every request costs 1 until requests are priced (batch items, tokens).
     flow = Flow(model, meta.band, meta.flow_tenant)
-    return controller.acquire(flow, 1.0, meta.budget_s, until_disconnect, on_grant=on_grant)
+    return controller.acquire(
+        flow, 1.0, meta.budget_s, until_disconnect, on_grant=on_grant, body_bytes=body_bytes
+    )
 
 
 class AdmittedCall:
     """One request holding (or waiting for) a backend slot. Use it once: `await call.run()`."""
 
-    __slots__ = ("_admission", "_ingress", "_meta", "_pool", "_released", "_slot", "_work")
+    __slots__ = ("_admission", "_body_bytes", "_ingress", "_meta", "_pool", "_released", "_slot", "_work")
 
     def __init__(
-        self, admission: Admission, pool: ModelPool, meta: RequestMeta, work: SlotWork, ingress: Ingress
+        self,
+        admission: Admission,
+        pool: ModelPool,
+        meta: RequestMeta,
+        work: SlotWork,
+        ingress: Ingress,
+        *,
+        body_bytes: int = 0,
     ) -> None:
+        """`body_bytes`: the request's body, which this replica holds while the request is queued."""
         self._admission = admission
+        self._body_bytes = body_bytes
         self._pool = pool
         self._meta = meta
         self._work = work
@@ -130,7 +142,12 @@ class AdmittedCall:
         else:
             try:
                 lease = await _acquire(
-                    admission.controller, pool.name, self._meta, self._ingress.until_disconnect, self._granted
+                    admission.controller,
+                    pool.name,
+                    self._meta,
+                    self._ingress.until_disconnect,
+                    self._granted,
+                    self._body_bytes,
                 )
             except BaseException:
                 self._close()  # granted (perhaps started from the hook), then cancelled before it ran

@@ -16,8 +16,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from gateway.flow.queued_bytes import QueuedBytes
 from gateway.flow.retry_spreads import RetrySpreads
-from gateway.queues.base import Batching, Flow, Full, Granted, RequestQueue, Slot, Ticket, Unavailable
+from gateway.queues.base import Batching, Flow, Full, Granted, Queued, RequestQueue, Slot, Ticket, Unavailable
 from gateway.settings import PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.admission import (
@@ -29,8 +30,10 @@ from policies.admission import (
     refuse,
 )
 from policies.outcomes import Outcome
+from policies.queued_bytes import ByteLimits, bytes_excess_wait_s
+from policies.retry_after import retry_after_s
 from policies.shedding import BacklogLimits, ClusterBacklog, backlog_retry_after_s, first_shed_band
-from policies.wait import QueueStats, Throughput
+from policies.wait import QueueStats, Throughput, band_drain_rate_per_s
 
 _DEFAULT_ADMISSION = AdmissionConfig()
 
@@ -72,10 +75,12 @@ class AdmissionController:
         admission: AdmissionConfig = _DEFAULT_ADMISSION,
         signals: SignalView | None = None,
         backlog_limits: BacklogLimits | None = None,
+        queued_bytes: QueuedBytes | None = None,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
     ) -> None:
         self._store = store
+        self._queued_bytes = queued_bytes if queued_bytes is not None else QueuedBytes(ByteLimits(1 << 62))
         self._signals = signals if signals is not None else _NoSignals()
         self._backlog_limits = backlog_limits
         self._class_names = [p.name for p in priorities]
@@ -94,11 +99,14 @@ class AdmissionController:
         until_disconnect: Callable[[], Awaitable[object]],
         on_grant: Callable[[Slot], None] | None = None,
         batching: Batching | None = None,
+        body_bytes: int = 0,
     ) -> Lease | Refusal:
         """A slot for a request of `flow` that costs `cost` work units, or the reason it gets none.
 
         `until_disconnect` returns when the client goes away; it is awaited only while queued.
         `on_grant` runs inside the store's grant when a queued request gets its slot (see Ticket).
+        `body_bytes` (its body, held in this replica) counts against the queued-bytes bound until
+        it leaves the queue.
         """
         model, band = flow.model, flow.band
         arrived_at = self._clock()
@@ -109,6 +117,33 @@ class AdmissionController:
         external = int(self._signals.external_waiting(model)) * throughput.handover_cost
         if (shed := self._shed(model, request, throughput, external)) is not None:
             return shed
+        if body_bytes and (excess := self._queued_bytes.hold(model, body_bytes)) > 0:
+            # No room to queue its body; a slot free this moment it may still take (a limit of no
+            # work ahead), since bodies count only while they wait.
+            now = await self._slot_now(flow, cost, arrived_at, batching)
+            return self._too_many_bytes(model, request, throughput, excess) if now is None else now
+        try:
+            return await self._queue(
+                flow, cost, request, throughput, external, arrived_at, until_disconnect, on_grant, batching
+            )
+        finally:
+            if body_bytes:
+                self._queued_bytes.give_back(model, body_bytes)
+
+    async def _queue(
+        self,
+        flow: Flow,
+        cost: float,
+        request: AdmissionRequest,
+        throughput: Throughput,
+        external: float,
+        arrived_at: float,
+        until_disconnect: Callable[[], Awaitable[object]],
+        on_grant: Callable[[Slot], None] | None,
+        batching: Batching | None,
+    ) -> Lease | Refusal:
+        """Offer the request to the store and, if it is queued, wait for its slot."""
+        model, band = flow.model, flow.band
         allowed_s = allowed_wait_s(request, throughput, self._admission.safety_sigmas)
         limit = max_work(request, throughput, self._admission)
         offer = await self._store.offer(
@@ -135,6 +170,18 @@ class AdmissionController:
             return self._refusal(model, band, result, reject.retry_after_s)
         return Refusal(result)
 
+    async def _slot_now(
+        self, flow: Flow, cost: float, arrived_at: float, batching: Batching | None
+    ) -> Lease | None:
+        """A slot free this moment, or None: the offer's limit of no work ahead keeps it from queuing."""
+        offer = await self._store.offer(flow, cost, 0.0, 0.0, arrived_at, batching)
+        if isinstance(offer, Granted):
+            self._metrics.observe_queue_wait(flow.model, self._class_names[flow.band], 0.0)
+            return Lease(offer.slot, 0.0)
+        if isinstance(offer, Queued):  # not for a limit of 0, unless a store rounds it differently
+            await self._store.withdraw(offer.ticket, Outcome.QUEUE_FULL)
+        return None
+
     async def release(self, lease: Lease, service_s: float | None = None) -> None:
         """Give the slot back (idempotent); `service_s` feeds the service-time estimate."""
         if lease.slot.released:
@@ -153,6 +200,22 @@ class AdmissionController:
         if service_s is not None:
             self._store.record_service(slot.model, service_s)
         return self._store.release_soon(slot, self._clock())
+
+    def _too_many_bytes(
+        self, model: str, request: AdmissionRequest, throughput: Throughput, excess: int
+    ) -> Refusal:
+        """queue_full for a body the queued-bytes bound has no room for, with the time the queue
+        needs to hand out enough bodies."""
+        queued_work = sum(self._store.stats(model).queued_work_by_band)
+        held = self._queued_bytes.held.get(model, 0)
+        advice = retry_after_s(
+            excess_wait_s=bytes_excess_wait_s(excess, held, queued_work, throughput.drain_rate_per_s),
+            band_drain_rate_per_s=band_drain_rate_per_s(throughput, request.band),
+            spread=throughput.retry_spread(request.band),
+            jitter_u=self._jitter(),
+            config=self._admission.retry,
+        )
+        return self._refusal(model, request.band, Outcome.QUEUE_FULL, advice)
 
     def _shed(
         self, model: str, request: AdmissionRequest, throughput: Throughput, external: float

@@ -80,7 +80,7 @@ class AdmittedEndpoint:
         work = intake.forwarder.exchange(pool, request, meta.budget_s)
         admission = intake.admission
         relay = Relay(receive, send, self.style, work, admission.drain, admission.no_backend_retry_s)
-        return AdmittedCall(admission, pool, meta, work, relay).run()
+        return AdmittedCall(admission, pool, meta, work, relay, body_bytes=len(body)).run()
 
 
 # RFC 3986 path characters that need no escape (quote() keeps letters, digits and "_.-~" too).

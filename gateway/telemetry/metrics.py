@@ -108,6 +108,10 @@ class GatewayMetrics:
         """Export queue depth, slots in use and the pool's measured speeds, read at each scrape."""
         self.registry.register(_PoolCollector(pools, priorities, store, clock))
 
+    def watch_queued_bytes(self, models: Sequence[str], held: Mapping[str, int]) -> None:
+        """Export the request-body bytes this replica holds for queued requests, read at each scrape."""
+        self.registry.register(_QueuedBytesCollector(models, held))
+
     def watch_loops(self, supervisors: Sequence[LoopView]) -> None:
         """Export whether each supervised background loop runs, and its restarts, read at each scrape."""
         self.registry.register(_LoopCollector(supervisors))
@@ -139,6 +143,25 @@ class _LoopCollector(Collector):
             for name, count in supervisor.restarts().items():
                 restarts.add_metric([name], count)
         yield from (up, restarts)
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+
+class _QueuedBytesCollector(Collector):
+    def __init__(self, models: Sequence[str], held: Mapping[str, int]) -> None:
+        self._models = models
+        self._held = held
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "gateway_queued_body_bytes",
+            "Request-body bytes this replica holds for queued requests (limits.max_queued_bytes).",
+            labels=["model"],
+        )
+        for model in self._models:
+            family.add_metric([model], self._held.get(model, 0))
+        yield family
 
     def describe(self) -> Iterable[Metric]:
         return []

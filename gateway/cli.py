@@ -80,7 +80,12 @@ def _gateway_server(settings: Settings, log_level: str, drain_timeout_s: float) 
     from gateway.serving import DrainingServer, uvicorn_config
 
     runtime = build_runtime(settings)
-    config = uvicorn_config(create_app(settings, runtime=runtime), log_level=log_level)
+    config = uvicorn_config(
+        create_app(settings, runtime=runtime),
+        log_level=log_level,
+        limits=settings.limits,
+        registry=runtime.metrics.registry,
+    )
     return DrainingServer(config, runtime.drain, drain_timeout_s)
 
 

@@ -22,7 +22,10 @@ from starlette.types import ASGIApp
 
 if TYPE_CHECKING:
     from gateway.flow.drain import Drain
+    from prometheus_client import CollectorRegistry
 
+
+    from gateway.settings import Limits
 log = logging.getLogger("gateway.serving")
 
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
@@ -56,7 +59,25 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def uvicorn_config(app: ASGIApp, *, lifespan: str = "on", log_level: str = "warning") -> uvicorn.Config:
+def uvicorn_config(
+    app: ASGIApp,
+    *,
+    lifespan: str = "on",
+    log_level: str = "warning",
+    limits: Limits | None = None,
+    registry: CollectorRegistry | None = None,
+) -> uvicorn.Config:
+    """uvicorn's config for one listener. With `limits`, its clients are held to them, together with
+    the process's other listeners (gateway.connections), and `registry` gets the connection counts;
+    without (the sim, load tests), uvicorn's own protocol serves as it comes."""
+    http: type[asyncio.Protocol] | str = "httptools" if HAS_HTTPTOOLS else "h11"
+    if limits is not None:
+        from gateway.connections import process_connections
+
+        clients = process_connections(limits)
+        http = clients.protocol
+        if registry is not None:
+            registry.register(clients)
     return uvicorn.Config(
         app,
         lifespan=lifespan,  # type: ignore[arg-type]
@@ -65,7 +86,8 @@ def uvicorn_config(app: ASGIApp, *, lifespan: str = "on", log_level: str = "warn
         proxy_headers=False,  # the gateway is the edge: X-Forwarded-* from clients is not trusted
         server_header=False,
         loop="uvloop" if HAS_UVLOOP else "asyncio",
-        http="httptools" if HAS_HTTPTOOLS else "h11",
+        http=http,
+        ws="none",  # nothing here speaks WebSocket: an upgrade is served as a plain request
         backlog=2048,
         timeout_keep_alive=30,
     )

@@ -1,0 +1,397 @@
+"""Limits on clients, kept by the HTTP protocol under uvicorn (httptools): how long a request's head
+and body may take, how large a head may be, and how many connections the process holds.
+
+The rules this module keeps:
+- a request's head (request line and header fields) must arrive within `header_timeout_ms` of its
+  first byte or, on a new connection, of the connection's start; its body within `body_timeout_ms`
+  of the head. A client that is too slow, or silent, is cut (its connection reset) and counted;
+- the clocks run only while the gateway waits on the client: a pipelined request's start when the
+  requests before it on the connection are answered. A request whose head and body have arrived is
+  never cut by them, however long it queues or is served;
+- a head over `max_header_bytes` (request line, fields and their separators, as sent by a client
+  that writes `Name: value`) or with more than `max_headers` fields is answered 431 with a JSON
+  error, and the connection closes. Bytes are counted as they are read, so a head that never ends is
+  cut at the limit (give or take the one read it began in), never buffered whole. Trailers of a
+  chunked body are held to the same byte bound; they cut the connection, as the app owns the answer;
+- after a 431 the connection reads and drops what the client still sends, for up to LINGER_S, so
+  that the client reads the answer instead of a reset;
+- the process holds at most `max_connections` client connections, every listener together (one
+  process, one open-file limit). At the limit a new connection closes the one that has waited
+  longest without a request in progress (idle between requests, or still sending its head); when
+  every other one has a request in progress, the new one is closed at once.
+
+The limits need httptools (a hard dependency); uvicorn's h11 protocol does not keep them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+import httptools
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+if TYPE_CHECKING:
+    from gateway.settings import Limits
+
+LINGER_S = 2.0
+"""After a 431, how long what the client still sends is read and dropped before the connection closes."""
+
+# A request line is `METHOD SP target SP HTTP/1.1 CRLF`; the head ends with an empty line.
+_REQUEST_LINE_AND_END = len(b"  HTTP/1.1\r\n") + len(b"\r\n")
+_FIELD_SEPARATORS = len(b": \r\n")
+
+
+class Cut(StrEnum):
+    """Why the gateway closed a client's connection: a closed set, used as a metric label."""
+
+    HEADER_TIMEOUT = "header_timeout"
+    BODY_TIMEOUT = "body_timeout"
+    HEADERS_TOO_LARGE = "headers_too_large"
+    TOO_MANY_HEADERS = "too_many_headers"
+    EVICTED = "evicted"  # closed for a new connection at `max_connections`
+    REFUSED = "refused"  # a new connection at `max_connections`, every other one busy
+
+
+def connections_for(open_files: int) -> int:
+    """Client connections a process with this open-file limit may hold: a quarter of the limit, at
+    least 64, stays free for backend and Redis connections, listeners and files."""
+    return max(16, open_files - max(64, open_files // 4))
+
+
+@dataclass(frozen=True, slots=True)
+class ClientLimits:
+    max_header_bytes: int
+    max_headers: int
+    header_timeout_s: float
+    body_timeout_s: float
+    max_connections: int
+
+    @classmethod
+    def from_settings(cls, limits: Limits, open_files: int | None = None) -> ClientLimits:
+        if open_files is None:
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            open_files = 1 << 20 if soft == resource.RLIM_INFINITY else soft
+        return cls(
+            max_header_bytes=limits.max_header_bytes,
+            max_headers=limits.max_headers,
+            header_timeout_s=limits.header_timeout_ms / 1000,
+            body_timeout_s=limits.body_timeout_ms / 1000,
+            max_connections=limits.max_connections or connections_for(open_files),
+        )
+
+
+C = TypeVar("C")
+
+
+class ConnectionTable(Generic[C]):
+    """The open client connections, and which to close for a new one at the limit.
+
+    Sans-IO: the caller says what happens to its connections and closes the one it is told to.
+    """
+
+    def __init__(self, max_connections: int) -> None:
+        self.max_connections = max_connections
+        self._open: set[C] = set()
+        # Insertion-ordered: a connection goes to the end each time it starts waiting, so the
+        # first one is the one that has waited longest.
+        self._waiting: dict[C, None] = {}
+
+    def opened(self, connection: C) -> C | None:
+        """Count `connection` in, waiting for its first request. Returns the connection to close
+        now: None under the limit, else the one waiting longest, which is `connection` itself when
+        every other one has a request in progress. The connection returned is counted out."""
+        self._open.add(connection)
+        self._waiting[connection] = None
+        if len(self._open) <= self.max_connections:
+            return None
+        victim = next(iter(self._waiting))
+        self.closed(victim)
+        return victim
+
+    def busy(self, connection: C) -> None:
+        """A request is in progress on `connection`: it is not closed for a newcomer."""
+        self._waiting.pop(connection, None)
+
+    def waiting(self, connection: C) -> None:
+        """`connection` has no request in progress any more; it has waited since now."""
+        if connection in self._open:
+            self._waiting.pop(connection, None)
+            self._waiting[connection] = None
+
+    def closed(self, connection: C) -> None:
+        self._open.discard(connection)
+        self._waiting.pop(connection, None)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+
+def refusal_body(cut: Cut, limits: ClientLimits, *, openai: bool) -> bytes:
+    """The 431's JSON, shaped like the gateway's other errors (gateway.errors) for the route's style."""
+    if cut is Cut.TOO_MANY_HEADERS:
+        message = f"too many request header fields: more than {limits.max_headers}"
+    else:
+        message = f"request header fields too large: more than {limits.max_header_bytes} bytes"
+    payload: dict[str, Any]
+    if openai:
+        payload = {"error": {"message": message, "type": "invalid_request_error", "code": cut.value}}
+    else:
+        payload = {"error": message, "reason": cut.value}
+    return json.dumps(payload).encode()
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a head over a limit."""
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, holding its client to `clients.limits` (see the module's rules).
+    ClientConnections makes the subclass that sets `clients`."""
+
+    clients: ClassVar[ClientConnections]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._limits = self.clients.limits
+        self._clock: tuple[Cut | None, float] | None = None
+        """What is cut when the time is up (None: the linger after a 431 ends), and how long it is."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._reading_head = True  # the bytes that come next belong to a request's head
+        self._head_begun = self._in_body = self._body_read = self._head_ended_in_read = False
+        # Bytes read while this head was incomplete, from the first read that began inside it; the
+        # head as parsed (target, fields, separators); bytes of this body in reads that carried no
+        # body byte (trailers, which the parser buffers too).
+        self._head_bytes = self._field_bytes = self._fields = self._trailer_bytes = 0
+        self._refusal: Cut | None = None
+        self._refusal_due: Cut | None = None
+        self._lingering = False  # a head was refused: what the client sends now is dropped
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        victim = self.clients.table.opened(self)
+        if victim is self:
+            self.clients.count(Cut.REFUSED)
+            transport.abort()
+            return
+        if victim is not None:
+            victim._cut(Cut.EVICTED)
+        self._arm(Cut.HEADER_TIMEOUT, self._limits.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.clients.table.closed(self)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
+        if self._reading_head:
+            self._head_bytes += len(data)
+        self._body_read = self._head_ended_in_read = False
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # uvicorn_config sets ws="none": an upgrade is served as a plain request
+        except httptools.HttpParserError:
+            if self._refusal is not None:
+                self._refuse(self._refusal)
+            else:
+                self.logger.warning("Invalid HTTP request received.")
+                self.send_400_response("Invalid HTTP request received.")
+            return
+        limits = self._limits
+        if self._reading_head:
+            if self._head_bytes > limits.max_header_bytes:
+                self._refuse(Cut.HEADERS_TOO_LARGE)
+            elif self._head_begun and self._clock is None:
+                self._arm(Cut.HEADER_TIMEOUT, limits.header_timeout_s)
+        elif self._in_body:
+            if self._body_read:
+                self._trailer_bytes = 0
+            elif not self._head_ended_in_read:
+                self._trailer_bytes += len(data)
+                if self._trailer_bytes > limits.max_header_bytes:
+                    self._cut(Cut.HEADERS_TOO_LARGE)
+                    return
+            if self._clock is None:
+                self._arm(Cut.BODY_TIMEOUT, limits.body_timeout_s)
+
+    # httptools callbacks
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_begun = True
+        self._field_bytes = self._fields = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._field_bytes += len(url)
+        self._check_head_bytes(0)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._reading_head:
+            self._fields += 1
+            if self._fields > self._limits.max_headers:
+                self._refusal = Cut.TOO_MANY_HEADERS
+                raise _Refused
+            self._field_bytes += len(name) + len(value) + _FIELD_SEPARATORS
+            self._check_head_bytes(0)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._check_head_bytes(len(self.parser.get_method()) + _REQUEST_LINE_AND_END)
+        self._disarm()
+        self._reading_head, self._in_body, self._head_ended_in_read = False, True, True
+        self._trailer_bytes = 0
+        super().on_headers_complete()
+        self.clients.table.busy(self)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_read = True
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm()
+        self._in_body = self._head_begun = False
+        self._reading_head = True
+        self._head_bytes = 0
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self._serving():
+            self.clients.table.waiting(self)
+            if self._refusal_due is not None:
+                self._answer_refusal(self._refusal_due)
+        self._reschedule()
+
+    # Limits
+
+    def _serving(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _check_head_bytes(self, more: int) -> None:
+        if self._field_bytes + more > self._limits.max_header_bytes:
+            self._refusal = Cut.HEADERS_TOO_LARGE
+            raise _Refused
+
+    def _refuse(self, cut: Cut) -> None:
+        """Answer 431 once the requests before this one are answered, dropping what else comes."""
+        self.clients.count(cut)
+        self._lingering = True
+        self._disarm()
+        if self._serving():
+            self._refusal_due = cut  # written after the answers it must not cut into
+        else:
+            self._answer_refusal(cut)
+
+    def _answer_refusal(self, cut: Cut) -> None:
+        """Write the 431, then linger: read and drop what comes until the client closes, or LINGER_S."""
+        self._refusal_due = None
+        body = refusal_body(cut, self._limits, openai=getattr(self, "url", b"").startswith(b"/v1/"))
+        head = [STATUS_LINE[431]]
+        for name, value in self.server_state.default_headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
+        self.transport.write(b"".join(head) + b"connection: close\r\n\r\n" + body)
+        self._arm(None, LINGER_S)
+        self.flow.resume_reading()  # a pipelined request may have paused it
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        else:
+            self.transport.close()
+
+    def _cut(self, cut: Cut) -> None:
+        self.clients.count(cut)
+        self._disarm()
+        self.transport.abort()
+
+    def _arm(self, cut: Cut | None, seconds: float) -> None:
+        self._disarm()
+        self._clock = (cut, seconds)
+        self._reschedule()
+
+    def _disarm(self) -> None:
+        self._clock = None
+        self._hold()
+
+    def _hold(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _reschedule(self) -> None:
+        """Start the clock once the gateway waits on the client: a head not while a request before
+        it is served, a body not while its request waits in the pipeline for the ones before it."""
+        if self._clock is None:
+            return
+        cut, seconds = self._clock
+        if (cut is Cut.HEADER_TIMEOUT and self._serving()) or (cut is Cut.BODY_TIMEOUT and self.pipeline):
+            self._hold()
+        elif self._timer is None:
+            self._timer = self.loop.call_later(seconds, self._time_up)
+
+    def _time_up(self) -> None:
+        self._timer = None
+        cut = self._clock[0] if self._clock is not None else None
+        if cut is None:  # the linger after a 431 is over
+            self._disarm()
+            self.transport.abort()
+        else:
+            self._cut(cut)
+
+
+class ClientConnections:
+    """One process's client limits, its table of connections, and counts of the ones it cut; a
+    prometheus collector of them (registering it again in the same registry changes nothing)."""
+
+    def __init__(self, limits: ClientLimits) -> None:
+        self.limits = limits
+        self.table: ConnectionTable[LimitedHttpToolsProtocol] = ConnectionTable(limits.max_connections)
+        self.cuts = dict.fromkeys(Cut, 0)
+        # For uvicorn.Config(http=...): every listener of the process gets the same class.
+        self.protocol = type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"clients": self})
+
+    def count(self, cut: Cut) -> None:
+        self.cuts[cut] += 1
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "gateway_client_connections", "Client connections open, every listener together.", len(self.table)
+        )
+        yield GaugeMetricFamily(
+            "gateway_client_connections_max",
+            "Client connections held at most (limits.max_connections, or from the open-file limit).",
+            value=self.limits.max_connections,
+        )
+        closed = CounterMetricFamily(
+            "gateway_client_connections_closed",
+            "Client connections the gateway closed for a limit (431 answers included), by limit.",
+            labels=["reason"],
+        )
+        for cut, count in self.cuts.items():
+            closed.add_metric([cut.value], count)
+        yield closed
+
+
+_process_connections: ClientConnections | None = None
+
+
+def process_connections(limits: Limits) -> ClientConnections:
+    """The process's one ClientConnections, made on first use: every listener shares it, as they
+    share the process's open-file limit."""
+    global _process_connections
+    wanted = ClientLimits.from_settings(limits)
+    if _process_connections is None:
+        _process_connections = ClientConnections(wanted)
+    elif _process_connections.limits != wanted:
+        raise ValueError(f"client limits are set once per process: {_process_connections.limits}")
+    return _process_connections

@@ -75,13 +75,7 @@ def build_runtime(
         clock=clock,
         jitter=jitter,
     )
-    health = HealthChecker(
-        pool_list,
-        store.backends_changed,
-        interval_s=settings.health.interval_ms / 1000,
-        timeout_s=settings.health.timeout_ms / 1000,
-        failures_to_down=settings.health.failures_to_down,
-    )
+    health = HealthChecker.from_settings(pool_list, store.backends_changed, settings.health, clock=clock)
 
     def backends_moved(model: str) -> None:
         store.backends_changed(model)
@@ -116,6 +110,7 @@ def build_runtime(
         forwarder=Forwarder(
             upstream,
             on_unreachable=health.mark_unreachable,
+            on_verdict=health.judge,
             observe_upstream_s=metrics.observe_upstream,
             clock=clock,
         ),

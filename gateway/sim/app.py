@@ -1,7 +1,8 @@
 """SimApp: the simulated model server's HTTP surface, as a bare ASGI app (it must never be the bottleneck).
 
 KServe v2 (JSON and binary tensors), OpenAI chat/completions/embeddings (SSE streaming with a
-per-token delay), health, Triton/vLLM metrics, and /sim/stats, /sim/reset for tests and benchmarks.
+per-token delay), health, Triton/vLLM metrics, and /sim/stats, /sim/reset for tests and benchmarks;
+/sim/fault makes its inference hang or fail while its health checks pass (gateway.sim.faults).
 
 A client that goes away: by default the engine computes its request to the end, as Triton and
 KServe servers do; with `stop_on_disconnect` it stops at once, as vLLM does.
@@ -20,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.http.exchange import until_disconnect
 from gateway.sim.engine import Job, SimEngine
 from gateway.sim.exposition import render
+from gateway.sim.faults import Fault, Faults
 from gateway.sim.tensors import TensorError, infer_response, parse_infer
 
 _JSON = b"application/json"
@@ -57,6 +59,7 @@ class SimApp:
         self.engine = engine
         self.default_tokens = default_tokens
         self.stop_on_disconnect = stop_on_disconnect
+        self.faults = Faults()
         self._ids = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -64,6 +67,18 @@ class SimApp:
             return
         path: str = scope["path"]
         method: str = scope["method"]
+        if method == "POST" and (path.startswith("/v1/") or path.endswith("/infer")):
+            faults = self.faults
+            faults.received += 1
+            if faults.applies_to(path):
+                if not faults.fault.hang:
+                    await _body(receive)
+                    status = faults.fault.status or 500
+                    await _json(send, status, {"error": f"sim fault: answering {status}"})
+                    return
+                answering, receive = await faults.hang(receive, until_disconnect=self.stop_on_disconnect)
+                if not answering:
+                    return  # its client left: nobody to answer
         if path.startswith("/v2/models/"):
             await self._v2_model(scope, receive, send, path.removeprefix("/v2/models/").split("/"), method)
         elif path in ("/v2/health/ready", "/v2/health/live", "/health"):
@@ -80,9 +95,21 @@ class SimApp:
             await _json(send, 200, self._stats())
         elif path == "/sim/reset" and method == "POST":
             self.engine.reset_peak()
+            self.faults.reset_peak()
             await _json(send, 200, self._stats())
+        elif path == "/sim/fault":
+            await self._fault(receive, send, method)
         else:
             await _json(send, 404, {"error": f"no route for {method} {path}"})
+
+    async def _fault(self, receive: Receive, send: Send, method: str) -> None:
+        if method == "POST":
+            try:
+                self.faults.set(Fault.parse(await _body(receive)))
+            except ValueError as error:
+                await _json(send, 400, {"error": str(error)})
+                return
+        await _json(send, 200, self.faults.stats())
 
     def _stats(self) -> dict[str, Any]:
         stats = self.engine.stats
@@ -99,6 +126,7 @@ class SimApp:
             "completed": stats.completed,
             "stopped": stats.stopped,
             "busy_slot_s": stats.busy_slot_s,
+            "faults": self.faults.stats(),
         }
 
     async def _v2_model(

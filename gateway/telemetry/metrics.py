@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.upstream.backends import ModelPool
+from policies.circuit import CircuitState
 from policies.outcomes import Outcome
 from policies.saturation import saturation
 from policies.wait import QueueStats, Throughput
@@ -194,8 +195,13 @@ class _PoolCollector(Collector):
         )
         ready = GaugeMetricFamily(
             "gateway_backend_ready",
-            "1 when the backend passed its last health check.",
+            "1 when the backend passes its health checks and its circuit is not open.",
             labels=["model", "backend"],
+        )
+        circuit = GaugeMetricFamily(
+            "gateway_backend_circuit_state",
+            "1 for the state the backend's circuit is in (passive health), 0 for the others.",
+            labels=["model", "backend", "state"],
         )
         slots = GaugeMetricFamily(
             "gateway_backend_slots",
@@ -240,6 +246,8 @@ class _PoolCollector(Collector):
             for backend in pool.backends:
                 labels = [pool.name, backend.url]
                 ready.add_metric(labels, 1.0 if backend.ready else 0.0)
+                for state in CircuitState:
+                    circuit.add_metric([*labels, state.value], 1.0 if backend.circuit.state is state else 0.0)
                 slots.add_metric(labels, backend.max_concurrency)
                 reported.add_metric(labels, backend.external_waiting)
                 saturated.add_metric(
@@ -254,7 +262,7 @@ class _PoolCollector(Collector):
                 )
             service.add_metric([pool.name], flow.service_time_s)
             drain.add_metric([pool.name], flow.drain_rate_per_s)
-        yield from (depth, inflight, ready, slots, saturated, reported, service, drain, arrivals)
+        yield from (depth, inflight, ready, circuit, slots, saturated, reported, service, drain, arrivals)
 
     def describe(self) -> Iterable[Metric]:
         return []

@@ -77,7 +77,7 @@ class ScalingHints(Collector):
             hint.arrival_rate = ewma_in_time(
                 None if first else hint.arrival_rate, instant, elapsed_s, self._config.window_s
             )
-            known = [b.max_concurrency for b in pool.backends if b.max_concurrency > 0]
+            known = [b.known_slots for b in pool.backends if b.known_slots > 0]
             total_slots = sum(b.max_concurrency for b in pool.backends if b.ready)
             hint.utilization = hint.arrival_rate * flow.service_time_s / total_slots if total_slots else 0.0
             answer = desired_replicas(

@@ -6,16 +6,23 @@ from dataclasses import dataclass, field
 
 from gateway.settings import Backend, Model
 from gateway.upstream.origin import DEFAULT_OPTIONS, ConnectionOptions, OnAbandon, TlsOptions
+from gateway.upstream.reply import InFlight
+from policies.circuit import CLOSED, Circuit, Quiet, slot_limit
 
 
 @dataclass(slots=True, eq=False)
 class BackendState:
-    """One backend of one model. `inflight` is the slots this gateway holds on it."""
+    """One backend of one model. `inflight` is the slots this gateway holds on it.
+
+    `ready` and `max_concurrency` are what the stores dispatch by: ready when its health checks
+    pass and its circuit is not open; all its slots while the circuit is closed, one while it is
+    half-open (the trial request), none while it is open. gateway.upstream.health keeps both.
+    """
 
     model: str
     url: str
-    max_concurrency: int
-    """0 until known (a Triton backend's is discovered)."""
+    known_slots: int
+    """Its slots: 0 until known (a Triton backend's is discovered)."""
     health_path: str
     metrics_url: str | None = None
     kind: str = "kserve"
@@ -32,13 +39,29 @@ class BackendState:
     """The configured URL this backend comes from (a discovered one: its host name's)."""
     on_abandon: OnAbandon = OnAbandon.DRAIN
     connection: ConnectionOptions = DEFAULT_OPTIONS
+    probed_ready: bool = False
+    """What its health checks (and refused connections) last said, whatever its circuit."""
+    circuit: Circuit = CLOSED
+    quiet: Quiet = field(default_factory=Quiet)
+    """What the stall watch last saw of it."""
+    in_flight: InFlight = field(default_factory=InFlight)
+    """Its exchanges sent and not yet ended, and the answer bytes they brought (counted)."""
+
+    @property
+    def max_concurrency(self) -> int:
+        """The slots the stores may fill, as its circuit allows (policies.circuit.slot_limit)."""
+        return slot_limit(self.circuit, self.known_slots)
+
+    @max_concurrency.setter
+    def max_concurrency(self, slots: int) -> None:
+        self.known_slots = slots
 
     @classmethod
     def from_settings(cls, model: Model, backend: Backend, *, origin: str = "") -> BackendState:
         return cls(
             model=model.name,
             url=backend.url,
-            max_concurrency=backend.max_concurrency or 0,
+            known_slots=backend.max_concurrency or 0,
             health_path=backend.readiness_path.replace("{model}", backend.served_model or model.name),
             metrics_url=backend.metrics_url,
             kind=backend.kind,

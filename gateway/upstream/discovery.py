@@ -82,7 +82,7 @@ class TritonDiscovery:
             log.debug("discovery of %s at %s failed: %r", backend.served_model, backend.url, error)
             return
         backend.max_batch_size = model.max_batch_size
-        if not backend.configured_slots and model.ready and model.slots != backend.max_concurrency:
+        if not backend.configured_slots and model.ready and model.slots != backend.known_slots:
             log.info(
                 "backend %s: model %s has %d instance(s), max_batch_size %d%s: %d slots",
                 backend.url,
@@ -92,7 +92,7 @@ class TritonDiscovery:
                 ", dynamic batching" if model.dynamic_batching else "",
                 model.slots,
             )
-            backend.max_concurrency = model.slots
+            backend.known_slots = model.slots
             self._on_change(pool.name)
 
     async def _read(self, backend: BackendState) -> TritonModel:

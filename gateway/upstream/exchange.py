@@ -9,6 +9,9 @@ Its rules:
   answer ended, or its connection closed: gateway.upstream.reply), with the service time to learn
   from; a backend that could not be reached, or that closed without answering, is marked
   unreachable before that, so that the freed slot is not handed to a waiter for it;
+- how it ended is judged for passive health (policies.circuit: `on_verdict`) in that same callback,
+  before the slot goes back too, so that a circuit that opens takes its backend out of dispatch
+  first; while sent, it is in its backend's `in_flight`, which the stall watch reads;
 - `close` leaves the exchange to end as the backend's `on_abandon` says.
 """
 
@@ -24,7 +27,15 @@ from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.client import RawHeaders
 from gateway.upstream.http1 import UpstreamClient, serialize_request
 from gateway.upstream.origin import OnAbandon, origin_of
-from gateway.upstream.reply import BackendGone, ConnectFailed, Reply, UpstreamBroken
+from gateway.upstream.reply import (
+    BackendGone,
+    BackendStalled,
+    ConnectFailed,
+    Reply,
+    UpstreamBroken,
+    UpstreamTimeout,
+)
+from policies.circuit import Ending, Verdict, verdict_of
 
 # Answers up to this size with a Content-Length are read whole, so the slot frees before the
 # client write; longer or open-ended ones (SSE) stream chunk by chunk.
@@ -46,7 +57,8 @@ class UpstreamRequest:
 
 
 class Forwarder:
-    """The exchanges' shared parts: the client, the clock, and where a failed backend is reported."""
+    """The exchanges' shared parts: the client, the clock, and where a failed backend is reported
+    (`on_unreachable`) and how each exchange ended (`on_verdict`, for passive health)."""
 
     def __init__(
         self,
@@ -54,10 +66,12 @@ class Forwarder:
         *,
         on_unreachable: Callable[[ModelPool, BackendState], None],
         observe_upstream_s: Callable[[str, float], None],
+        on_verdict: Callable[[ModelPool, BackendState, Verdict], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.on_unreachable = on_unreachable
+        self.on_verdict = on_verdict
         self.observe_upstream_s = observe_upstream_s
         self.clock = clock
 
@@ -166,8 +180,10 @@ class UpstreamExchange:
             whole_up_to_bytes=BUFFER_LIMIT_BYTES,
             on_abandon=backend.on_abandon,
             give_up_after_s=None if self._budget_at is None else self._budget_at - now,
+            in_flight=backend.in_flight,
         )
         reply.on_complete = self._finished
+        backend.in_flight.add(reply, now)
         return reply
 
     def _finished(self) -> None:
@@ -175,15 +191,21 @@ class UpstreamExchange:
         forwarder, reply = self._forwarder, self.reply
         self.elapsed_s = forwarder.clock() - self.started_at
         assert reply is not None, "on_complete is set on the reply it completes"
+        backend = self.backend
+        backend.in_flight.discard(reply)
+        # Before the slot goes back, or its release would hand it to a waiter for this backend.
         if isinstance(reply.error, ConnectFailed | BackendGone):
-            # Before the slot goes back, or its release would hand it to a waiter for this backend.
-            forwarder.on_unreachable(self._pool, self.backend)
+            forwarder.on_unreachable(self._pool, backend)
+        if forwarder.on_verdict is not None:
+            verdict = verdict_of(ending(reply), reply.status)
+            if verdict is not None:
+                forwarder.on_verdict(self._pool, backend, verdict)
         service_s: float | None = None
         if reply.complete:
             forwarder.observe_upstream_s(self._pool.name, self.elapsed_s)
             if reply.status < 400:
                 service_s = self.elapsed_s
-        elif isinstance(reply.given_up, TimeoutError):
+        elif isinstance(reply.given_up, TimeoutError) and not isinstance(reply.given_up, BackendStalled):
             service_s = self.elapsed_s  # cut short: the service took at least this long
         if self.on_done is not None:
             self.on_done(service_s)
@@ -195,6 +217,19 @@ class UpstreamExchange:
         wire = serialized(self._request, backend)
         self._prepared = (backend, wire)
         return wire
+
+
+def ending(reply: Reply) -> Ending:
+    """How a finished exchange ended, for passive health."""
+    if reply.complete:
+        return Ending.ANSWERED
+    if isinstance(reply.error, UpstreamTimeout):
+        return Ending.TIMED_OUT
+    if isinstance(reply.error, ConnectFailed):
+        return Ending.UNREACHABLE
+    if reply.given_up is not None:
+        return Ending.ABANDONED  # ended by our close, or cut while nobody waited for it
+    return Ending.CUT_OFF
 
 
 def serialized(request: UpstreamRequest, backend: BackendState) -> bytes:

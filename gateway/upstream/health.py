@@ -1,18 +1,53 @@
-"""Health checks: poll each backend's readiness path and tell the store when readiness changes."""
+"""Backend health: active probes of each backend's readiness path, and passive health from the data
+path (a circuit per backend, policies.circuit). The store hears of every change (`on_change`).
+
+Its rules:
+- a backend is ready when its last probes passed and its circuit is not open. Probes never close
+  a circuit: a half-hung backend passes them while its inference hangs;
+- a circuit opens on failures in a row (`judge`, the Forwarder's `on_verdict`, called before the
+  slot of the exchange goes back) or on a stall: requests in flight and no byte of any of their
+  answers for `stall_timeout_s` (watched every `look_s`, beside the probes);
+- a stalled backend's requests are given up at once: their clients are answered 504 and each
+  exchange ends as the backend's `on_abandon` says, which is when its slot frees (abort: we close
+  the connection and the slot frees when the backend closes its side, or at the hard upstream
+  timeout if it never does; drain: when the answer ends, or at that timeout). Freeing a slot
+  earlier would let a backend that wakes up run more than its `max_concurrency`;
+- an open circuit half-opens after its cool-down once the backend holds none of our slots; then
+  its `max_concurrency` is 1, so the stores send it one trial request, whose verdict closes the
+  circuit (all its slots again) or opens it for another cool-down.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 import aiohttp
 import anyio
 from anyio.abc import TaskStatus
 
+from gateway.settings import Health
 from gateway.upstream.backends import BackendState, ModelPool
+from gateway.upstream.reply import BackendStalled
+from policies.circuit import (
+    Cause,
+    Circuit,
+    CircuitRules,
+    CircuitState,
+    Verdict,
+    admits,
+    after_stall,
+    after_verdict,
+    after_wait,
+    stalled,
+    watch_quiet,
+)
 
 log = logging.getLogger("gateway.health")
+
+_DEFAULT_RULES = CircuitRules()
 
 
 class HealthChecker:
@@ -26,6 +61,9 @@ class HealthChecker:
         interval_s: float,
         timeout_s: float,
         failures_to_down: int = 2,
+        circuit: CircuitRules = _DEFAULT_RULES,
+        stall_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pools = pools
         self._on_change = on_change
@@ -36,6 +74,31 @@ class HealthChecker:
         self._failures: dict[int, int] = {}
         self._judged: set[int] = set()
         """Backends whose readiness has been logged once: every verdict after is a transition."""
+        self._rules = circuit
+        self._stall_s = stall_timeout_s
+        self._clock = clock
+        # A stall is found, and a cool-down noticed, at most this late.
+        self.look_s = max(0.01, min(1.0, stall_timeout_s / 4, circuit.cooldown_s / 4))
+
+    @classmethod
+    def from_settings(
+        cls,
+        pools: Sequence[ModelPool],
+        on_change: Callable[[str], None],
+        health: Health,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> HealthChecker:
+        return cls(
+            pools,
+            on_change,
+            interval_s=health.interval_ms / 1000,
+            timeout_s=health.timeout_ms / 1000,
+            failures_to_down=health.failures_to_down,
+            circuit=CircuitRules(health.passive_failures_to_open, health.cooldown_ms / 1000),
+            stall_timeout_s=health.stall_timeout_ms / 1000,
+            clock=clock,
+        )
 
     async def check_all(self, session: aiohttp.ClientSession) -> None:
         """Probe every backend once, concurrently."""
@@ -44,16 +107,76 @@ class HealthChecker:
     async def run(
         self, session: aiohttp.ClientSession, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        task_status.started()
-        while True:
-            await asyncio.sleep(self._interval_s)
-            await self.check_all(session)
+        """Probe every `interval_s` and watch the circuits every `look_s`, until cancelled."""
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._watch)
+            task_status.started()
+            while True:
+                await asyncio.sleep(self._interval_s)
+                await self.check_all(session)
 
     def mark_unreachable(
         self, pool: ModelPool, backend: BackendState, reason: str = "a request could not reach it"
     ) -> None:
         """Passive check: a connection to the backend failed, so stop dispatching to it now."""
         self._set(pool, backend, ready=False, reason=reason)
+
+    def judge(self, pool: ModelPool, backend: BackendState, verdict: Verdict) -> None:
+        """Passive check: an exchange with `backend` ended with `verdict` (before its slot goes back)."""
+        self._move(pool, backend, after_verdict(backend.circuit, verdict, self._rules, self._clock()))
+
+    def look(self) -> None:
+        """Find stalled backends, and half-open the circuits whose cool-down is over."""
+        now = self._clock()
+        for pool in self._pools:
+            for backend in list(pool.backends):
+                self._look_at(pool, backend, now)
+
+    def _look_at(self, pool: ModelPool, backend: BackendState, now: float) -> None:
+        flight = backend.in_flight
+        backend.quiet = quiet = watch_quiet(backend.quiet, flight.answer_events, flight.busy_since, now)
+        if admits(backend.circuit) and stalled(quiet, now, self._stall_s):
+            assert quiet.since is not None, "a stalled backend has been quiet since some time"
+            self._stalled(pool, backend, now - quiet.since)
+        else:
+            self._move(pool, backend, after_wait(backend.circuit, self._rules, now, backend.inflight))
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.look_s)
+            self.look()
+
+    def _stalled(self, pool: ModelPool, backend: BackendState, quiet_s: float) -> None:
+        replies = list(backend.in_flight.replies)
+        detail = f"no byte of any answer for {quiet_s:.1f} s with {len(replies)} request(s) in flight"
+        # Out of dispatch first: the slots these give-ups free must not go to waiters for it.
+        self._move(pool, backend, after_stall(backend.circuit, self._clock()), detail)
+        error = BackendStalled(f"backend {backend.url} stalled: {detail}")
+        for reply in replies:
+            reply.give_up(error)
+
+    def _move(self, pool: ModelPool, backend: BackendState, circuit: Circuit, detail: str = "") -> None:
+        before, backend.circuit = backend.circuit, circuit
+        if circuit.state is before.state:
+            return
+        where = f"backend {backend.url} of model {pool.name}"
+        if circuit.state is CircuitState.OPEN:
+            why = detail or (
+                "its trial request failed"
+                if before.state is CircuitState.HALF_OPEN
+                else f"{self._rules.failures_to_open} failed requests in a row"
+            )
+            reason = f"its circuit is open ({why}), a trial after {self._rules.cooldown_s:g} s"
+            if backend.ready:
+                self._apply(pool, backend, False, reason)
+            else:
+                log.warning("%s: %s", where, reason)
+        elif circuit.state is CircuitState.HALF_OPEN:
+            log.info("%s: circuit half-open, one trial request", where)
+            self._apply(pool, backend, backend.probed_ready, "its health checks fail")
+        else:
+            log.info("%s: circuit closed, its trial request succeeded", where)
+            self._on_change(pool.name)  # all its slots again, not the trial's one
 
     async def _check(self, session: aiohttp.ClientSession, pool: ModelPool, backend: BackendState) -> None:
         refused = False
@@ -70,12 +193,20 @@ class HealthChecker:
             ready, reason = False, f"{url} failed: {type(error).__name__}"
         failures = 0 if ready else self._failures.get(id(backend), 0) + 1
         self._failures[id(backend)] = failures
-        if ready or refused or failures >= self._failures_to_down or not backend.ready:
+        if ready or refused or failures >= self._failures_to_down or not backend.probed_ready:
             self._set(pool, backend, ready, reason)
 
     def _set(self, pool: ModelPool, backend: BackendState, ready: bool, reason: str) -> None:
-        if ready and backend.max_concurrency == 0:  # a Triton backend's slots come from discovery
+        """What the probes say; the backend is ready only if its circuit agrees."""
+        if ready and backend.known_slots == 0:  # a Triton backend's slots come from discovery
             ready, reason = False, "its slots are not known yet (model config not read)"
+        backend.probed_ready = ready
+        if ready and not admits(backend.circuit):
+            cause = "it stalled" if backend.circuit.cause is Cause.STALL else "its requests failed"
+            ready, reason = False, f"its circuit is open ({cause})"
+        self._apply(pool, backend, ready, reason)
+
+    def _apply(self, pool: ModelPool, backend: BackendState, ready: bool, reason: str) -> None:
         first = id(backend) not in self._judged
         if backend.ready == ready and not first:
             return

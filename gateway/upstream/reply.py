@@ -9,6 +9,9 @@ Its rules:
   the rest of the answer, ABORT closes the connection and waits for the backend to close its side.
   Only the hard deadline (the upstream timeout) cuts an exchange short.
 - `abort` ends the exchange at once (control-plane requests, which hold no slot).
+- A reply on a slot counts its answer's events (head, body chunks, end) in its backend's
+  `InFlight`, where passive health watches for a backend that stalls (gateway.upstream.health):
+  an increment per chunk, no clock read.
 """
 
 from __future__ import annotations
@@ -45,6 +48,14 @@ class BackendGone(UpstreamBroken):
     its health checks again."""
 
 
+class UpstreamTimeout(TimeoutError):
+    """The hard deadline of the exchange (the model's upstream timeout) passed."""
+
+
+class BackendStalled(TimeoutError):
+    """The backend sent no byte of any answer for the stall timeout: its requests are given up."""
+
+
 class Carrier(Protocol):
     """The connection an exchange is on, as its Reply drives it."""
 
@@ -71,6 +82,7 @@ class Reply:
         whole_up_to_bytes: int = 0,
         on_abandon: OnAbandon = OnAbandon.ABORT,
         give_up_after_s: float | None = None,
+        in_flight: InFlight | None = None,
     ) -> None:
         self.status = 0
         self.headers: RawHeaders = []
@@ -87,6 +99,7 @@ class Reply:
         """Why the reader left before the end, if it did."""
         self.retried = False
         self.on_complete: Callable[[], None] | None = None
+        self._in_flight = in_flight
         self._whole_up_to_bytes = whole_up_to_bytes
         self._loop = loop
         self._head: asyncio.Future[None] = loop.create_future()
@@ -177,12 +190,16 @@ class Reply:
     def _headers_done(self, status: int, headers: RawHeaders, content_length: int | None) -> None:
         self.status, self.headers, self.content_length = status, headers, content_length
         self.headers_received = True
+        if self._in_flight is not None:
+            self._in_flight.answer_events += 1
         if not self._head.done() and (content_length is None or content_length > self._whole_up_to_bytes):
             self._head.set_result(None)
 
     def _feed(self, chunk: bytes) -> bool:
         """Buffer a body chunk; True when the buffer is full enough to stop reading (only while it
         is read as a stream: an answer held whole is bounded by `whole_up_to_bytes`)."""
+        if self._in_flight is not None:
+            self._in_flight.answer_events += 1
         if self.given_up is not None:
             return False  # nobody reads it any more: let it flow past
         self._chunks.append(chunk)
@@ -193,6 +210,8 @@ class Reply:
     def _finish(self) -> None:
         if self.finished:
             return
+        if self._in_flight is not None:
+            self._in_flight.answer_events += 1
         self.complete = True
         self.carrier = None
         self._cancel_timers()
@@ -212,7 +231,7 @@ class Reply:
         self._notify()
 
     def _expire(self) -> None:
-        self.abort(TimeoutError("the backend did not answer in time"))
+        self.abort(UpstreamTimeout("the backend did not answer in time"))
 
     def _budget_ran_out(self) -> None:
         self.give_up(TimeoutError("the backend did not answer within the request's budget"))
@@ -239,3 +258,27 @@ class Reply:
         callback, self.on_complete = self.on_complete, None
         if callback is not None:
             callback()
+
+
+class InFlight:
+    """One backend's replies in flight (sent, not yet ended), and how many answer events (heads,
+    body chunks, ends) they have brought: what the stall watch reads. Counted, not timed, so the
+    data path pays an increment per chunk and a set insert and removal per request."""
+
+    __slots__ = ("answer_events", "busy_since", "replies")
+
+    def __init__(self) -> None:
+        self.replies: set[Reply] = set()
+        self.answer_events = 0
+        self.busy_since: float | None = None
+        """Since when requests have been in flight without a break; None when none is."""
+
+    def add(self, reply: Reply, now: float) -> None:
+        if not self.replies:
+            self.busy_since = now
+        self.replies.add(reply)
+
+    def discard(self, reply: Reply) -> None:
+        self.replies.discard(reply)
+        if not self.replies:
+            self.busy_since = None

@@ -1,8 +1,9 @@
 """Running apps under uvicorn: the fastest loop and parser installed, pre-bound sockets, graceful drain.
 
 SIGTERM/SIGINT starts a drain instead of an immediate stop: readiness turns 503, new requests get
-503 + Retry-After, queued and in-flight ones finish (up to the drain timeout), then uvicorn stops.
-A second signal stops at once.
+503 + Retry-After, queued and in-flight ones finish (up to the drain timeout); those still active
+then are cut (503 `draining` where no response has started), and uvicorn stops. A second signal
+cuts at once. Either way the process exits 0, within EXIT_GRACE_S of the cut.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ import uvicorn
 from starlette.types import ASGIApp
 
 if TYPE_CHECKING:
-    from gateway.flow.drain import Drain
     from prometheus_client import CollectorRegistry
 
-
+    from gateway.flow.drain import Drain
     from gateway.settings import Limits
+
 log = logging.getLogger("gateway.serving")
 
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
@@ -110,9 +111,29 @@ class StoppingServer(uvicorn.Server):
         self.should_exit = True
 
 
+EXIT_GRACE_S = 5.0
+"""From the end of the drain to the exit: the cut requests' answers, the connections' close and the
+lifespan's shutdown (the store's leave, the loops' stop) all fit in this."""
+_CUT_SETTLE_S = 1.0  # for the cut requests to answer and withdraw (one store round trip each)
+_CONNECTIONS_S = 1.0  # then for connections still open (no request counted in the drain) to close
+_SHUTDOWN_S = EXIT_GRACE_S - _CUT_SETTLE_S  # uvicorn's shutdown: the connections, then the lifespan's
+
+
 class DrainingServer(uvicorn.Server):
+    """A uvicorn server that drains on SIGTERM/SIGINT (see the module docstring) and exits 0.
+
+    The drain waits up to `drain_timeout_s`, then cuts what is left (gateway.flow.drain); a second
+    signal cuts at once. uvicorn then stops within EXIT_GRACE_S: its wait for connections is
+    bounded, and so is the lifespan's shutdown.
+    """
+
     def __init__(self, config: uvicorn.Config, drain: Drain, drain_timeout_s: float) -> None:
         super().__init__(config)
+        # Unbounded by default: a request nobody counts (metadata, /metrics) could hold the exit.
+        # uvicorn cancels what is still running after it.
+        graceful = config.timeout_graceful_shutdown
+        bounded = _CONNECTIONS_S if graceful is None else min(graceful, _CONNECTIONS_S)
+        config.timeout_graceful_shutdown = bounded  # type: ignore[assignment]  # a float is fine
         self._requests = drain
         self._drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -123,20 +144,41 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._drain_task is not None or self._loop is None:
-            super().handle_exit(sig, frame)
+        # Never uvicorn's: it re-raises a signal it caught once it has stopped, which would end the
+        # process by that signal rather than with status 0.
+        if self._loop is None:
+            self.should_exit = True
             return
-        self._loop.call_soon_threadsafe(self._start_drain)
+        self._loop.call_soon_threadsafe(self._on_signal, sig)
 
-    def _start_drain(self) -> None:
+    def _on_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
         if self._drain_task is None:
             self._drain_task = asyncio.ensure_future(self._drain())
+        elif not self._requests.cut_short:
+            log.warning("%s during the drain: cutting %d active requests now", name, self._requests.active)
+            self._requests.cut()
+        else:
+            log.warning("%s: already stopping (within %.0f s)", name, EXIT_GRACE_S)
 
     async def _drain(self) -> None:
-        log.warning("draining: refusing new requests, waiting for %d active", self._requests.active)
-        if not await self._requests.drain(self._drain_timeout_s):
-            log.warning("drain timed out with %d requests still active", self._requests.active)
+        requests = self._requests
+        log.warning("draining: refusing new requests, waiting for %d active", requests.active)
+        if not await requests.drain(self._drain_timeout_s):
+            if cut := requests.cut():  # none when a second signal cut them already
+                log.warning("drain timed out: cutting %d active requests", cut)
+            if not await requests.settle(_CUT_SETTLE_S):
+                log.warning("%d cut requests did not end in %.0f s", requests.active, _CUT_SETTLE_S)
         self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown (close the listeners and the connections, then the lifespan's),
+        within what is left of EXIT_GRACE_S."""
+        try:
+            async with asyncio.timeout(_SHUTDOWN_S):
+                await super().shutdown(sockets)
+        except TimeoutError:
+            log.warning("shutdown did not end in %.0f s: exiting without the rest", _SHUTDOWN_S)
 
 
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:

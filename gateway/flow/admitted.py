@@ -7,7 +7,9 @@ upstream work, and lets the ingress relay the answer while it holds the slot. It
   started on it, whatever was cancelled or raised;
 - the work starts inside the store's grant (`start_at_grant`), so the next request is on its way
   in the same callback that freed the slot;
-- the outcome is counted exactly once: the refusal, or what the relay ended with.
+- the outcome is counted exactly once: the refusal, or what the relay ended with;
+- the drain's cut (gateway.flow.drain: a cancellation it takes back) is counted `draining`: a
+  queued call is withdrawn and refused, one with a slot ends as the ingress answers the cut.
 
 The ingress (HTTP: gateway.http.relay; gRPC later) supplies the client's side as an `Ingress`; the
 upstream work is gateway.upstream.exchange's. Neither is imported here.
@@ -15,12 +17,13 @@ upstream work is gateway.upstream.exchange's. Neither is imported here.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.flow.controller import AdmissionController, Lease, Refusal
-from gateway.flow.drain import Drain
+from gateway.flow.drain import DRAINING_RETRY_S, Drain
 from gateway.queues.base import Flow, Slot
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import BackendState, ModelPool
@@ -136,7 +139,7 @@ class AdmittedCall:
         """Admit, wait, relay, release; count the outcome."""
         admission, pool = self._admission, self._pool
         if admission.drain.draining:
-            refusal = Refusal(Outcome.DRAINING, 1.0)
+            refusal = Refusal(Outcome.DRAINING, DRAINING_RETRY_S)
         elif not pool.any_ready:
             refusal = Refusal(Outcome.NO_BACKEND, admission.no_backend_retry_s)
         else:
@@ -149,24 +152,31 @@ class AdmittedCall:
                     self._granted,
                     self._body_bytes,
                 )
-            except BaseException:
+            except BaseException as error:
                 self._close()  # granted (perhaps started from the hook), then cancelled before it ran
-                self._count(Outcome.CLIENT_DISCONNECTED)  # it left without an answer of ours
-                raise
-            if isinstance(lease, Lease):
-                if self._slot is None:  # granted at the offer, without a wait: no hook ran
-                    self._granted(lease.slot)
-                outcome = Outcome.CLIENT_DISCONNECTED  # unless the relay returns: nobody was answered
-                try:
-                    outcome = await self._ingress.answer(lease)
-                finally:
-                    self._close()  # work cut short ends by its backend's on_abandon, then frees the slot
-                    self._count(outcome)
-                return
-            self._close()
-            refusal = lease
-            if refusal.outcome is Outcome.NO_BACKEND:
-                refusal = Refusal(Outcome.NO_BACKEND, admission.no_backend_retry_s)
+                if not (isinstance(error, asyncio.CancelledError) and admission.drain.absorb_cut()):
+                    self._count(Outcome.CLIENT_DISCONNECTED)  # it left without an answer of ours
+                    raise
+                refusal = Refusal(Outcome.DRAINING, DRAINING_RETRY_S)  # cut by the drain while queued
+            else:
+                if isinstance(lease, Lease):
+                    if self._slot is None:  # granted at the offer, without a wait: no hook ran
+                        self._granted(lease.slot)
+                    outcome = Outcome.CLIENT_DISCONNECTED  # unless the relay returns: nobody was answered
+                    try:
+                        outcome = await self._ingress.answer(lease)
+                    except asyncio.CancelledError:
+                        if not admission.drain.absorb_cut():
+                            raise
+                        outcome = Outcome.DRAINING  # cut by the drain while its answer was written
+                    finally:
+                        self._close()  # cut-short work ends by its backend's on_abandon, then frees the slot
+                        self._count(outcome)
+                    return
+                self._close()
+                refusal = lease
+                if refusal.outcome is Outcome.NO_BACKEND:
+                    refusal = Refusal(Outcome.NO_BACKEND, admission.no_backend_retry_s)
         self._count(refusal.outcome)  # before the answer: whoever reads the answer sees it counted
         await self._ingress.refuse(refusal)
 

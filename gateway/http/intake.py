@@ -8,6 +8,7 @@ before that is answered here, and counted once.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -16,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.errors import ErrorStyle
 from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
+from gateway.flow.drain import DRAINING_RETRY_S
 from gateway.http.relay import Relay, send_error
 from gateway.http.request_meta import RequestClassifier
 from gateway.upstream.backends import ModelPool
@@ -49,6 +51,12 @@ class AdmittedEndpoint:
         drain.started()
         try:
             await self.serve(scope, receive, send)
+        except asyncio.CancelledError:
+            if not drain.absorb_cut():
+                raise
+            # Cut before admission (reading its body): nothing was sent; an admitted call answers its own.
+            self.intake.admission.metrics.count("", "", Outcome.DRAINING)
+            await send_error(send, self.style, Outcome.DRAINING, drain, retry_after_s=DRAINING_RETRY_S)
         finally:
             drain.finished()
 

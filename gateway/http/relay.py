@@ -3,7 +3,9 @@
 Short answers with a Content-Length are read whole (their slot frees before the client write) and
 sent in one piece; long or open-ended ones (SSE) pass chunk by chunk, nothing buffered. Success
 carries `Server-Timing: queue;dur=<ms>, upstream;dur=<ms>`. Errors are rendered by gateway.errors
-in the route's style; while the gateway drains they close the connection.
+in the route's style; while the gateway drains they close the connection. The drain's cut
+(gateway.flow.drain) is answered 503 `draining` until the answer's status line is out, and cuts the
+answer short after.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from starlette.types import Receive, Send
 
 from gateway.errors import ErrorStyle, error_response
 from gateway.flow.controller import Lease, Refusal
-from gateway.flow.drain import Drain
+from gateway.flow.drain import DRAINING_RETRY_S, Drain
 from gateway.http.exchange import RawHeaders, send_response, until_disconnect
 from gateway.upstream.client import downstream_response_headers
 from gateway.upstream.exchange import BUFFER_LIMIT_BYTES, UpstreamExchange
@@ -91,6 +93,10 @@ class Relay:
             body = await reply.read()
         except ClientLeft:
             return Outcome.CLIENT_DISCONNECTED
+        except asyncio.CancelledError:
+            if not self._drain.absorb_cut():
+                raise
+            outcome, retry_after_s = Outcome.DRAINING, DRAINING_RETRY_S  # cut before its answer started
         except ConnectFailed:  # the backend was marked unreachable before its slot went back
             outcome, retry_after_s = Outcome.NO_BACKEND, self._no_backend_retry_s
         except TimeoutError:
@@ -114,22 +120,27 @@ class Relay:
     async def _stream(self, lease: Lease, reply: Reply, headers: RawHeaders) -> Outcome:
         """Pass the answer through chunk by chunk (SSE stays chunked, nothing is buffered).
 
-        Once the status line is out an upstream failure can no longer become an error status:
-        the answer is cut short, so the client sees a broken stream rather than a clean end.
+        Once the status line is out an upstream failure, or the drain's cut, can no longer become
+        an error status: the answer is cut short, so the client sees a broken stream rather than
+        a clean end.
         """
         headers.append(_server_timing(lease.queue_wait_s, self._work.running_for_s()))
         send = self._send
-        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         try:
+            await send({"type": "http.response.start", "status": reply.status, "headers": headers})
             async for chunk in reply.iter_chunks():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
         except ClientLeft:
             return Outcome.CLIENT_DISCONNECTED
         except (TimeoutError, UpstreamError) as error:
             log.warning("backend %s failed mid-stream: %s", lease.slot.backend.url, error)
             outcome = Outcome.UPSTREAM_TIMEOUT if isinstance(error, TimeoutError) else Outcome.UPSTREAM_ERROR
             return outcome  # without the final body message the server closes the connection
-        await send({"type": "http.response.body", "body": b""})
+        except asyncio.CancelledError:
+            if not self._drain.absorb_cut():
+                raise
+            return Outcome.DRAINING  # cut mid-answer (the start is out): the connection closes
         return answered(reply.status)
 
     def _watch_disconnect(self, reply: Reply) -> asyncio.Future[None]:

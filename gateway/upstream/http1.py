@@ -268,7 +268,8 @@ class UpstreamClient:
         for task in self._retries:
             task.cancel()
         for connection in list(self._open):
-            connection.abort()
+            # Failed as the gateway's own stop, not as a backend gone: nothing is marked unready.
+            connection.broken(UpstreamBroken("the gateway is stopping"))
         self._idle.clear()
         await asyncio.sleep(0)  # let the transports run connection_lost
 

@@ -10,6 +10,7 @@ import yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
 from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
 
+from gateway.serving import EXIT_GRACE_S
 from gateway.settings import Settings, load_settings, parse_settings
 from tests.deploy.manifests import KUBERNETES, ROOT, only, render
 
@@ -139,7 +140,7 @@ def test_the_grace_period_outlasts_the_pre_stop_pause_and_the_drain(kustomizatio
     pod = only(render(kustomization), "Deployment", "inference-gateway")["spec"]["template"]["spec"]
     pause_s = int(gateway_container(kustomization)["lifecycle"]["preStop"]["exec"]["command"][1])
     drain_s = gateway_settings(kustomization).shutdown.drain_timeout_ms / 1000
-    assert pod["terminationGracePeriodSeconds"] > pause_s + drain_s
+    assert pod["terminationGracePeriodSeconds"] > pause_s + drain_s + EXIT_GRACE_S
 
 
 def test_service_servicemonitor_and_pdb_select_the_gateway_pods():

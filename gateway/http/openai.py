@@ -41,7 +41,9 @@ class OpenAIEndpoint(AdmittedEndpoint):
         if pool is None:
             await self.fail(send, Outcome.UNKNOWN_MODEL, priority=meta.priority, detail=repr(model))
             return
-        await self.admit(scope, receive, send, pool, meta, body)
+        admitted = self.admit(scope, receive, send, pool, meta, body)
+        del body  # the exchange holds it now, and gives it up once it is serialized
+        await admitted
 
 
 # Bodies larger than this are parsed on a worker thread: a 60 MiB body takes the event loop

@@ -21,7 +21,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.client import RawHeaders
@@ -105,6 +105,7 @@ class UpstreamExchange:
 
     __slots__ = (
         "_backend",
+        "_body_in_wire",
         "_budget_at",
         "_forwarder",
         "_pool",
@@ -125,6 +126,8 @@ class UpstreamExchange:
         self._budget_at = None if budget_s is None else forwarder.clock() + budget_s
         self._backend: BackendState | None = None
         self._prepared: tuple[BackendState, bytes] | None = None
+        self._body_in_wire = 0
+        """The body's length when it is held only at the end of the prepared wire."""
         self.on_done: Callable[[float | None], None] | None = None
         self.reply: Reply | None = None
         """Set once the request is sent (or being sent)."""
@@ -211,11 +214,24 @@ class UpstreamExchange:
             self.on_done(service_s)
 
     def _wire(self, backend: BackendState) -> bytes:
-        """The request as `backend` gets it (kept for the backend it was last made for)."""
-        if self._prepared is not None and self._prepared[0] is backend:
-            return self._prepared[1]
-        wire = serialized(self._request, backend)
+        """The request as `backend` gets it (kept for the backend it was last made for).
+
+        A queued request holds one copy of its body: once it is on the wire, as sent under the
+        client's model name, the request keeps no other (bodies can be tens of MiB); a wire for
+        another backend takes it back from there.
+        """
+        prepared, request = self._prepared, self._request
+        if prepared is not None:
+            if prepared[0] is backend:
+                return prepared[1]
+            if self._body_in_wire:
+                request = replace(request, body=prepared[1][-self._body_in_wire :])
+        wire = serialized(request, backend)
         self._prepared = (backend, wire)
+        if request.body and backend.served_model == backend.model:
+            self._body_in_wire, self._request = len(request.body), replace(request, body=b"")
+        else:  # the wire's body is rewritten (OpenAI's `model`), or there is none
+            self._body_in_wire, self._request = 0, request
         return wire
 
 

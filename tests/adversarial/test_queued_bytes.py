@@ -5,6 +5,7 @@ served, and the bytes held go back to 0."""
 import asyncio
 import io
 import json
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -23,8 +24,8 @@ def infer_body(size: int) -> bytes:
     return padded.replace(b'"pad": ""', b'"pad": "' + b"x" * max(0, size - len(padded)) + b'"')
 
 
-def start_gateway_with(start_sim, start_gateway, **limits):
-    sim = start_sim(slots=1, base_ms=400)
+def start_gateway_with(start_sim, start_gateway, base_ms=400, **limits):
+    sim = start_sim(slots=1, base_ms=base_ms)
     config = gateway_config(
         [(sim.url, 1)],
         expected_service_ms=400,
@@ -82,3 +83,34 @@ async def test_a_body_that_gets_a_slot_at_once_is_not_held(start_sim, start_gate
     async with aiohttp.ClientSession() as http:
         status, _, _ = await post(http, gateway, 2 * MIB)
     assert status == 200
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc status")
+
+
+async def test_a_queued_body_is_held_once(start_sim, start_gateway):
+    """The body is kept only in the request as it will go on the wire, not beside it as well: each
+    queued body adds about its size to the gateway's memory, not twice that. (Measured over bodies
+    after the first two, so that the heap the first reads leave behind is not counted.)"""
+    gateway = start_gateway_with(start_sim, start_gateway, base_ms=30_000)
+    pid = gateway.process.pid
+    async with aiohttp.ClientSession() as http:
+        waiting = await fill(http, gateway, [16 * MIB] * 2)
+        before = rss_bytes(pid)
+        waiting += await queue_more(http, gateway, [16 * MIB] * 4, depth=6)
+        grown = rss_bytes(pid) - before
+        for request in waiting:
+            request.cancel()  # the clients leave: their tickets go, the bodies with them
+    # One copy each is 64 MiB, two 128; what the reads leave in the heap comes on top.
+    assert grown < 1.75 * 64 * MIB, f"4 queued 16 MiB bodies took {grown / MIB:.0f} MiB"
+    await eventually(lambda: gateway.metric("gateway_queued_body_bytes", model="sim") == 0)
+
+
+async def queue_more(http, gateway, sizes: list[int], *, depth: int) -> list[asyncio.Task]:
+    queued = [asyncio.ensure_future(post(http, gateway, size)) for size in sizes]
+    await eventually(lambda: gateway.metric("gateway_queue_depth", model="sim", priority="low") == depth)
+    return queued

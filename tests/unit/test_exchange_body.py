@@ -1,0 +1,44 @@
+"""A queued request holds its body once: in the wire prepared for its backend, not beside it."""
+
+import json
+
+from gateway.settings import Backend, Model
+from gateway.upstream.backends import BackendState, ModelPool
+from gateway.upstream.exchange import Forwarder, UpstreamExchange, UpstreamRequest, serialized
+from gateway.upstream.http1 import UpstreamClient
+
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 4096}]}).encode()
+
+
+def backend(url: str, served: str | None = None) -> BackendState:
+    model = Model(name="m", backends=[Backend(url=url, max_concurrency=1, served_model=served)])
+    return BackendState.from_settings(model, model.backends[0])
+
+
+def exchange(*backends: BackendState) -> UpstreamExchange:
+    forwarder = Forwarder(
+        UpstreamClient(), on_unreachable=lambda *_: None, observe_upstream_s=lambda *_: None
+    )
+    request = UpstreamRequest("POST", "/v1/chat/completions", b"", [], BODY, model_in_body=True)
+    return UpstreamExchange(forwarder, ModelPool("m", list(backends)), request, None)
+
+
+def test_the_body_is_held_only_in_the_wire_prepared_at_arrival():
+    only = backend("http://127.0.0.1:1")
+    call = exchange(only)
+    assert call._request.body == b""
+    assert call._wire(only).endswith(BODY)
+
+
+def test_a_wire_for_another_backend_takes_the_body_back_from_the_first():
+    first, renamed, plain = (
+        backend("http://127.0.0.1:1"),
+        backend("http://127.0.0.1:2", "big"),
+        backend("http://127.0.0.1:3"),
+    )
+    call = exchange(first)
+    original = UpstreamRequest("POST", "/v1/chat/completions", b"", [], BODY, model_in_body=True)
+    assert call._wire(renamed) == serialized(original, renamed)  # the served name written in
+    assert json.loads(call._wire(renamed).split(b"\r\n\r\n", 1)[1])["model"] == "big"
+    assert call._wire(plain) == serialized(original, plain)  # and the client's again
+    assert call._wire(first) == serialized(original, first)

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.errors import echoed
 from gateway.flow.admitted import Admission
 from gateway.flow.controller import AdmissionController
 from gateway.flow.drain import Drain
@@ -154,7 +155,8 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp
 
     async def not_found(request: Request, exc: Exception) -> JSONResponse:
         status = exc.status_code if isinstance(exc, HTTPException) else 404
-        message = f"no route for {request.method} {request.url.path}"
+        # scope's path, not request.url: urlsplit caches the URLs it parses, input anyone can send.
+        message = f"no route for {request.method} {echoed(request.scope['path'])}"
         return JSONResponse({"error": message}, status_code=status)
 
     errors = {404: not_found, 405: not_found}

@@ -56,6 +56,13 @@ MAX_DETAIL_CHARS = 200
 """A detail may echo what the client sent (a model name, a header): never more than this of it."""
 
 
+def echoed(text: str) -> str:
+    """`text` as an error message may show it when it comes from the client: cut short."""
+    if len(text) <= MAX_DETAIL_CHARS:
+        return text
+    return text[:MAX_DETAIL_CHARS] + f"... ({len(text)} characters)"
+
+
 def error_response(
     outcome: Outcome,
     style: ErrorStyle,
@@ -68,9 +75,7 @@ def error_response(
         status, body = _plain_error_body(outcome, style)
     else:
         # Not cached: a detail carries request input, and a cache keyed by it is memory anyone can fill.
-        if len(detail) > MAX_DETAIL_CHARS:
-            detail = detail[:MAX_DETAIL_CHARS] + f"... ({len(detail)} characters)"
-        status, body = _error_body(outcome, style, detail)
+        status, body = _error_body(outcome, style, echoed(detail))
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if retry_after_s is not None:
         seconds, millis = header_values(retry_after_s)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.errors import echoed
 from gateway.http.exchange import send_json
 
 OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+INFER_ROUTES = ("/v2/models/{model}/infer", "/v2/models/{model}/versions/{version}/infer")
+"""The KServe routes `v2_infer_params` matches, as route templates (for listings and route sweeps)."""
 _V2_MODELS = "/v2/models/"
 _INFER = "/infer"
 
@@ -45,7 +48,8 @@ class InferenceRoutes:
                 endpoint = self._kserve_infer
             if endpoint is not None:
                 if scope["method"] != "POST":
-                    await send_json(send, 405, {"error": f"{path} takes POST"}, [(b"allow", b"POST")])
+                    message = f"{echoed(path)} takes POST"
+                    await send_json(send, 405, {"error": message}, [(b"allow", b"POST")])
                     return
                 await endpoint(scope, receive, send)
                 return

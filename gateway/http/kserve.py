@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 
 from starlette.requests import Request
@@ -10,7 +11,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import ErrorStyle
-from gateway.flow.drain import Drain
+from gateway.flow.drain import DRAINING_RETRY_S, Drain
 from gateway.flow.readiness import Readiness
 from gateway.http.exchange import read_body, send_response
 from gateway.http.intake import AdmittedEndpoint, upstream_request
@@ -45,7 +46,9 @@ class InferEndpoint(AdmittedEndpoint):
         if isinstance(body, Outcome):
             await self.fail(send, body, model=model, priority=meta.priority)
             return
-        await self.admit(scope, receive, send, pool, meta, body)
+        admitted = self.admit(scope, receive, send, pool, meta, body)
+        del body  # the exchange holds it now, and gives it up once it is serialized
+        await admitted
 
 
 class ModelPassthrough:
@@ -71,6 +74,21 @@ class ModelPassthrough:
         self._no_backend_retry_s = no_backend_retry_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Counted in the drain like admitted requests, so that its cut answers a hung backend's
+        # metadata call with 503 rather than leaving it to the server's cancel (a 500).
+        drain = self._drain
+        drain.started()
+        try:
+            await self._forward(scope, send)
+        except asyncio.CancelledError:
+            if not drain.absorb_cut():
+                raise
+            self._metrics.count("", "", Outcome.DRAINING)  # nothing is sent before the backend answers
+            await self._error(send, Outcome.DRAINING, retry_after_s=DRAINING_RETRY_S)
+        finally:
+            drain.finished()
+
+    async def _forward(self, scope: Scope, send: Send) -> None:
         checked = self._classifier.classify(scope["headers"])  # the key, before the model name
         if isinstance(checked, Problem):
             self._metrics.count("", "", checked.outcome)
@@ -96,7 +114,10 @@ class ModelPassthrough:
             await self._error(send, Outcome.UPSTREAM_ERROR, detail=type(error).__name__)
             return
         headers = downstream_response_headers(reply.headers)
-        headers.append((b"content-length", str(len(body)).encode()))
+        # An answer to HEAD has no body but tells the length the GET's would have.
+        length = reply.content_length if request.method == "HEAD" else len(body)
+        if length is not None:
+            headers.append((b"content-length", str(length).encode()))
         await send_response(send, reply.status, headers, body)
 
     async def _error(

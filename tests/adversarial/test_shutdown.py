@@ -211,7 +211,7 @@ async def _answers_only_health_checks(
         await writer.drain()
 
 
-async def test_a_request_the_drain_does_not_count_holds_neither_the_exit_nor_the_lifespan_shutdown(
+async def test_a_metadata_request_to_a_hung_backend_is_cut_too_and_the_lifespan_shutdown_runs(
     start_gateway,
 ):
     async with ScriptedServer(_answers_only_health_checks) as backend:
@@ -219,8 +219,8 @@ async def test_a_request_the_drain_does_not_count_holds_neither_the_exit_nor_the
         config = gateway_config([(backend_url, 1)], shutdown={"drain_timeout_ms": 500})
         gateway = await asyncio.to_thread(start_gateway, config)  # this loop answers its health checks
         async with aiohttp.ClientSession() as http:
-            # Model metadata takes no slot and is not counted in the drain; the inference is.
-            metadata = asyncio.ensure_future(http.get(gateway.url + "/v2/models/sim"))
+            # Model metadata takes no slot, but the drain counts it like the inference.
+            metadata = asyncio.ensure_future(get_json(http, gateway.url + "/v2/models/sim"))
             inference = asyncio.ensure_future(infer(http, gateway))
             await eventually(
                 lambda: {r.split(b" ", 2)[1] for r in backend.requests} >= {b"/v2/models/sim", PATH.encode()},
@@ -229,12 +229,16 @@ async def test_a_request_the_drain_does_not_count_holds_neither_the_exit_nor_the
             signalled_at = time.monotonic()
             gateway.signal(signal.SIGTERM)
             assert (await inference)[:2] == (503, "draining")
+            assert await metadata == (503, "draining")
             assert await exit_code(gateway, EXIT_BOUND_S) == 0
             assert time.monotonic() - signalled_at < EXIT_BOUND_S
-            metadata.cancel()
-    # The lifespan's shutdown (the store's leave, the loops' stop) still ran, after a bounded wait
-    # for the metadata request's connection.
+    # The lifespan's shutdown (the store's leave, the loops' stop) still ran.
     assert "Application shutdown complete." in gateway.log()
+
+
+async def get_json(http: aiohttp.ClientSession, url: str) -> tuple[int, str]:
+    async with http.get(url) as reply:
+        return reply.status, (await reply.json(content_type=None))["reason"]
 
 
 def _shared_tickets(url: str, prefix: str) -> int:

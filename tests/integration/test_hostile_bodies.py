@@ -54,17 +54,3 @@ async def test_a_large_body_is_parsed_off_the_event_loop_and_served(gateway):
     body = json.dumps({"model": "sim", "max_tokens": 1, "messages": [message]}).encode()
     async with aiohttp.ClientSession() as http:
         assert (await chat(http, gateway, body))[0] == 200
-
-
-async def test_huge_distinct_model_names_are_echoed_short_and_kept_nowhere(gateway):
-    async with aiohttp.ClientSession() as http:
-        warm = b'{"model": "' + b"w" * (2 << 20) + b'"}'
-        await chat(http, gateway, warm)  # the buffers a 2 MiB request needs, once
-        before = rss_bytes(gateway.process.pid)
-        for i in range(300):
-            name = f"{i:04d}".encode() + b"m" * (2 << 20)
-            status, body = await chat(http, gateway, b'{"model": "' + name + b'"}')
-            assert (status, body["error"]["code"]) == (404, "unknown_model")
-            assert len(body["error"]["message"]) < 400  # the name is echoed, cut short
-    grown = rss_bytes(gateway.process.pid) - before
-    assert grown < 50 << 20, f"the gateway grew by {grown >> 20} MiB over 300 distinct 2 MiB names"

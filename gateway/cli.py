@@ -84,6 +84,7 @@ def _gateway_server(settings: Settings, log_level: str, drain_timeout_s: float) 
         create_app(settings, runtime=runtime),
         log_level=log_level,
         limits=settings.limits,
+        backend_files=settings.backend_connections(),
         registry=runtime.metrics.registry,
     )
     return DrainingServer(config, runtime.drain, drain_timeout_s)

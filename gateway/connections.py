@@ -59,10 +59,11 @@ class Cut(StrEnum):
     REFUSED = "refused"  # a new connection at `max_connections`, every other one busy
 
 
-def connections_for(open_files: int) -> int:
-    """Client connections a process with this open-file limit may hold: a quarter of the limit, at
-    least 64, stays free for backend and Redis connections, listeners and files."""
-    return max(16, open_files - max(64, open_files // 4))
+def connections_for(open_files: int, backend_files: int = 0) -> int:
+    """Client connections a process with this open-file limit may hold: a quarter of the limit, and
+    at least the connections its backends and Redis may take (`backend_files`) plus 64 for
+    listeners and files, stays free for them."""
+    return max(16, open_files - max(64 + backend_files, open_files // 4))
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +75,9 @@ class ClientLimits:
     max_connections: int
 
     @classmethod
-    def from_settings(cls, limits: Limits, open_files: int | None = None) -> ClientLimits:
+    def from_settings(
+        cls, limits: Limits, open_files: int | None = None, backend_files: int = 0
+    ) -> ClientLimits:
         if open_files is None:
             soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
             open_files = 1 << 20 if soft == resource.RLIM_INFINITY else soft
@@ -83,7 +86,7 @@ class ClientLimits:
             max_headers=limits.max_headers,
             header_timeout_s=limits.header_timeout_ms / 1000,
             body_timeout_s=limits.body_timeout_ms / 1000,
-            max_connections=limits.max_connections or connections_for(open_files),
+            max_connections=limits.max_connections or connections_for(open_files, backend_files),
         )
 
 
@@ -385,11 +388,11 @@ class ClientConnections:
 _process_connections: ClientConnections | None = None
 
 
-def process_connections(limits: Limits) -> ClientConnections:
+def process_connections(limits: Limits, backend_files: int = 0) -> ClientConnections:
     """The process's one ClientConnections, made on first use: every listener shares it, as they
     share the process's open-file limit."""
     global _process_connections
-    wanted = ClientLimits.from_settings(limits)
+    wanted = ClientLimits.from_settings(limits, backend_files=backend_files)
     if _process_connections is None:
         _process_connections = ClientConnections(wanted)
     elif _process_connections.limits != wanted:

@@ -66,16 +66,18 @@ def uvicorn_config(
     lifespan: str = "on",
     log_level: str = "warning",
     limits: Limits | None = None,
+    backend_files: int = 0,
     registry: CollectorRegistry | None = None,
 ) -> uvicorn.Config:
     """uvicorn's config for one listener. With `limits`, its clients are held to them, together with
-    the process's other listeners (gateway.connections), and `registry` gets the connection counts;
+    the process's other listeners (gateway.connections), leaving the open files `backend_files`
+    names to backend and Redis connections, and `registry` gets the connection counts;
     without (the sim, load tests), uvicorn's own protocol serves as it comes."""
     http: type[asyncio.Protocol] | str = "httptools" if HAS_HTTPTOOLS else "h11"
     if limits is not None:
         from gateway.connections import process_connections
 
-        clients = process_connections(limits)
+        clients = process_connections(limits, backend_files)
         http = clients.protocol
         if registry is not None:
             registry.register(clients)

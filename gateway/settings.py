@@ -350,6 +350,12 @@ class Settings(_Frozen):
         per_model = {m.name: m.max_queued_bytes for m in self.models if m.max_queued_bytes is not None}
         return ByteLimits(self.limits.max_queued_bytes, per_model)
 
+    def backend_connections(self) -> int:
+        """The most connections the configured backends and Redis may take: a slot each, and the
+        Redis pool (backends discovered by DNS or Triton count once, or not at all)."""
+        slots = sum(b.max_concurrency or 0 for m in self.models for b in m.backends)
+        return slots + (self.store.pool_size if self.store.kind == "redis" else 0)
+
     def api_key_digests(self) -> dict[bytes, Tenant]:
         """Tenants by the SHA-256 of their keys, so lookups never compare secrets directly."""
         return {key_digest(key): t for t in self.tenants for key in t.api_keys}

@@ -83,3 +83,9 @@ def test_the_431_body_is_shaped_like_the_gateway_errors_of_each_style():
     openai = json.loads(refusal_body(Cut.TOO_MANY_HEADERS, limits, openai=True))["error"]
     assert (openai["type"], openai["code"]) == ("invalid_request_error", "too_many_headers")
     assert "more than 100" in openai["message"]
+
+
+def test_the_default_cap_leaves_room_for_the_backends_and_redis():
+    assert connections_for(1024, backend_files=8) == 768  # the quarter is room enough
+    assert connections_for(1024, backend_files=400) == 1024 - 464
+    assert connections_for(1024, backend_files=5000) == 16  # the floor: raise the limit

@@ -177,14 +177,12 @@ class Limits(_Frozen):
     max_headers: int = Field(100, ge=8, le=10_000)
     """Header fields per request; more is answered 431."""
     header_timeout_ms: PositiveMs = 10_000.0
-    """A request's line and headers must arrive within this long of its first byte (or, on a new
-    connection, of the connection): slow or silent sockets are closed."""
+    """A request's head must arrive within this long of its first byte (of a new connection's start)."""
     body_timeout_ms: PositiveMs = 60_000.0
     """A request's body must arrive within this long of its headers."""
     max_connections: int | None = Field(None, ge=16)
-    """Client connections held at once, both listeners together. Default: from the open-file limit,
-    leaving room for backend and Redis connections. At the limit, the connection that has waited
-    longest without a request in progress is closed to make room."""
+    """Client connections at once, both listeners together (default: from the open-file limit); at
+    it, the one waiting longest without a request in progress is closed for a new one."""
     max_queued_bytes: int = Field(512 * 1024 * 1024, ge=1)
     """The most request-body bytes one replica holds queued, all models together; a request that
     would go beyond is refused 429 queue_full with Retry-After."""
@@ -351,8 +349,7 @@ class Settings(_Frozen):
         return ByteLimits(self.limits.max_queued_bytes, per_model)
 
     def backend_connections(self) -> int:
-        """The most connections the configured backends and Redis may take: a slot each, and the
-        Redis pool (backends discovered by DNS or Triton count once, or not at all)."""
+        """Connections the backends (a slot each, as configured) and the Redis pool may take."""
         slots = sum(b.max_concurrency or 0 for m in self.models for b in m.backends)
         return slots + (self.store.pool_size if self.store.kind == "redis" else 0)
 

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from gateway.connections import connections_for
+from gateway.settings import parse_settings
 from tests.adversarial.slow_client_support import (
     INFER_BODY,
     INFER_PATH,
@@ -196,7 +197,7 @@ async def test_under_a_low_open_file_limit_idle_sockets_give_way_to_probes_and_r
     launcher.started.append(gateway)
     gateway.wait_ready()
     assert open_file_limit(gateway.process.pid) == open_files
-    held = connections_for(open_files)
+    held = connections_for(open_files, parse_settings(config).backend_connections())
     assert gateway.metric("gateway_client_connections_max") == held
 
     silent = [await connect(gateway) for _ in range(open_files)]

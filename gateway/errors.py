@@ -29,6 +29,10 @@ _RATE = "rate_limit_error"
 _INVALID = "invalid_request_error"
 _SERVER = "server_error"
 
+NOT_RETRYABLE = frozenset({Outcome.BUDGET_TOO_SMALL})
+"""Refusals that say so (`x-should-retry: false`, which the openai SDK obeys): the same request
+would be refused again whatever the load."""
+
 ERRORS: dict[Outcome, ErrorSpec] = {
     Outcome.QUEUE_FULL: ErrorSpec(429, _RATE, "the queue for this priority class is full"),
     Outcome.DEADLINE_UNMEETABLE: ErrorSpec(429, _RATE, "the request cannot be served within its deadline"),
@@ -44,6 +48,9 @@ ERRORS: dict[Outcome, ErrorSpec] = {
     Outcome.UNAUTHORIZED: ErrorSpec(401, "authentication_error", "missing or unknown API key"),
     Outcome.UNKNOWN_MODEL: ErrorSpec(404, _INVALID, "unknown model"),
     Outcome.BODY_TOO_LARGE: ErrorSpec(413, _INVALID, "request body too large"),
+    Outcome.BUDGET_TOO_SMALL: ErrorSpec(
+        400, _INVALID, "X-Request-Timeout-Ms is below what the model needs even with no queue"
+    ),
     # Never rendered by the gateway: the backend's own answer passes through.
     Outcome.BACKEND_CLIENT_ERROR: ErrorSpec(400, _INVALID, "the backend refused the request"),
     Outcome.BACKEND_SERVER_ERROR: ErrorSpec(500, _SERVER, "the backend failed the request"),
@@ -80,6 +87,8 @@ def error_response(
     if retry_after_s is not None:
         seconds, millis = header_values(retry_after_s)
         headers += [(b"retry-after", seconds.encode()), (b"retry-after-ms", millis.encode())]
+    if outcome in NOT_RETRYABLE:
+        headers.append((b"x-should-retry", b"false"))
     return status, headers, body
 
 

@@ -82,6 +82,19 @@ def allowed_wait_s(request: AdmissionRequest, throughput: Throughput, safety_sig
     return allowed
 
 
+def budget_hopeless(request: AdmissionRequest, throughput: Throughput, safety_sigmas: float) -> bool:
+    """The client's budget is below the service allowance: no queue, however short, leaves room."""
+    return request.budget_s is not None and request.budget_s < service_allowance_s(throughput, safety_sigmas)
+
+
+def min_budget_s(stats: QueueStats, throughput: Throughput, band: int, safety_sigmas: float) -> float:
+    """The smallest budget admission would accept now for `band`: the service allowance plus the
+    cautious wait for the work queued ahead of it."""
+    work = work_to_drain(stats, band, throughput.handover_cost)
+    wait = cautious_wait_s(work, throughput, band, safety_sigmas) if work > 0 else 0.0
+    return service_allowance_s(throughput, safety_sigmas) + wait
+
+
 def cautious_wait_s(work: float, throughput: Throughput, band: int, safety_sigmas: float) -> float:
     """The wait for `work` to be handed to `band`, `safety_sigmas` deviations above its mean."""
     band_drain = band_drain_rate_per_s(throughput, band)

@@ -28,6 +28,8 @@ class Outcome(StrEnum):
     UNAUTHORIZED = "unauthorized"
     UNKNOWN_MODEL = "unknown_model"
     BODY_TOO_LARGE = "body_too_large"
+    BUDGET_TOO_SMALL = "budget_too_small"
+    """The client's budget is below what even an idle pool needs: no retry can help."""
     CLIENT_DISCONNECTED = "client_disconnected"
 
 

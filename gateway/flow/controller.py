@@ -10,6 +10,7 @@ once.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,7 +27,9 @@ from policies.admission import (
     AdmissionRequest,
     Reject,
     allowed_wait_s,
+    budget_hopeless,
     max_work,
+    min_budget_s,
     refuse,
 )
 from policies.outcomes import Outcome
@@ -48,6 +51,7 @@ class Lease:
 class Refusal:
     outcome: Outcome
     retry_after_s: float | None = None
+    detail: str | None = None
 
 
 class SignalView(Protocol):
@@ -115,6 +119,8 @@ class AdmissionController:
         # Work the backends hold for other clients is ahead of every band: it comes off the
         # limit the store checks atomically.
         external = int(self._signals.external_waiting(model)) * throughput.handover_cost
+        if budget_hopeless(request, throughput, self._admission.safety_sigmas):
+            return self._hopeless(model, request, throughput)
         if (shed := self._shed(model, request, throughput, external)) is not None:
             return shed
         if body_bytes and (excess := self._queued_bytes.hold(model, body_bytes)) > 0:
@@ -200,6 +206,12 @@ class AdmissionController:
         if service_s is not None:
             self._store.record_service(slot.model, service_s)
         return self._store.release_soon(slot, self._clock())
+
+    def _hopeless(self, model: str, request: AdmissionRequest, throughput: Throughput) -> Refusal:
+        """No Retry-After: the budget is too small for any load; the body says what would do now."""
+        stats = self._store.stats(model)
+        need_s = min_budget_s(stats, throughput, request.band, self._admission.safety_sigmas)
+        return Refusal(Outcome.BUDGET_TOO_SMALL, None, f"at least {math.ceil(need_s * 1000)} ms would do now")
 
     def _too_many_bytes(
         self, model: str, request: AdmissionRequest, throughput: Throughput, excess: int

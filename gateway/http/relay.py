@@ -76,7 +76,12 @@ class Relay:
 
     async def refuse(self, refusal: Refusal) -> None:
         await send_error(
-            self._send, self._style, refusal.outcome, self._drain, retry_after_s=refusal.retry_after_s
+            self._send,
+            self._style,
+            refusal.outcome,
+            self._drain,
+            detail=refusal.detail,
+            retry_after_s=refusal.retry_after_s,
         )
 
     async def answer(self, lease: Lease) -> Outcome:

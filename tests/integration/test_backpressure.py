@@ -4,6 +4,7 @@ import asyncio
 import time
 
 import aiohttp
+import openai
 import pytest
 
 from tests.eventually import eventually
@@ -121,14 +122,34 @@ async def test_request_leaves_the_queue_with_429_when_its_time_runs_out(
     assert sim.stats()["completed"] == 1
 
 
-async def test_unmeetable_budget_is_refused_at_arrival(start_sim, start_gateway):
+async def test_a_budget_no_pool_can_meet_is_refused_at_arrival_without_inviting_a_retry(
+    start_sim, start_gateway
+):
     sim = start_sim(slots=1, base_ms=40)
     gateway = start_gateway(gateway_config([(sim.url, 1)], expected_service_ms=40))
     async with session() as http:
         status, headers, body = await infer(http, gateway, **{"X-Request-Timeout-Ms": "10"})
-    assert status == 429 and body["reason"] == "deadline_unmeetable"
-    assert "Retry-After" in headers and "retry-after-ms" in headers
+    assert status == 400 and body["reason"] == "budget_too_small"
+    assert "Retry-After" not in headers and "retry-after-ms" not in headers
+    assert headers["x-should-retry"] == "false"
+    # The idle pool's need: the 40 ms expected (no spread is known before any is measured).
+    assert "at least 40 ms would do now" in body["error"]
     assert sim.stats()["completed"] == 0
+
+
+async def test_the_openai_client_does_not_retry_a_hopeless_budget(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=40)
+    gateway = start_gateway(gateway_config([(sim.url, 1)], expected_service_ms=40))
+    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=2)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(
+            model="sim",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"X-Request-Timeout-Ms": "10"},
+        )
+    await client.close()
+    assert refused.value.code == "budget_too_small"
+    assert gateway.metric_by("gateway_requests_total", "outcome", model="sim") == {"budget_too_small": 1.0}
 
 
 async def test_client_disconnect_while_queued_frees_everything(start_sim, start_gateway):

@@ -10,9 +10,11 @@ from policies.admission import (
     Admit,
     Reject,
     allowed_wait_s,
+    budget_hopeless,
     cautious_wait_s,
     decide,
     max_work,
+    min_budget_s,
     refuse,
     service_allowance_s,
 )
@@ -196,3 +198,25 @@ def test_work_limit_is_the_most_work_that_fits(request, flow, config):
 def test_a_margin_never_admits_more(request, flow):
     exact = max_work(request, flow, EXACT)
     assert max_work(request, flow, CAUTIOUS) <= exact + 1e-12 * abs(exact)
+
+
+def test_a_budget_below_the_service_allowance_is_hopeless_and_one_above_is_not():
+    spread = replace(FLOW, service_spread_s=0.01)  # allowance: 40 ms + 2 x 10 ms
+    assert budget_hopeless(replace(HIGH, budget_s=0.059), spread, 2.0)
+    assert not budget_hopeless(replace(HIGH, budget_s=0.061), spread, 2.0)
+    assert not budget_hopeless(HIGH, spread, 2.0)  # no budget, nothing to be hopeless about
+
+
+@given(st.integers(0, 200), st.integers(0, 200), st.floats(0.0, 3.0))
+def test_the_smallest_budget_accepted_now_grows_with_the_work_ahead_and_is_accepted(ahead, more, sigmas):
+    def need(queued: int) -> float:
+        return min_budget_s(QueueStats(queued_by_band=(queued, 0), free_slots=0), FLOW, 0, sigmas)
+
+    assert need(ahead) <= need(ahead + more)
+    assert need(ahead) >= service_allowance_s(FLOW, sigmas)
+    budget = need(ahead) * (1 + 1e-9)
+    request = AdmissionRequest(band=0, max_queue_wait_s=1e9, budget_s=budget)
+    config = AdmissionConfig(safety_sigmas=sigmas, retry=RETRY)
+    assert isinstance(
+        decide(request, QueueStats(queued_by_band=(ahead, 0), free_slots=0), FLOW, 0.0, config), Admit
+    )

@@ -41,6 +41,8 @@ class RequestMeta:
     flow_tenant: str = ""
     """The tenant whose flow the request joins: a configured tenant's name, or "" for the one
     default flow (an unchecked X-Tenant value never makes a flow of its own)."""
+    retry: bool = False
+    """The client says this is a retry (of a refused or failed request)."""
 
 
 class SlotWork(Protocol):
@@ -138,6 +140,8 @@ class AdmittedCall:
     async def run(self) -> None:
         """Admit, wait, relay, release; count the outcome."""
         admission, pool = self._admission, self._pool
+        if self._meta.retry:
+            admission.metrics.count_retry(pool.name, self._meta.priority)
         if admission.drain.draining:
             refusal = Refusal(Outcome.DRAINING, DRAINING_RETRY_S)
         elif not pool.any_ready:

@@ -2,7 +2,8 @@
 
 - `Authorization: Bearer <key>` names the tenant when keys are configured (else `X-Tenant`);
 - `X-Priority: <class>` picks the class, capped by the tenant's `max_priority`;
-- `X-Request-Timeout-Ms: <int>` is the client's whole budget.
+- `X-Request-Timeout-Ms: <int>` is the client's whole budget;
+- `x-stainless-retry-count` (the openai SDK's) or `X-Retry-Attempt` above 0 marks a retry.
 """
 
 from __future__ import annotations
@@ -16,6 +17,15 @@ from policies.outcomes import Outcome
 MAX_BUDGET_MS = 86_400_000
 MAX_TENANT_BYTES = 128
 MAX_AUTHORIZATION_BYTES = 1024
+
+
+_RETRY_HEADERS = frozenset({b"x-stainless-retry-count", b"x-retry-attempt"})
+
+
+def _counts_a_retry(value: bytes) -> bool:
+    """A retry count above 0; anything else (0, junk) is not taken as one."""
+    text = value.strip()
+    return text.isdigit() and len(text) <= 9 and int(text) > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +44,7 @@ class RequestClassifier:
 
     def classify(self, headers: list[tuple[bytes, bytes]]) -> RequestMeta | Problem:
         priority = authorization = tenant_name = timeout = None
+        retry = False
         for key, value in headers:
             if key == b"x-priority":
                 priority = value
@@ -43,6 +54,8 @@ class RequestClassifier:
                 tenant_name = value
             elif key == b"x-request-timeout-ms":
                 timeout = value
+            elif key in _RETRY_HEADERS:
+                retry = retry or _counts_a_retry(value)
 
         cap_band = 0
         tenant: str | None = None
@@ -84,7 +97,7 @@ class RequestClassifier:
             budget_s = int(text) / 1000
         # Tenants are configured only with keys: then the tenant is a configured name.
         flow_tenant = (tenant or "") if self._tenants_by_digest else ""
-        return RequestMeta(self._class_names[band], band, tenant, budget_s, flow_tenant)
+        return RequestMeta(self._class_names[band], band, tenant, budget_s, flow_tenant, retry)
 
     def _tenant_for(self, authorization: bytes | None) -> Tenant | None:
         if authorization is None or len(authorization) > MAX_AUTHORIZATION_BYTES:

@@ -37,6 +37,13 @@ class GatewayMetrics:
             ["model", "priority", "outcome"],
             registry=registry,
         )
+        self.retries = Counter(
+            "gateway_retries",
+            "Requests that say they retry a refused or failed one (x-stainless-retry-count or "
+            "X-Retry-Attempt above 0), counted as they arrive.",
+            ["model", "priority"],
+            registry=registry,
+        )
         self.queue_wait = Histogram(
             "gateway_queue_wait_seconds",
             "Time from arrival until a backend slot was granted, for requests that got one.",
@@ -89,6 +96,9 @@ class GatewayMetrics:
 
     def count(self, model: str, priority: str, outcome: Outcome) -> None:
         self._child(self.requests, model, priority, outcome.value).inc()
+
+    def count_retry(self, model: str, priority: str) -> None:
+        self._child(self.retries, model, priority).inc()
 
     def observe_queue_wait(self, model: str, priority: str, seconds: float) -> None:
         self._child(self.queue_wait, model, priority).observe(seconds)

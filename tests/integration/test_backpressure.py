@@ -1,6 +1,7 @@
 """Admission and queueing against a real simulated backend: priority, 429s, expiry, disconnects, caps."""
 
 import asyncio
+import json
 import time
 
 import aiohttp
@@ -8,7 +9,7 @@ import openai
 import pytest
 
 from tests.eventually import eventually
-from tests.integration.servers import gateway_config
+from tests.integration.servers import gateway_config, http_post
 
 pytestmark = pytest.mark.anyio
 INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
@@ -150,6 +151,19 @@ async def test_the_openai_client_does_not_retry_a_hopeless_budget(start_sim, sta
     await client.close()
     assert refused.value.code == "budget_too_small"
     assert gateway.metric_by("gateway_requests_total", "outcome", model="sim") == {"budget_too_small": 1.0}
+
+
+async def test_the_openai_clients_retries_are_counted_as_retries(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=5)
+    gateway = start_gateway(gateway_config([(sim.url, 1)]))
+    assert http_post(sim.url + "/sim/fault", json.dumps({"status": 503}).encode())[0] == 200
+    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=2)
+    with pytest.raises(openai.InternalServerError):  # the backend's 503, passed through, retried twice
+        await client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}])
+    await client.close()
+    assert gateway.metric_by("gateway_retries_total", "priority", model="sim") == {"low": 2.0}
+    outcomes = gateway.metric_by("gateway_requests_total", "outcome", model="sim")
+    assert outcomes == {"backend_server_error": 3.0}
 
 
 async def test_client_disconnect_while_queued_frees_everything(start_sim, start_gateway):

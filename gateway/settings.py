@@ -46,8 +46,7 @@ class Listen(_Frozen):
 
 class Store(_Frozen):
     kind: Literal["memory", "redis"] = "memory"
-    url: str | None = None
-    """redis://host:port/db, required for kind: redis."""
+    url: str | None = None  # redis://host:port/db, required for kind: redis
     key_prefix: str = Field("gw", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     lease_ttl_ms: PositiveMs = 5000.0
     """A replica that stops renewing its slots loses them after this long."""
@@ -58,6 +57,9 @@ class Store(_Frozen):
     """local: fall back to in-memory queues with a share of the slots; reject: answer 503."""
     replicas: int = Field(1, ge=1, le=10_000)
     """How many gateway replicas share the backends: the local fallback gets slots / replicas."""
+    fallback_max_ms: PositiveMs = 30_000.0
+    """local: a replica cut off from Redis serves from its fallback at most this long after its last
+    heartbeat, then answers 503; the others keep its slots reserved that long + upstream_timeout_ms."""
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> Store:
@@ -110,10 +112,8 @@ class Backend(_Frozen):
     health_path: str | None = None
     """Defaults by kind: /v2/health/ready, /v2/models/{model}/ready, /health ({model}: served name)."""
     on_abandon: Literal["abort", "drain"] | None = None
-    """When a request's client leaves or its budget runs out before the answer ends: abort closes
-    the connection (the backend must stop on disconnect, as vLLM does), drain reads the answer to
-    its end. Either way the slot stays held until the backend has stopped. Default by kind:
-    vllm abort, kserve and triton drain."""
+    """A request whose client left: abort closes the connection (for backends that stop on it, vllm's
+    default), drain reads the answer to its end (kserve, triton); the slot is held till then."""
     keepalive_ms: PositiveMs = 1500.0
     """Idle pooled connections older than this are not reused: keep it below the backend's own
     idle timeout (gunicorn 2 s, uvicorn 5 s)."""

@@ -71,6 +71,7 @@ def configured_store(
         on_failure=failed,
         close_clients=True,
         expected_replicas=config.replicas,
+        fallback_max_s=config.fallback_max_ms / 1000 if config.on_store_failure == "local" else 0.0,
     )
     local = MemoryQueue(
         pools, bands, settings.estimation, ordering=settings.ordering, slot_divisor=config.replicas

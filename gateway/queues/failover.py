@@ -1,16 +1,21 @@
 """FailoverQueue: the shared Redis store while Redis answers, and a configured fallback when not.
 
-`on_store_failure: local` keeps serving from in-memory queues with this replica's share of each
-backend's slots (max_concurrency / replicas), so that replicas cut off from Redis together still
-stay within the backends' limits; `reject` answers 503 + Retry-After instead. Either way the switch
-is logged once and exported as `gateway_store_up 0`.
+`on_store_failure: local` keeps serving from in-memory queues on the capacity of the leases this
+replica still holds for requests when it notices that Redis is gone: per backend, at most as many
+requests at once as it holds leases there, and never more than its share (max_concurrency /
+replicas). Redis keeps those leases counted (the replica frees none while cut off, and the others
+reserve an absent replica's leases), so the replicas together never exceed a backend's slots,
+whether one replica is cut off or all of them are. It serves so for at most `fallback_max_s` after
+its last heartbeat, then answers 503 until Redis is back: the others hold its leases that long,
+and as long again as a request may run, and then take them back. A replica that holds nothing
+(one that never reached Redis) serves nothing. `reject` answers 503 + Retry-After at once. Either
+way the switch is logged once and exported as `gateway_store_up 0`.
 
-When Redis answers again: the replica rejoins (its stale tickets and unused leases are dropped),
-new requests go to Redis, and while the fallback still has work in flight this replica holds its
-share of the shared slots as leases, so that the two stores together never hand out more slots
-than a backend has. Requests waiting in Redis when it fails move to the fallback queue (or get
-503 under `reject`); requests in flight finish either way, and a lease whose release cannot reach
-Redis expires with its TTL, so no slot stays counted.
+When Redis answers again: the replica rejoins (its stale tickets and unused leases are dropped,
+the leases it still uses renewed), new requests go to Redis, and while the fallback still has work
+this replica holds what the fallback may use as leases, so that the two stores together never hand
+out more slots than a backend has. Requests waiting in Redis when it fails move to the fallback
+queue (or get 503); requests in flight finish either way.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from redis.exceptions import RedisError
 from gateway.queues.base import Batching, Flow, Offer, Slot, Ticket, Unavailable
 from gateway.queues.memory import MemoryQueue
 from gateway.queues.redis import RedisQueue
+from gateway.queues.redis_presence import Holding
 from gateway.supervision import Loop, Supervisor
 from gateway.upstream.backends import ModelPool
 from policies.outcomes import Outcome
@@ -62,6 +68,11 @@ class FailoverQueue:
         self._stopping = False
         self._probe: Loop | None = None
         self._reservations: Loop | None = None
+        self._serving_until: dict[str, float] = {}
+        """Per model, while Redis is lost: until when the fallback may start work."""
+        self._ended: set[str] = set()
+        """Models the fallback stopped serving (until Redis is back)."""
+        self._timers: list[asyncio.TimerHandle] = []
 
     @property
     def supervisor(self) -> Supervisor:
@@ -73,18 +84,20 @@ class FailoverQueue:
         if not self.up:
             return
         self.up = False
+        holdings = self._redis.detach()
         self._on_state(False)
         log.error("Redis unreachable (%r): %s", error, self._fallback_words())
-        if self._mode == "local":
-            # What this replica still runs on shared slots counts against its local share first:
-            # cut off from the others, it can only keep its own part of each backend.
-            for slot in self._redis.in_flight():
-                if not slot.charged:
-                    slot.charged = True
-                    self._local.charge(slot)
         now = self._clock()
+        if self._mode == "local":
+            for model, holding in holdings.items():
+                # What this replica still runs on shared slots counts against its fallback first.
+                for slot in holding.slots:
+                    if not slot.charged:
+                        slot.charged = True
+                        self._local.charge(slot)
+                self._open_fallback(model, holding, now)
         for ticket in self._redis.abandon():
-            if self._mode == "local":
+            if self._serving(ticket.model):
                 self._local.adopt(ticket, now)
             else:
                 ticket.interrupt(Outcome.STORE_UNAVAILABLE)
@@ -103,6 +116,7 @@ class FailoverQueue:
 
     async def stop(self) -> None:
         self._stopping = True  # a failure from here on starts no probe
+        self._cancel_timers()
         for loop in (self._probe, self._reservations):
             if loop is not None:
                 loop.cancel()
@@ -135,12 +149,13 @@ class FailoverQueue:
                 return await self._redis.offer(flow, cost, allowed_wait_s, max_work, now, batching)
             except RedisError as error:
                 self.redis_failed(error)
-        if self._mode == "reject":
+        if not self._serving(flow.model):
             return Unavailable(retry_after_s=self._probe_interval_s)
         return await self._local.offer(flow, cost, allowed_wait_s, max_work, now, batching)
 
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
         if not ticket.id:
+            self._serving(ticket.model)  # ends the fallback first when its time ran out
             await self._local.withdraw(ticket, outcome)
             return
         try:
@@ -148,9 +163,13 @@ class FailoverQueue:
         except RedisError as error:
             ticket.interrupt(outcome)
             self.redis_failed(error)
+        if not ticket.wakeup.cancelled() and isinstance(slot := ticket.wakeup.result(), Slot):
+            if slot.released:  # granted meanwhile and given back through the Redis store
+                self._discharge(slot)
 
     async def release(self, slot: Slot, now: float) -> None:
         if not slot.lease:
+            self._serving(slot.model)
             await self._local.release(slot, now)
             return
         self._discharge(slot)
@@ -161,26 +180,77 @@ class FailoverQueue:
 
     def release_soon(self, slot: Slot, now: float) -> bool:
         if not slot.lease:
+            self._serving(slot.model)
             return self._local.release_soon(slot, now)
         self._discharge(slot)
         return self._redis.release_soon(slot, now)
 
     def _discharge(self, slot: Slot) -> None:
-        if slot.charged and not slot.released:
+        if slot.charged:
             slot.charged = False
+            self._serving(slot.model)
             self._local.discharge(slot)
 
     def backends_changed(self, model: str) -> None:
+        self._serving(model)
         self._local.backends_changed(model)
         if self.up:
             self._redis.backends_changed(model)
+
+    # -- the fallback's time ------------------------------------------------------------------------
+
+    def _open_fallback(self, model: str, holding: Holding, now: float) -> None:
+        """Serve `model` from the fallback on the leases Redis still counts for this replica, until
+        the others may stop holding them."""
+        self._local.limit(model, holding.leases)
+        until = self._serving_until[model] = holding.serve_until
+        self._ended.discard(model)
+        if until > now and any(holding.leases.values()):
+            loop = asyncio.get_running_loop()
+            self._timers.append(loop.call_later(until - now, self._serving, model))
+        else:
+            self._end_fallback(model)
+
+    def _serving(self, model: str) -> bool:
+        """Whether the fallback may start work on `model` now; it ends once its time ran out.
+
+        Checked before every step that could grant a slot, besides the timer, since the event loop
+        may run that timer late.
+        """
+        if self.up or self._mode == "reject" or model in self._ended or model not in self._serving_until:
+            return False
+        if self._clock() >= self._serving_until[model]:
+            self._end_fallback(model)
+            return False
+        return True
+
+    def _end_fallback(self, model: str) -> None:
+        if model in self._ended:
+            return
+        self._ended.add(model)
+        self._local.limit(model, {})
+        self._local.refuse_waiting(model, Outcome.STORE_UNAVAILABLE)
+        log.warning(
+            "model %s: not serving from the fallback (no leases to serve on, or %.0f s since the "
+            "last heartbeat): 503 until Redis is back",
+            model,
+            self._redis.fallback_max_s,
+        )
+
+    def _cancel_timers(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
 
     # -- recovery --------------------------------------------------------------------------------
 
     def _fallback_words(self) -> str:
         if self._mode == "reject":
             return "answering 503 until it is back"
-        return f"serving from local queues with 1/{self._divisor} of each backend's slots"
+        return (
+            f"serving from local queues on the slots this replica holds (at most 1/{self._divisor} "
+            f"of each backend's), for {self._redis.fallback_max_s:.0f} s after its last heartbeat"
+        )
 
     def _start_probe(self) -> None:
         if not self._stopping and (self._probe is None or self._probe.finished):
@@ -191,30 +261,28 @@ class FailoverQueue:
         while True:
             await asyncio.sleep(self._probe_interval_s)
             try:
-                share = {pool.name: self._local_share_in_use(pool) for pool in self._pools}
-                reserved = await self._redis.rejoin(share)
+                # What the fallback may still use stays held, as leases, until it is idle.
+                reserve = {pool.name: self._local.reservation(pool.name) for pool in self._pools}
+                reserved = await self._redis.rejoin(reserve)
             except RedisError:
                 continue
             break
         self.up = True
+        self._cancel_timers()
+        self._serving_until.clear()
+        self._ended.clear()
         self._on_state(True)
         log.warning("Redis is back: new requests use the shared queue again")
-        if any(reserved.values()) and not self._stopping:
+        if reserved and not self._stopping:
             self._reservations = self.supervisor.start_soon(
                 "redis_share", functools.partial(self._return_share, reserved)
             )
 
-    def _local_share_in_use(self, pool: ModelPool) -> dict[str, int]:
-        """The fallback's share of each backend, while it still has work: that much stays reserved."""
-        if self._local.is_idle(pool.name):
-            return {}
-        return {b.url: max(1, b.max_concurrency // self._divisor) for b in pool.backends}
-
-    async def _return_share(self, reserved: dict[str, list[str]], *, task_status: TaskStatus[None]) -> None:
+    async def _return_share(self, reserved: set[str], *, task_status: TaskStatus[None]) -> None:
         """Hold the reserved leases until the fallback's last request is done, then free them."""
         task_status.started()
         for model in list(reserved):
             await self._local.wait_idle(model)
-            with contextlib.suppress(RedisError):  # unreleased leases expire with their TTL
-                await self._redis.release_leases(model, reserved[model])
-            del reserved[model]  # a restart after a crash goes on with the models left
+            with contextlib.suppress(RedisError):  # unreleased leases lapse: no beat names them
+                await self._redis.release_reserved(model)
+            reserved.discard(model)  # a restart after a crash goes on with the models left

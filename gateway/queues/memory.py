@@ -3,7 +3,8 @@
 Everything runs on one event loop and no method awaits, so each operation is atomic by
 construction. Each band keeps a heap per flow; withdrawn tickets stay in their heap until they
 reach its top (lazy deletion), while the band's count and work cover only live ones. As the fallback
-of a shared store, it uses only this replica's share of each backend's slots (`slot_divisor`).
+of a shared store, it uses at most this replica's share of each backend's slots (`slot_divisor`),
+and no more than the shared store still counts for it (`limit`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from policies.wait import QueueStats, Throughput, work_before_grant
 _HeapEntry = tuple[float, int, Ticket]
 
 
+def fallback_share(slots: int, divisor: int) -> int:
+    """The slots of a backend that one of `divisor` replicas may use from its fallback store."""
+    return max(1, slots // divisor) if slots else 0
+
+
 @dataclass(slots=True, eq=False)
 class _Capacity:
     """This store's share of one backend's slots, and how many of them are in use."""
@@ -35,11 +41,13 @@ class _Capacity:
     inflight: int = 0
     departed: bool = False
     """The backend left the pool: its slots in use still count, none is handed out."""
+    limit: int | None = None
+    """At most this many, below the share (see MemoryQueue.limit)."""
 
     @property
     def max_concurrency(self) -> int:
-        slots = self.backend.max_concurrency  # may be discovered later, or change
-        return max(1, slots // self.divisor) if slots else 0
+        share = fallback_share(self.backend.max_concurrency, self.divisor)  # may be discovered later
+        return share if self.limit is None else min(share, self.limit)
 
     @property
     def ready(self) -> bool:
@@ -63,6 +71,8 @@ class _ModelQueue:
     def __init__(self, pool: ModelPool, bands: int, estimation: Estimation, slot_divisor: int) -> None:
         self.pool = pool
         self.slot_divisor = slot_divisor
+        self.limits: dict[str, int] | None = None
+        """Backend url -> slots at most (MemoryQueue.limit); a backend not named gets none."""
         self.capacity: list[_Capacity] = []
         self.capacity_of: dict[BackendState, _Capacity] = {}
         self.follow_backends()
@@ -90,6 +100,8 @@ class _ModelQueue:
         """Match the pool's backends, which endpoint discovery may change; a backend that left
         keeps its count until its last slot comes back."""
         current = {b: self.capacity_of.get(b) or _Capacity(b, self.slot_divisor) for b in self.pool.backends}
+        for backend, capacity in current.items():
+            capacity.limit = None if self.limits is None else self.limits.get(backend.url, 0)
         for backend, capacity in self.capacity_of.items():
             if backend not in current and capacity.inflight:
                 capacity.departed = True
@@ -268,6 +280,32 @@ class MemoryQueue:
         self._dispatch(queue, now=None)
         queue.wake_if_idle()
 
+    def limit(self, model: str, slots: dict[str, int]) -> None:
+        """Use at most `slots[url]` of each backend (within the share), none of a backend not named.
+
+        As a fallback, so that it never uses more than the shared store still counts for it.
+        """
+        queue = self._models[model]
+        queue.limits = dict(slots)
+        queue.follow_backends()
+        self._dispatch(queue, now=None)
+
+    def refuse_waiting(self, model: str, outcome: Outcome) -> None:
+        """End every wait for `model` with `outcome`."""
+        queue = self._models[model]
+        while tickets := queue.pop_next():
+            for ticket in tickets:
+                ticket.interrupt(outcome)
+        queue.wake_if_idle()
+
+    def reservation(self, model: str) -> dict[str, int]:
+        """Backend url -> the slots this store may still use, while it has work: what a shared
+        store must hold for it (empty once it is idle)."""
+        queue = self._models[model]
+        if queue.idle:
+            return {}
+        return {c.backend.url: max(c.max_concurrency, c.inflight) for c in queue.capacity}
+
     def is_idle(self, model: str) -> bool:
         return self._models[model].idle
 
@@ -318,9 +356,7 @@ class MemoryQueue:
         if queue.pool.any_ready:
             self._dispatch(queue, now=None)
             return
-        while tickets := queue.pop_next():
-            for ticket in tickets:
-                ticket.interrupt(Outcome.NO_BACKEND)
+        self.refuse_waiting(model, Outcome.NO_BACKEND)
 
     def _dispatch(self, queue: _ModelQueue, now: float | None) -> int:
         """Hand free slots to waiters, most urgent first; returns how many slots were handed over.

@@ -9,8 +9,9 @@ named fields (gateway.queues.redis_codec).
 - Grants: the script that frees a slot takes the next ticket (or a batch of one flow) and pushes
   the grant onto the owning replica's list; each replica waits on its lists with BLMPOP on its own
   connection (no polling). gateway.queues.redis_grants keeps each replica's side of it.
-- Leases: a slot is a lease with a TTL, renewed by its replica's heartbeat. The reaper, run by every
-  replica, frees the leases and purges the queued tickets of a replica that stopped beating.
+- Leases: a slot is a lease with a TTL, renewed by its replica's heartbeat while its request runs.
+  A replica whose heartbeat lapsed keeps its leases reserved until its work could have ended, its
+  tickets are purged, and it comes back by rejoining (gateway.queues.redis_presence).
 - Estimates: the scripts keep raw totals only (work offered, admitted, handed over, and the gaps
   between backlogged hand-overs) on Redis's clock, and every script returns them; each replica
   turns them into rates with the same PoolEstimates as the memory store. Service times are
@@ -35,8 +36,8 @@ from redis.exceptions import RedisError
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
 from gateway.queues.estimates import PoolEstimates
 from gateway.queues.redis_codec import Grant, View, grants, ready_arg
-from gateway.queues.redis_grants import ModelState
-from gateway.queues.redis_rejoin import rejoin_args, take_rejoin
+from gateway.queues.redis_grants import ModelState, listen
+from gateway.queues.redis_presence import Holding, Presence, ReplicaAbsent
 from gateway.queues.redis_scripts import Scripts
 from gateway.settings import Estimation
 from gateway.supervision import Loop, Supervisor
@@ -72,11 +73,11 @@ class RedisQueue:
         on_failure: Callable[[BaseException], None] = lambda error: None,
         close_clients: bool = False,
         expected_replicas: int = 1,
+        fallback_max_s: float = 0.0,
         supervisor: Supervisor | None = None,
     ) -> None:
         self._client = client
         self._close_clients = close_clients
-        self._expected_replicas = expected_replicas
         self._on_failure = on_failure
         self._listener = listener
         self._bands = bands
@@ -86,6 +87,9 @@ class RedisQueue:
         self._ordering = ordering
         self._clock = clock
         self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock)
+        self._presence = Presence(
+            self._run, replica_id, lease_ttl_s, expected_replicas, fallback_max_s, clock
+        )
         self._models = {
             pool.name: ModelState(
                 pool,
@@ -113,8 +117,7 @@ class RedisQueue:
         """
         try:
             for model in self._models.values():
-                await self._publish_ready(model)
-                await self._beat(model)
+                await self._presence.join(model, {})
                 await self._refresh(model)
         except RedisError:
             await self._start_loops()
@@ -129,15 +132,16 @@ class RedisQueue:
         self._upkeep_loop = await self.supervisor.start("redis_upkeep", self._upkeep, required=True)
 
     async def stop(self) -> None:
-        """Leave: stop the loops and let the reaper reclaim whatever this replica still holds."""
+        """Stop the loops and leave Redis, which reclaims what is left once its work has surely
+        ended; not while the fallback may still run work: the heartbeat lapses, so it stays covered."""
         # The loops watch a flag rather than being cancelled: cancelling a blocking BLMPOP can leave
         # its connection half torn down. The listener wakes every LISTEN_WAKE_S to see the flag.
         self._stopping = True
         await self.supervisor.stop(grace_s=2 * LISTEN_WAKE_S + 1)
         with contextlib.suppress(RedisError):
             for model in self._models.values():
-                await self._client.zadd(f"{model.tag}:replicas", {self._replica: 0})
-                await self._reap(model)
+                if not self._presence.detached and not model.reserved:
+                    await self._presence.reap(model, leaving=True)
         if self._close_clients:
             await self._client.aclose(close_connection_pool=True)
             await self._listener.aclose(close_connection_pool=True)
@@ -192,6 +196,8 @@ class RedisQueue:
         if batching is not None:
             args["batch"] = {"key": batching.key, "max": batching.max_cost}
         reply = await self._run("offer", state, args)
+        if reply["kind"] == "absent":
+            raise ReplicaAbsent(f"model {flow.model}: this replica's heartbeat lapsed")
         self._take_view(state, reply["view"])
         if reply["kind"] == "granted":
             return Granted(state.hold(reply["lease"], reply["url"], cost))
@@ -232,39 +238,43 @@ class RedisQueue:
 
     # -- losing and finding Redis (driven by FailoverQueue) ---------------------------------------
 
-    def in_flight(self) -> list[Slot]:
-        """The slots this replica holds and still uses."""
-        return [slot for state in self._models.values() for slot in state.held.values()]
+    def detach(self) -> dict[str, Holding]:
+        """Redis is lost and a fallback takes over: stop beating and freeing leases until rejoined.
+        Returns, per model, what this replica holds, which Redis keeps counted for it meanwhile."""
+        self._presence.detached = True
+        return {name: self._presence.holding(state) for name, state in self._models.items()}
+
+    @property
+    def fallback_max_s(self) -> float:  # how long after its last beat it may serve from a fallback
+        return self._presence.fallback_max_s
 
     def abandon(self) -> list[Ticket]:
         """Redis is gone: hand back every waiting ticket, since no grant can reach them now."""
         return [ticket for state in self._models.values() for ticket in state.abandon()]
 
-    async def rejoin(self, reserve: dict[str, dict[str, int]]) -> dict[str, list[str]]:
-        """Redis is back: rejoin in one script per model (see lua/rejoin.lua).
-
-        `reserve` maps model -> backend url -> slots the fallback store still uses; they are held
-        as leases, whose ids are returned per model.
-        """
+    async def rejoin(self, reserve: dict[str, dict[str, int]]) -> set[str]:
+        """Redis is back: rejoin in one script per model (see lua/rejoin.lua). `reserve` maps
+        model -> backend url -> slots the fallback store may still use; they are held as leases
+        until `release_reserved`. Returns the models that have some."""
         # Idle pooled connections to the Redis that went away would fail once each: drop them
         # first. Not those in use: closing a connection under a command in flight (a grant
         # listener's BLMPOP, a heartbeat) fails it with an error that is not a RedisError, which
         # would crash the loop and refuse requests while it restarts.
         await self._client.connection_pool.disconnect(inuse_connections=False)
         await self._listener.connection_pool.disconnect(inuse_connections=False)
-        reserved: dict[str, list[str]] = {}
         for name, state in self._models.items():
-            args = rejoin_args(
-                state, self._replica, self._ttl_s, self._expected_replicas, reserve.get(name, {})
-            )
-            reserved[name] = take_rejoin(state, await self._run("rejoin", state, args))
+            await self._presence.join(state, reserve.get(name, {}))
             await self._refresh(state)
-        return reserved
+        self._presence.detached = False
+        return {name for name, state in self._models.items() if state.reserved}
 
-    async def release_leases(self, model: str, leases: Iterable[str]) -> None:
+    async def release_reserved(self, model: str) -> None:
+        """Free the leases reserved for the fallback's work (detached: its next rejoin does)."""
         state = self._models[model]
-        for lease in leases:
-            await self._free(state, lease, sample=False)  # reserved, never used
+        leases, state.reserved = list(state.reserved), {}
+        if not self._presence.detached:
+            for lease in leases:
+                await self._free(state, lease, sample=False)  # reserved, never used
 
     async def settle(self) -> None:
         """Wait until every operation started in the background has finished (tests, shutdown)."""
@@ -285,12 +295,15 @@ class RedisQueue:
         return None
 
     def _release_task(self, slot: Slot, *, used: bool = True) -> asyncio.Task[Any] | None:
-        """Free the slot in the background; `used` False for one that comes back unused."""
+        """Free the slot in the background; `used` False for one that comes back unused. Detached,
+        its lease stays counted: the fallback may reuse its capacity until this replica rejoins."""
         if slot.released:
             return None
         slot.released = True
         state = self._models[slot.model]
         state.let_go(slot)
+        if self._presence.detached:
+            return None
         return self._spawn(self._free(state, slot.lease, sample=used))
 
     def _give_back(self, slot: Slot | None) -> None:
@@ -335,13 +348,6 @@ class RedisQueue:
             else:
                 log.warning("redis store operation failed: %r", error)
 
-    async def _beat(self, state: ModelState) -> None:
-        await self._run(
-            "heartbeat",
-            state,
-            {"replica": self._replica, "ttl": self._ttl_s, "expected": self._expected_replicas},
-        )
-
     async def _publish_ready(self, state: ModelState) -> None:
         await self._run("ready", state, {"ttl": self._ttl_s, "ready": ready_arg(state.pool)})
 
@@ -349,30 +355,12 @@ class RedisQueue:
         reply = await self._run("snapshot", state, {"refused": state.take_refused_locally()})
         self._take_view(state, reply)
 
-    async def _reap(self, state: ModelState) -> None:
-        reply = await self._run("reap", state, {"ttl": self._ttl_s})
-        if reply["dead"] or reply["expired"]:
-            log.warning(
-                "model %s: reclaimed %d dead replica(s) and %d expired lease(s), %d grant(s) followed",
-                state.pool.name,
-                reply["dead"],
-                reply["expired"],
-                reply["granted"],
-            )
-
     async def _listen(self, state: ModelState, *, task_status: TaskStatus[None]) -> None:
         """Deliver this replica's grants to their waiting requests, as soon as they are pushed."""
-        key = f"{state.tag}:grants:{self._replica}"
         task_status.started()  # grants pushed before the first BLMPOP wait in their list
-        while not self._stopping:
-            try:
-                popped = await self._listener.blmpop(LISTEN_WAKE_S, 1, key, direction="LEFT", count=64)
-            except RedisError as error:
-                self._on_failure(error)
-                await asyncio.sleep(LISTEN_WAKE_S)
-                continue
-            for raw in popped[1] if popped else ():
-                self._deliver(state, Grant.parse(raw))
+        deliver = functools.partial(self._deliver, state)
+        key = f"{state.tag}:grants:{self._replica}"
+        await listen(self._listener, key, LISTEN_WAKE_S, deliver, self._on_failure, lambda: self._stopping)
 
     async def _upkeep(self, *, task_status: TaskStatus[None]) -> None:
         """Heartbeat (renews leases) every third of the TTL; reap and refresh on the way.
@@ -389,11 +377,23 @@ class RedisQueue:
             if self._clock() >= next_beat:
                 next_beat = self._clock() + beat_s * random.uniform(0.9, 1.1)
                 for state in self._models.values():
-                    try:
-                        await self._beat(state)
-                        await self._reap(state)
-                        await self._refresh(state)
-                    except RedisError as error:  # keep beating through a passing failure
-                        self._on_failure(error)
+                    if not self._presence.detached:  # a detached replica comes back by rejoining
+                        await self._keep_up(state)
                 task_status.started()
             await asyncio.sleep(LISTEN_WAKE_S)
+
+    async def _keep_up(self, state: ModelState) -> None:
+        try:
+            await self._beat(state)
+            await self._presence.reap(state)
+            await self._refresh(state)
+        except ReplicaAbsent as error:
+            self._on_failure(error)  # a fallback store detaches this replica, and rejoins it later
+            if not self._presence.detached:  # none: it was only slow, and rejoins with its work
+                with contextlib.suppress(RedisError):
+                    await self._presence.rejoin_as_it_is(state)
+        except RedisError as error:  # keep beating through a passing failure
+            self._on_failure(error)
+
+    async def _beat(self, state: ModelState) -> None:  # a seam for tests that fail a beat
+        await self._presence.beat(state)

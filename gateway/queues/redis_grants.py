@@ -12,7 +12,12 @@ so a grant never leaves a slot held by nobody.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from gateway.queues.base import Slot, Ticket
 from gateway.queues.estimates import PoolEstimates
@@ -41,6 +46,10 @@ class ModelState:
         self.view = View.empty(bands, now)
         self.waiting: dict[str, Ticket] = {}
         self.held: dict[str, Slot] = {}
+        self.reserved: dict[str, str] = {}
+        """Leases held for the fallback store's work after a rejoin (lease id -> backend url)."""
+        self.beat_sent_at: float | None = None
+        """When the last beat (or join) that Redis answered was sent, on the local clock."""
         self.refused_locally = [0.0] * bands
         """Work refused from a fresh view without a round trip, counted with the next script."""
         self._pending: dict[str, _Pending] = {}
@@ -69,6 +78,17 @@ class ModelState:
         slot = Slot(self.pool.name, backend, cost, lease=lease)
         self.held[lease] = slot
         return slot
+
+    def in_use(self) -> list[Slot]:
+        """The slots held for requests: not those of grants no ticket has taken yet."""
+        untaken = {pending.slot for pending in self._pending.values() if pending.delivered == 0}
+        return [slot for slot in self.held.values() if slot not in untaken]
+
+    def leases_in_use(self) -> dict[str, int]:
+        """Backend url -> the leases held on it for work: the requests' and those reserved for the
+        fallback store's. What Redis keeps counted for this replica while it is cut off."""
+        urls = [slot.backend.url for slot in self.in_use()] + list(self.reserved.values())
+        return {url: urls.count(url) for url in urls}
 
     def let_go(self, slot: Slot) -> None:
         self.held.pop(slot.lease, None)
@@ -130,3 +150,24 @@ class ModelState:
     @staticmethod
     def _unused(pending: _Pending) -> Slot | None:
         return pending.slot if not pending.unclaimed and pending.delivered == 0 else None
+
+
+async def listen(
+    listener: Redis,
+    key: str,
+    wake_s: float,
+    deliver: Callable[[Grant], None],
+    on_failure: Callable[[BaseException], None],
+    stopping: Callable[[], bool],
+) -> None:
+    """Deliver the grants pushed onto the list `key` as they come (BLMPOP on its own connection),
+    until `stopping`; it wakes every `wake_s` to look."""
+    while not stopping():
+        try:
+            popped = await listener.blmpop(wake_s, 1, key, direction="LEFT", count=64)
+        except RedisError as error:
+            on_failure(error)
+            await asyncio.sleep(wake_s)
+            continue
+        for raw in popped[1] if popped else ():
+            deliver(Grant.parse(raw))

@@ -1,7 +1,8 @@
 """The Redis store's Lua scripts, loaded once and run on one model's keys with named arguments.
 
-Every script gets the arguments all of them read (the band count, the backends, the lease TTL,
-and the time a test injects); gateway.queues.redis_codec encodes and decodes.
+Every script gets the arguments all of them read (the band count, the backends, the lease TTL, how
+long a request may hold a lease, and the time a test injects); gateway.queues.redis_codec encodes
+and decodes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from gateway.queues.redis_codec import backends_arg, decode, encode
+from gateway.queues.redis_presence import lease_bound_s
 from gateway.upstream.backends import ModelPool
 
 _NAMES = ("offer", "release", "withdraw", "heartbeat", "reap", "ready", "snapshot", "rejoin")
@@ -38,6 +40,7 @@ class Scripts:
         args["bands"] = self._bands
         args["backends"] = backends_arg(pool)
         args.setdefault("ttl", self._ttl_s)
+        args["bound_s"] = lease_bound_s(pool, self._ttl_s)
         if self._redis_clock is not None:
             args["now"] = self._redis_clock()
         reply = await self._registered[name](keys=[tag], args=[encode(args)])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 
 import aiohttp
@@ -94,27 +93,6 @@ async def test_priority_is_global_across_replicas(start_sim, start_gateway, redi
     assert finished == ["low-running@A", "high@C", "low@A", "low@B"]
 
 
-async def test_a_killed_replica_loses_its_slots_within_the_lease_ttl(start_sim, start_gateway, redis_server):
-    sim = start_sim(slots=4, base_ms=200)
-    prefix = unique_prefix()
-    doomed, survivor = (start_gateway(shared_config(sim, 4, redis_server.url, prefix)) for _ in range(2))
-    async with aiohttp.ClientSession() as http:
-        # The doomed replica takes every slot and queues more behind them, then dies with them.
-        doomed_work = [asyncio.ensure_future(infer(http, doomed)) for _ in range(8)]
-        await eventually(lambda: slots_in_use(redis_server.url, prefix) == 4, what="all slots taken")
-        await eventually(lambda: doomed.assert_metric("gateway_queue_depth", 4, priority="low"))
-        doomed.signal(signal.SIGKILL)
-        killed_at = time.monotonic()
-        await asyncio.gather(*doomed_work, return_exceptions=True)
-        statuses = [status for status, _ in await asyncio.gather(*(infer(http, survivor) for _ in range(6)))]
-        recovered_after = time.monotonic() - killed_at
-    assert statuses == [200] * 6
-    # The survivor served once the dead replica's leases (TTL 1.5 s) ran out, not before the
-    # slots really were free, and not much later.
-    assert recovered_after < 1.5 + 1.0 + 3 * 0.2 + 1.0
-    await eventually(lambda: slots_in_use(redis_server.url, prefix) == 0, what="slots to return")
-
-
 async def test_redis_outage_falls_back_to_local_queues_and_recovers(start_sim, start_gateway, redis_server):
     sim = start_sim(slots=16, base_ms=40)
     prefix = unique_prefix()
@@ -145,13 +123,9 @@ async def test_redis_outage_falls_back_to_local_queues_and_recovers(start_sim, s
         await eventually(lambda: all(g.metric("gateway_store_up") == 1 for g in replicas), what="recovery")
         await asyncio.gather(*load)
     assert set(statuses) == {200}, [outcome_counts(g) for g in replicas]
-    # Each replica kept to its half of the slots meanwhile, counting what it still ran on shared
-    # slots when Redis went, and while they rejoined the shared count presumed the other's half.
-    # The one excess no replica can see: one that held more than its half when Redis went keeps it
-    # until those requests end (one 40 ms service), while the other fills its own half. With k of
-    # the 8 held by one replica, max(k, 4) + max(8 - k, 4) are in flight at most: 12 when one
-    # replica held them all (rare, but the global FIFO allows it), never more.
-    assert sim.stats()["peak_inflight"] <= 8 + 8 // 2
+    # Each replica served from its fallback only on the slots it held when Redis went (at most its
+    # half of each backend's), and freed none until it rejoined: the backend's 8 hold throughout.
+    assert sim.stats()["peak_inflight"] <= 8
     await eventually(lambda: slots_in_use(redis_server.url, prefix) == 0, what="no stuck slots")
     assert all("Redis unreachable" in g.log() and "Redis is back" in g.log() for g in replicas)
 
@@ -179,7 +153,9 @@ async def test_gateway_starts_without_redis_and_joins_when_it_comes(start_sim, s
     gateway = start_gateway(shared_config(sim, 2, redis_server.url, prefix))
     assert gateway.metric("gateway_store_up") == 0
     async with aiohttp.ClientSession() as http:
-        assert (await infer(http, gateway))[0] == 200  # served from the local fallback
+        # It holds no lease, so nothing to serve on from its fallback: another replica (an old one
+        # of a rollout) may be using every slot.
+        assert (await infer(http, gateway))[0] == 503
         redis_server.start()
         await eventually(lambda: gateway.metric("gateway_store_up") == 1, what="joining")
         assert (await infer(http, gateway))[0] == 200

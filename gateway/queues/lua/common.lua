@@ -17,11 +17,21 @@
 --   <tag>:queued            hash  "n<band>" -> tickets waiting, "w<band>" -> their work
 --   <tag>:slots             hash  backend url -> slots in use, over all replicas
 --   <tag>:ready             hash  backend url -> "1" when ready
---   <tag>:leases            zset  lease id -> expiry time
+--   <tag>:leases            zset  lease id -> expiry time (renewed while its work runs; once its
+--                                 replica is absent: the latest its work could still be running)
 --   <tag>:lease             hash  lease id -> "<backend url>|<replica>"
+--   <tag>:bound             hash  lease id -> the latest the request it covers could still run
+--                                 (granted + the replica's upstream timeout + one TTL)
+--   <tag>:hold              hash  replica -> JSON {t: until when its leases stay reserved once it is
+--                                 absent (its last heartbeat + how long it may serve from its
+--                                 fallback + the longest a request runs + one TTL; 0: each lease
+--                                 until its bound), s: {backend url: the most its fallback uses there}}
+--   <tag>:absent            zset  replica -> end of its reservation (replicas reaped while their
+--                                 leases stay reserved)
 --   <tag>:stats             hash  raw counters: off:<band>, adm:<band> (work offered, admitted),
 --                                 drained_work, drained_s, drained_at, handovers, handed_work;
---                                 backlog_at; recovery_until, replicas_expected
+--                                 backlog_at; recovery_until, replicas_expected; epoch (set
+--                                 when this state was created: missing after Redis lost it)
 --   <tag>:replicas          zset  replica -> heartbeat expiry
 --   <tag>:seq               counter for ticket and lease ids
 --   <tag>:grants:<r>        list  grants for replica r: JSON {t: [ticket ids], l: lease, u: url, c: cost}
@@ -47,9 +57,10 @@ local function stat(field)
   return tonumber(redis.call('HGET', tag .. ':stats', field) or '0')
 end
 
--- For a while after Redis comes back (a replica rejoining from its fallback opens the window),
--- replicas that have not rejoined yet may still run requests on their local share of each
--- backend: their shares count as used, so the shared count stays an upper bound.
+-- For a while after this state was created (Redis lost what it held, or the first replica ever
+-- joined), replicas Redis does not know may still run requests it forgot on their fallback's share
+-- of each backend: the expected replicas neither live nor reserved for count with a share each, so
+-- the shared count stays an upper bound.
 local absent_cache = nil
 local function absent_replicas()
   if absent_cache == nil then
@@ -57,8 +68,9 @@ local function absent_replicas()
     absent_cache = 0
     if now < stat('recovery_until') then
       local expected = tonumber(redis.call('HGET', tag .. ':stats', 'replicas_expected') or '1')
-      local live = redis.call('ZCOUNT', tag .. ':replicas', now, '+inf')
-      absent_cache = math.max(0, expected - live)
+      local live = redis.call('ZCOUNT', tag .. ':replicas', '(' .. fmt(now), '+inf')
+      local reserved = redis.call('ZCOUNT', tag .. ':absent', '(' .. fmt(now), '+inf')
+      absent_cache = math.max(0, expected - live - reserved)
     end
   end
   return absent_cache
@@ -177,13 +189,23 @@ local function unqueue(id)
   return true
 end
 
+-- A.bound_s: how long the request a lease covers may run at most (the caller's upstream timeout
+-- and a margin), so that a lease outlives no work and no work outlives its lease.
 local function grant_lease(url, replica, ttl, now)
   local lease = next_id()
   redis.call('HINCRBY', tag .. ':slots', url, 1)
   redis.call('ZADD', tag .. ':leases', now + ttl, lease)
   redis.call('HSET', tag .. ':lease', lease, url .. '|' .. replica)
+  redis.call('HSET', tag .. ':bound', lease, fmt(now + A.bound_s))
   redis.call('SADD', tag .. ':held:' .. replica, lease)
   return lease
+end
+
+local function lease_owner(lease)
+  local info = redis.call('HGET', tag .. ':lease', lease)
+  if not info then return nil end
+  local _, replica = string.match(info, '^(.*)|([^|]*)$')
+  return replica
 end
 
 -- Free a lease's slot; false when it was already freed (release is idempotent).
@@ -192,12 +214,82 @@ local function free_lease(lease)
   if not info then return false end
   local url, replica = string.match(info, '^(.*)|([^|]*)$')
   redis.call('HDEL', tag .. ':lease', lease)
+  redis.call('HDEL', tag .. ':bound', lease)
   redis.call('ZREM', tag .. ':leases', lease)
   redis.call('SREM', tag .. ':held:' .. replica, lease)
   if tonumber(redis.call('HINCRBY', tag .. ':slots', url, -1)) < 0 then
     redis.call('HSET', tag .. ':slots', url, 0)
   end
   return true
+end
+
+-- What a replica's beat (or join) records of how long its leases would stay reserved.
+local function hold_entry(now)
+  local share = {}
+  for _, entry in ipairs(A.share) do share[entry.u] = entry.n end
+  local hold_until = 0
+  if A.hold_s > 0 then hold_until = now + A.hold_s end
+  return cjson.encode({t = fmt(hold_until), s = share})
+end
+
+-- A replica is live while its heartbeat has not lapsed; one that is not may be cut off and
+-- serving from its fallback on the capacity of its leases, so they are not its to free or renew.
+local function live(replica, now)
+  local expiry = redis.call('ZSCORE', tag .. ':replicas', replica)
+  if not expiry then return false end
+  return tonumber(expiry) > now
+end
+
+-- The leases of grants pushed to a replica that it has not taken from its list.
+local function undelivered(replica)
+  local leases = {}
+  for _, raw in ipairs(redis.call('LRANGE', tag .. ':grants:' .. replica, 0, -1)) do
+    leases[cjson.decode(raw).l] = true
+  end
+  return leases
+end
+
+-- A replica whose heartbeat lapsed may be partitioned and still running requests (its own, and
+-- what its fallback started on their capacity), or dead while a backend computes on: each lease
+-- it holds stays reserved until the work's bound, and up to its fallback's share of each backend
+-- also until its hold. Grants it never took are freed, its queued tickets dropped (their clients
+-- are not waiting here).
+local function reserve_absent(replica, now)
+  local raw = redis.call('HGET', tag .. ':hold', replica)
+  local hold = raw and cjson.decode(raw) or {t = 0, s = {}}
+  local untaken = undelivered(replica)
+  local reserved_until, for_fallback = 0, {}
+  for _, lease in ipairs(redis.call('SMEMBERS', tag .. ':held:' .. replica)) do
+    if untaken[lease] then
+      free_lease(lease)
+    else
+      local ends = tonumber(redis.call('HGET', tag .. ':bound', lease) or '0')
+      -- Its fallback reuses up to its share of a backend: that many are held for its time too.
+      local url = string.match(redis.call('HGET', tag .. ':lease', lease) or '', '^(.*)|[^|]*$')
+      if url and (for_fallback[url] or 0) < tonumber(hold.s[url] or 0) then
+        for_fallback[url] = (for_fallback[url] or 0) + 1
+        ends = math.max(ends, tonumber(hold.t))
+      end
+      if ends <= now then
+        free_lease(lease)
+      else
+        redis.call('ZADD', tag .. ':leases', ends, lease)
+        reserved_until = math.max(reserved_until, ends)
+      end
+    end
+  end
+  for _, id in ipairs(redis.call('SMEMBERS', tag .. ':waiting:' .. replica)) do unqueue(id) end
+  redis.call('DEL', tag .. ':waiting:' .. replica, tag .. ':grants:' .. replica)
+  redis.call('ZREM', tag .. ':replicas', replica)
+  redis.call('HDEL', tag .. ':hold', replica)
+  if reserved_until > now then redis.call('ZADD', tag .. ':absent', reserved_until, replica) end
+end
+
+-- Replicas whose heartbeat lapsed, reserved before any slot is handed out (see reserve_absent).
+local function reap_absent(now)
+  local lapsed = redis.call('ZRANGEBYSCORE', tag .. ':replicas', '-inf', now)
+  for _, replica in ipairs(lapsed) do reserve_absent(replica, now) end
+  return #lapsed
 end
 
 -- The next tickets to get a slot: the head of the flow with the lowest head score in the most
@@ -253,6 +345,7 @@ end
 -- for `caller`, which are returned: that replica delivers them itself, without a trip through
 -- its list.
 local function dispatch(nbands, backends, ttl, now, drain_sample, caller)
+  reap_absent(now)
   local granted, mine = 0, {}
   while true do
     local backend = pick_backend(backends)

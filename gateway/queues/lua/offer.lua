@@ -1,12 +1,16 @@
 -- Admission check and insert in one step: grant a free slot, queue, or refuse.
 -- A: replica, band, tenant, cost, max_work, handover (the replica's estimate of the work a
---    hand-over takes), bands, edf, allowed_s, ttl, refused, backends, batch ({key, max} or
---    absent), now (tests).
+--    hand-over takes), bands, edf, allowed_s, ttl, refused, backends, bound_s, batch ({key, max}
+--    or absent), now (tests).
 -- The check (gateway/queues/base.RequestQueue.offer): refuse when the work queued ahead of it in
 -- its band and the more urgent ones, plus one hand-over of its own, exceeds max_work (none with
 -- a slot free and nothing ahead); a negative limit refuses even then.
--- Returns {kind = 'granted', lease, url, view} | {kind = 'queued', ticket, view} | {kind = 'full', view}.
+-- A replica whose heartbeat lapsed takes nothing: it must rejoin first (rejoin.lua).
+-- Returns {kind = 'granted', lease, url, view} | {kind = 'queued', ticket, view} | {kind = 'full', view}
+--       | {kind = 'absent'}.
 local now = now_s()
+if not live(A.replica, now) then return cjson.encode({kind = 'absent'}) end
+reap_absent(now)
 local nbands = A.bands
 count_refused_locally(nbands)
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'off:' .. A.band, A.cost)

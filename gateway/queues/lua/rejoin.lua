@@ -1,21 +1,27 @@
--- A replica rejoins after losing Redis, in one step so that no dispatch sees half of it:
--- 1. open (or extend) the recovery window, in which replicas that have not rejoined yet are
---    presumed to run requests on their local share of each backend;
--- 2. hold the share this replica's fallback still uses, as leases;
--- 3. beat again (from here on its own share counts through those leases, not the presumption);
+-- A replica joins, or rejoins after its heartbeat lapsed or it lost Redis, in one step so that no
+-- dispatch sees half of it:
+-- 1. when this state is new (Redis lost what it held, or this is the first replica ever), open
+--    the window in which replicas Redis does not know are presumed to run their fallback's share;
+-- 2. hold what its fallback still uses, as leases (reserved);
+-- 3. become live (from here on its leases are renewed by its heartbeat);
 -- 4. publish the backends' readiness it sees;
--- 5. drop what it left behind: queued tickets of requests that moved on, undelivered grants, and
---    leases it no longer uses; count again the slots it still uses that Redis forgot (a restart
---    without persistence);
+-- 5. replace its reservation as an absent replica by its real work: drop what it left behind
+--    (queued tickets of requests that moved on, undelivered grants, leases it no longer uses),
+--    renew the leases it still uses, and count again those Redis forgot (a restart without
+--    persistence);
 -- 6. dispatch.
--- A: replica, bands, ttl, window, expected, backends, ready ({u, r} each), reserve ({u, n} each),
---    keep ({l: lease, u: url} each: the leases it still uses), now (tests).
+-- A: replica, bands, ttl, hold_s and share (as in heartbeat.lua), window (how long step 1
+--    presumes), expected, backends, bound_s, ready ({u, r} each), reserve ({u, n} each), keep
+--    ({l: lease, u: url} each: the leases it still uses), now (tests).
 -- Returns {dropped, freed, granted, reserved: lease ids, renamed: {old, new} pairs}.
 local now = now_s()
 local replica = A.replica
 
-if now + A.window > stat('recovery_until') then
-  redis.call('HSET', tag .. ':stats', 'recovery_until', fmt(now + A.window))
+if not redis.call('HGET', tag .. ':stats', 'epoch') then
+  redis.call('HSET', tag .. ':stats', 'epoch', fmt(now))
+  if now + A.window > stat('recovery_until') then
+    redis.call('HSET', tag .. ':stats', 'recovery_until', fmt(now + A.window))
+  end
 end
 redis.call('HSET', tag .. ':stats', 'replicas_expected', A.expected)
 
@@ -25,6 +31,8 @@ for _, share in ipairs(A.reserve) do
 end
 
 redis.call('ZADD', tag .. ':replicas', now + A.ttl, replica)
+redis.call('HSET', tag .. ':hold', replica, hold_entry(now))
+redis.call('ZREM', tag .. ':absent', replica)
 for _, entry in ipairs(A.ready) do
   redis.call('HSET', tag .. ':ready', entry.u, entry.r)
 end
@@ -43,8 +51,13 @@ for _, lease in ipairs(redis.call('SMEMBERS', tag .. ':held:' .. replica)) do
   if not keep[lease] and free_lease(lease) then freed = freed + 1 end
 end
 for lease, url in pairs(keep) do
-  if url ~= true and redis.call('HEXISTS', tag .. ':lease', lease) == 0 then
-    renamed[#renamed + 1] = {lease, grant_lease(url, replica, A.ttl, now)}
+  if url ~= true then
+    -- Another replica's lease by that id: Redis lost this one's, and counts its ids anew.
+    if lease_owner(lease) ~= replica then
+      renamed[#renamed + 1] = {lease, grant_lease(url, replica, A.ttl, now)}
+    else
+      redis.call('ZADD', tag .. ':leases', now + A.ttl, lease)
+    end
   end
 end
 

@@ -1,0 +1,138 @@
+"""A replica killed with -9 while its requests outlive the lease TTL: the backend computes on (the
+sim, like Triton, finishes a request whose client went away), so the survivor must not take those
+slots at the TTL. It gets them back once the dead replica's work has surely ended: each lease when
+its request's upstream timeout (and a TTL) has passed since its grant, and, when the dead replica
+might have been serving from its fallback, its share only once that fallback's time is over too.
+The sim's own count of requests in flight is the judge."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import aiohttp
+import pytest
+import redis
+
+from tests.eventually import eventually
+from tests.integration.servers import Gateway, gateway_config
+from tests.redis_server import redis_url_or_skip, unique_prefix
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
+PATH = "/v2/models/sim/infer"
+SLOTS = 4
+SHARE = SLOTS // 2  # store.replicas: 2
+TTL_S = 0.6
+SERVICE_S = 2.0  # more than three TTLs: the old reaper freed these slots while they ran
+UPSTREAM_TIMEOUT_S = 3.5
+BOUND_S = UPSTREAM_TIMEOUT_S + TTL_S  # a lease's work is over within this of its grant
+SLACK_S = 3.0  # reaping runs every third of a TTL; a loaded machine adds its own delays
+
+
+def replica_config(sim_url: str, redis_url: str, prefix: str, on_store_failure: str) -> dict:
+    config = gateway_config(
+        [(sim_url, SLOTS)],
+        priorities=[{"name": "low", "max_wait_ms": 30_000}],
+        default_priority="low",
+        expected_service_ms=SERVICE_S * 1000,
+        store={
+            "kind": "redis",
+            "url": redis_url,
+            "key_prefix": prefix,
+            "lease_ttl_ms": TTL_S * 1000,
+            "replicas": 2,
+            "on_store_failure": on_store_failure,
+        },
+    )
+    config["models"][0]["upstream_timeout_ms"] = UPSTREAM_TIMEOUT_S * 1000
+    return config
+
+
+async def infer(http: aiohttp.ClientSession, gateway: Gateway) -> int:
+    async with http.post(gateway.url + PATH, json=INFER) as reply:
+        await reply.read()
+        return reply.status
+
+
+class Watch:
+    """The sim's in-flight count, sampled, and when it was first at `SLOTS` again after the dead
+    replica's requests had ended."""
+
+    def __init__(self, sim) -> None:
+        self.sim = sim
+        self.drained_at: float | None = None
+        self.full_again_at: float | None = None
+        self.samples: list[tuple[float, int]] = []
+
+    def full_again(self) -> bool:
+        self.look()
+        return self.full_again_at is not None
+
+    def look(self) -> int:
+        inflight = int(self.sim.stats()["inflight"])
+        now = time.monotonic()
+        self.samples.append((now, inflight))
+        if self.drained_at is None and inflight == 0:
+            self.drained_at = now
+        if self.drained_at is not None and self.full_again_at is None and inflight == SLOTS:
+            self.full_again_at = now
+        return inflight
+
+
+@pytest.mark.parametrize("on_store_failure", ["reject", "local"])
+async def test_a_killed_replicas_slots_are_not_reused_while_its_work_may_still_run(
+    start_sim, start_gateway, on_store_failure
+):
+    url = redis_url_or_skip()
+    prefix = unique_prefix()
+    tag = f"{{{prefix}:sim}}"
+    admin = redis.Redis.from_url(url)
+    admin.hset(f"{tag}:stats", "epoch", "1")  # a deployment that has run a while, not a new state
+    sim = start_sim(slots=2 * SLOTS, base_ms=SERVICE_S * 1000)  # room for an over-commit to show
+    doomed = start_gateway(replica_config(sim.url, url, prefix, on_store_failure))
+    survivor = start_gateway(replica_config(sim.url, url, prefix, "local"))
+    watch = Watch(sim)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        # The doomed replica runs every slot and queues more behind them, then dies with them.
+        doomed_work = [asyncio.ensure_future(infer(http, doomed)) for _ in range(SLOTS + 2)]
+        await eventually(lambda: watch.look() == SLOTS, what="the doomed replica on every slot")
+        await eventually(lambda: doomed.assert_metric("gateway_queue_depth", 2, priority="low"))
+        sim.reset()  # the peak from here on
+        waiting = [asyncio.ensure_future(infer(http, survivor)) for _ in range(2 * SLOTS)]
+        await eventually(lambda: survivor.assert_metric("gateway_queue_depth", 2 + 2 * SLOTS, priority="low"))
+        doomed.signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        await asyncio.gather(*doomed_work, return_exceptions=True)
+
+        if on_store_failure == "reject":
+            # No fallback: each lease is the survivor's again once its request is surely over.
+            await eventually(
+                watch.full_again,
+                timeout_s=BOUND_S + SERVICE_S + SLACK_S,
+                interval_s=0.05,
+                what="the survivor on every slot",
+            )
+            assert watch.full_again_at is not None
+            assert watch.full_again_at - killed_at <= BOUND_S + SLACK_S
+            statuses = await asyncio.gather(*waiting)
+            assert statuses == [200] * len(waiting)
+        else:
+            # It might have been cut off and serving from its fallback on its share: that share
+            # stays reserved (for store.fallback_max_ms, then the longest a request runs), and
+            # only the slots beyond it come back when their requests are surely over.
+            deadline = killed_at + BOUND_S + SLACK_S
+            await eventually(
+                lambda: watch.look() == SLOTS - SHARE and time.monotonic() > deadline,
+                timeout_s=BOUND_S + SERVICE_S + 2 * SLACK_S,
+                interval_s=0.05,
+                what="the survivor on the slots beyond the dead replica's share, and no more",
+            )
+            assert max(inflight for at, inflight in watch.samples if at > deadline) == SLOTS - SHARE
+            assert sum(int(v) for v in admin.hvals(f"{tag}:slots")) == SLOTS, "its share still held"
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+    assert sim.stats()["peak_inflight"] <= SLOTS, [f"{at - killed_at:.1f}:{n}" for at, n in watch.samples]
+    admin.close()

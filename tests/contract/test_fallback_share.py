@@ -1,0 +1,122 @@
+"""The cut-off side of a partition: a replica that lost Redis serves from its fallback only on the
+capacity Redis still counts for it (the slots it holds, at most its share), frees no lease while
+cut off, stops when its fallback's time runs out, and on rejoining holds what its fallback still
+uses. Redis is real and reachable; the failure is declared (FailoverQueue.redis_failed), as the
+Redis store does on a failed command."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.exceptions import RedisError
+
+from gateway.queues.base import Flow, Granted, Queued, Slot, Unavailable
+from gateway.queues.failover import FailoverQueue
+from gateway.queues.memory import MemoryQueue
+from gateway.settings import Estimation
+from policies.outcomes import Outcome
+from tests.contract.conftest import MODEL
+from tests.contract.test_redis_absence import Cluster, pool
+from tests.eventually import eventually
+from tests.redis_server import redis_url_or_skip
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+FALLBACK_MAX_S = 30.0
+
+
+class Replica:
+    """One replica's FailoverQueue over the cluster's Redis, on a local clock the test moves."""
+
+    def __init__(self, cluster: Cluster, name: str, probe_interval_s: float) -> None:
+        self.now = 100.0
+        model = pool()  # both stores count on the same backends, as configured_store builds them
+        self.redis = cluster.replica(name, fallback_max_s=FALLBACK_MAX_S, model=model)
+        self.redis._clock = self.redis._presence._clock = lambda: self.now
+        self.local = MemoryQueue([model], 1, Estimation(), slot_divisor=2)
+        self.store = FailoverQueue(
+            self.redis,
+            self.local,
+            [model],
+            mode="local",
+            slot_divisor=2,
+            probe_interval_s=probe_interval_s,
+            clock=lambda: self.now,
+        )
+
+    async def offer(self) -> Granted | Queued | Unavailable:
+        offer = await self.store.offer(Flow(MODEL, 0), 1.0, 60.0, 100.0, self.now)
+        assert isinstance(offer, Granted | Queued | Unavailable), offer
+        return offer
+
+    async def take(self) -> Slot:
+        offer = await self.offer()
+        assert isinstance(offer, Granted), offer
+        return offer.slot
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    made = Cluster(redis_url_or_skip())
+    await made.seed()
+    yield made
+    await made.close()
+
+
+@pytest.fixture
+async def cut_off(cluster) -> AsyncIterator[Replica]:
+    """A replica that will not find Redis back by itself (its probe waits long)."""
+    replica = Replica(cluster, "a", probe_interval_s=3600.0)
+    await replica.store.start()
+    yield replica
+    await replica.store.stop()
+
+
+async def test_a_cut_off_replica_serves_from_its_fallback_only_on_the_slots_it_holds(cluster, cut_off):
+    shared = await cut_off.take()  # 1 of its share of 2
+    cut_off.store.redis_failed(RedisError("injected: the link to Redis is cut"))
+    waiting = await cut_off.offer()
+    assert isinstance(waiting, Queued) and not waiting.ticket.id, "queued in the fallback"
+    await cut_off.store.release(shared, cut_off.now)
+    granted = waiting.ticket.wakeup.result()
+    assert isinstance(granted, Slot) and not granted.lease, "the fallback reuses the slot it held"
+    assert isinstance(await cut_off.offer(), Queued), "and no more than that one"
+    assert await cluster.slots_in_use() == 1, "its lease stays counted while it is cut off"
+
+
+async def test_a_replica_that_holds_nothing_serves_nothing_from_its_fallback(cluster, cut_off):
+    cut_off.store.redis_failed(RedisError("injected: the link to Redis is cut"))
+    refused = await cut_off.offer()
+    assert isinstance(refused, Unavailable) and refused.retry_after_s > 0
+
+
+async def test_the_fallback_stops_when_its_time_runs_out_and_refuses_its_waiters(cluster, cut_off):
+    shared = await cut_off.take()
+    cut_off.now += 1.0
+    cut_off.store.redis_failed(RedisError("injected: the link to Redis is cut"))
+    waiting = await cut_off.offer()
+    assert isinstance(waiting, Queued)
+    cut_off.now += FALLBACK_MAX_S  # past its last beat + fallback_max_s
+    assert isinstance(await cut_off.offer(), Unavailable)
+    assert waiting.ticket.wakeup.result() is Outcome.STORE_UNAVAILABLE
+    await cut_off.store.release(shared, cut_off.now)
+    assert cut_off.local.stats(MODEL).free_slots == 0, "nothing more starts from the fallback"
+
+
+async def test_a_replica_that_rejoins_holds_what_its_fallback_still_uses_until_it_is_idle(cluster):
+    replica = Replica(cluster, "a", probe_interval_s=0.01)
+    await replica.store.start()
+    try:
+        shared = await replica.take()
+        replica.store.redis_failed(RedisError("injected: the link to Redis went away"))
+        waiting = await replica.offer()  # before the probe rejoins: the fallback's request
+        await replica.store.release(shared, replica.now)
+        local = waiting.ticket.wakeup.result() if isinstance(waiting, Queued) else waiting.slot
+        assert isinstance(local, Slot) and not local.lease
+        await eventually(lambda: replica.store.up, what="the probe to rejoin")
+        assert await cluster.slots_in_use() == 1, "the fallback's slot is held as a lease"
+        assert len(await cluster.leases("a")) == 1 and shared.lease not in await cluster.leases("a")
+        await replica.store.release(local, replica.now)
+        await eventually(lambda: cluster.slots_in_use_now() == 0, what="the reserved lease to be freed")
+    finally:
+        await replica.store.stop()

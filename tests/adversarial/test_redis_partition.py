@@ -143,11 +143,11 @@ async def test_a_replica_cut_off_from_redis_never_overcommits_the_backend(start_
         )
 
     def ready_to_cut() -> bool:
-        # Within its share (the other keeps the rest), and running requests that started just now
-        # (granted long enough ago to have been delivered): they still run when it notices the cut,
-        # so its fallback has slots to serve on.
-        ages = shared.lease_ages_s(cut_off_id)
-        return len(ages) <= SHARE and any(0.05 < age < SERVICE_S / 3 for age in ages)
+        # Running requests that started just now (granted long enough ago to have been delivered):
+        # they still run when it notices the cut, so its fallback has slots to serve on. Not also
+        # "within its share": with a fixed service time the grants come in waves that split alike
+        # between the replicas every time, so that moment may never come.
+        return any(0.05 < age < SERVICE_S / 3 for age in shared.lease_ages_s(cut_off_id))
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         load = [

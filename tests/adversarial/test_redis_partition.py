@@ -25,7 +25,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
 PATH = "/v2/models/sim/infer"
 SLOTS = 8
-SHARE = SLOTS // 2  # store.replicas: 2
 TTL_S = 0.9
 SERVICE_S = 1.5  # longer than it takes the cut-off replica to notice the cut (store.timeout_ms)
 UPSTREAM_TIMEOUT_S = 5.0

@@ -16,9 +16,10 @@ import aiohttp
 import pytest
 import redis
 
+from tests.adversarial.replicas import replica_config as shared_config
 from tests.adversarial.tcp_proxy import CuttableProxy
 from tests.eventually import eventually
-from tests.integration.servers import Gateway, gateway_config
+from tests.integration.servers import Gateway
 from tests.redis_server import redis_url_or_skip, unique_prefix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -32,22 +33,16 @@ CUT_FOR_S = 4 * TTL_S  # at least, and until both replicas served through it
 
 
 def replica_config(sim_url: str, redis_url: str, prefix: str) -> dict:
-    config = gateway_config(
-        [(sim_url, SLOTS)],
-        priorities=[{"name": "low", "max_wait_ms": 30_000}],
-        default_priority="low",
-        expected_service_ms=SERVICE_S * 1000,
-        store={
-            "kind": "redis",
-            "url": redis_url,
-            "key_prefix": prefix,
-            "lease_ttl_ms": TTL_S * 1000,
-            "timeout_ms": 300,
-            "replicas": 2,
-        },
+    return shared_config(
+        sim_url,
+        redis_url,
+        prefix,
+        slots=SLOTS,
+        service_s=SERVICE_S,
+        lease_ttl_s=TTL_S,
+        upstream_timeout_s=UPSTREAM_TIMEOUT_S,
+        timeout_ms=300,
     )
-    config["models"][0]["upstream_timeout_ms"] = UPSTREAM_TIMEOUT_S * 1000
-    return config
 
 
 class SharedState:

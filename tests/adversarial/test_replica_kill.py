@@ -15,8 +15,9 @@ import aiohttp
 import pytest
 import redis
 
+from tests.adversarial.replicas import replica_config as shared_config
 from tests.eventually import eventually
-from tests.integration.servers import Gateway, gateway_config
+from tests.integration.servers import Gateway
 from tests.redis_server import redis_url_or_skip, unique_prefix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -32,22 +33,16 @@ SLACK_S = 3.0  # reaping runs every third of a TTL; a loaded machine adds its ow
 
 
 def replica_config(sim_url: str, redis_url: str, prefix: str, on_store_failure: str) -> dict:
-    config = gateway_config(
-        [(sim_url, SLOTS)],
-        priorities=[{"name": "low", "max_wait_ms": 30_000}],
-        default_priority="low",
-        expected_service_ms=SERVICE_S * 1000,
-        store={
-            "kind": "redis",
-            "url": redis_url,
-            "key_prefix": prefix,
-            "lease_ttl_ms": TTL_S * 1000,
-            "replicas": 2,
-            "on_store_failure": on_store_failure,
-        },
+    return shared_config(
+        sim_url,
+        redis_url,
+        prefix,
+        slots=SLOTS,
+        service_s=SERVICE_S,
+        lease_ttl_s=TTL_S,
+        upstream_timeout_s=UPSTREAM_TIMEOUT_S,
+        on_store_failure=on_store_failure,
     )
-    config["models"][0]["upstream_timeout_ms"] = UPSTREAM_TIMEOUT_S * 1000
-    return config
 
 
 async def infer(http: aiohttp.ClientSession, gateway: Gateway) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -15,6 +16,9 @@ from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.ordering import Ordering
 from tests.redis_server import redis_url_or_skip, unique_prefix
+
+if TYPE_CHECKING:
+    from tests.contract.redis_cluster import Cluster
 
 MODEL = "m"
 
@@ -99,3 +103,14 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
     await client.aclose()
     await pool.aclose()
     await listener.aclose()
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    """Replicas on one key prefix and one injected Redis clock (tests.contract.redis_cluster)."""
+    from tests.contract.redis_cluster import Cluster  # it needs this module's MODEL
+
+    made = Cluster(redis_url_or_skip())
+    await made.seed()
+    yield made
+    await made.close()

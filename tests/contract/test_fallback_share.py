@@ -17,9 +17,8 @@ from gateway.queues.memory import MemoryQueue
 from gateway.settings import Estimation
 from policies.outcomes import Outcome
 from tests.contract.conftest import MODEL
-from tests.contract.test_redis_absence import Cluster, pool
+from tests.contract.redis_cluster import Cluster, pool
 from tests.eventually import eventually
-from tests.redis_server import redis_url_or_skip
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 FALLBACK_MAX_S = 30.0
@@ -53,14 +52,6 @@ class Replica:
         offer = await self.offer()
         assert isinstance(offer, Granted), offer
         return offer.slot
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    made = Cluster(redis_url_or_skip())
-    await made.seed()
-    yield made
-    await made.close()
 
 
 @pytest.fixture

@@ -76,6 +76,25 @@ def next_spread(
     return min(ceiling, max(1.0, factor))
 
 
+def spread_after(
+    previous: float,
+    band_load: float,
+    band_drain_rate_per_s: float,
+    elapsed_s: float,
+    seen_s: float,
+    config: RetryAfterConfig,
+) -> float:
+    """`next_spread` over the `elapsed_s` since the band last refused, where `seen_s` is how far
+    back the load estimates remember. A longer gap was a lull: nobody was refused in it, the
+    refused clients' returns have thinned out, and the spread relaxes over all of it as for an idle
+    band; the load seen now belongs to a new burst that has only begun. Taking that load to have
+    held over the whole gap grew the spread by a burst's load for every idle second before the
+    burst, burst after burst, up to the ceiling."""
+    if elapsed_s > seen_s:
+        return next_spread(previous, 0.0, band_drain_rate_per_s, elapsed_s, config)
+    return next_spread(previous, band_load, band_drain_rate_per_s, elapsed_s, config)
+
+
 def header_values(advice_s: float) -> tuple[str, str]:
     """`Retry-After` in whole seconds (at least 1, rounded up) and `retry-after-ms` (precise)."""
     whole_s = max(1, -int(-advice_s // 1))

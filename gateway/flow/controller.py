@@ -80,6 +80,7 @@ class AdmissionController:
         signals: SignalView | None = None,
         backlog_limits: BacklogLimits | None = None,
         queued_bytes: QueuedBytes | None = None,
+        rates_seen_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
     ) -> None:
@@ -94,6 +95,8 @@ class AdmissionController:
         self._clock = clock
         self._jitter = jitter
         self._spreads: dict[str, RetrySpreads] = {}
+        self._rates_seen_s = rates_seen_s
+        """How far back the arrival-rate estimates remember (settings.estimation.rate_window_s)."""
 
     async def acquire(
         self,
@@ -256,7 +259,9 @@ class AdmissionController:
         """The refusal, with Retry-After stretched by the band's spread against returning clients."""
         spreads = self._spreads.get(model)
         if spreads is None:
-            spreads = self._spreads[model] = RetrySpreads(len(self._class_names), self._admission.retry)
+            spreads = self._spreads[model] = RetrySpreads(
+                len(self._class_names), self._admission.retry, self._rates_seen_s
+            )
         flow = spreads.follow(flow, self._clock())
         return refuse(request, stats, flow, self._jitter(), self._admission, reason=reason)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from policies.retry_after import RetryAfterConfig, band_retry_load, next_spread
+from policies.retry_after import RetryAfterConfig, band_retry_load, spread_after
 from policies.wait import Throughput, band_drain_rate_per_s
 
 
@@ -12,11 +12,13 @@ class RetrySpreads:
     """Each band's Retry-After spread factor, followed over time (policies.retry_after).
 
     Updated when advice is given: the load seen then is taken to have held since the last update,
-    so a pause in refusals (the overload ended) shrinks the factor by the whole pause at once.
+    unless that is longer ago than the rate estimates remember (`seen_s`): then the time between
+    was a lull, and a new burst begins (policies.retry_after.spread_after).
     """
 
-    def __init__(self, bands: int, config: RetryAfterConfig) -> None:
+    def __init__(self, bands: int, config: RetryAfterConfig, seen_s: float) -> None:
         self._config = config
+        self._seen_s = seen_s
         self._factors = [1.0] * bands
         self._updated_at: float | None = None
 
@@ -28,6 +30,6 @@ class RetrySpreads:
                 drain = band_drain_rate_per_s(flow, band)
                 offered, admitted = flow.offered_rate_by_band[band], flow.admitted_rate_by_band[band]
                 load = band_retry_load(offered, admitted, drain)
-                self._factors[band] = next_spread(factor, load, drain, elapsed_s, self._config)
+                self._factors[band] = spread_after(factor, load, drain, elapsed_s, self._seen_s, self._config)
         self._updated_at = now
         return replace(flow, retry_spread_by_band=tuple(self._factors))

@@ -73,6 +73,25 @@ async def test_overload_gets_429_with_computed_retry_after_at_once(start_sim, st
     assert sim.stats()["completed"] == 5
 
 
+async def test_retry_after_does_not_climb_from_burst_to_burst_across_lulls(start_sim, start_gateway):
+    """Bursts with lulls between them: each burst's advice starts where the first one's did. (It
+    climbed burst after burst to the 60 s ceiling, and stayed there with the backend idle.)"""
+    sim = start_sim(slots=2, base_ms=100)
+    classes = [{"name": "high", "max_wait_ms": 340}, {"name": "low", "max_wait_ms": 340}]
+    config = gateway_config([(sim.url, 2)], priorities=classes, expected_service_ms=100)
+    gateway = start_gateway({**config, "retry_after": {"jitter": 0.0}})
+    advice: list[int] = []
+    async with session() as http:
+        for burst in range(4):
+            if burst:
+                await asyncio.sleep(3.0)  # the lull itself is the scenario (longer than the rates remember)
+            results = await asyncio.gather(*(infer(http, gateway) for _ in range(30)))
+            refused = sorted(int(h["retry-after-ms"]) for status, h, _ in results if status == 429)
+            advice.append(refused[len(refused) // 2])
+            await wait_for_metric(gateway, "gateway_inflight_requests", 0.0, model="sim")
+    assert max(advice) <= 2 * advice[0], advice
+
+
 async def test_retry_after_grows_with_the_urgent_backlog(start_sim, start_gateway):
     sim = start_sim(slots=1, base_ms=50)
     classes = [{"name": "high", "max_wait_ms": 60_000}, {"name": "low", "max_wait_ms": 100}]

@@ -2,7 +2,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.retry_after import RetryAfterConfig, band_retry_load, header_values, next_spread, retry_after_s
+from gateway.flow.retry_spreads import RetrySpreads
+from policies.retry_after import (
+    RetryAfterConfig,
+    band_retry_load,
+    header_values,
+    next_spread,
+    retry_after_s,
+    spread_after,
+)
+from policies.wait import Throughput
 
 NO_JITTER = RetryAfterConfig(min_s=0.01, max_s=60.0, jitter=0.0)
 
@@ -98,3 +107,46 @@ def test_spread_settles_where_returning_clients_find_room():
         load = band_retry_load(offered, min(offered, drain), drain)
         spread = next_spread(spread, load, drain, 0.1, SPREAD)
     assert turnover * spread == pytest.approx(clients / drain, rel=0.1)  # about 5 s
+
+
+def test_a_lull_between_bursts_relaxes_the_spread_instead_of_compounding_it():
+    """Bursts at twice the band's drain, 2 s each, 15 s apart, with advice every 10 ms while they
+    refuse: the first advice of each burst comes after 15 s in which nobody was refused. Taking the
+    burst's load to have held over that whole gap climbed the spread to its ceiling (Retry-After
+    60 s with an idle backend); as a lull, every burst starts where the first did."""
+    drain = 200.0
+    bursting = Throughput(
+        service_time_s=0.04,
+        drain_rate_per_s=drain,
+        admitted_rate_by_band=(drain,),
+        offered_rate_by_band=(2 * drain,),
+    )
+    spreads = RetrySpreads(1, SPREAD, seen_s=2.0)
+    first_of_burst: list[float] = []
+    now = 0.0
+    for burst in range(4):
+        start = burst * 17.0
+        for step in range(200):
+            now = start + step * 0.01
+            factor = spreads.follow(bursting, now).retry_spread(0)
+            if step == 0:
+                first_of_burst.append(factor)
+    assert max(first_of_burst) < 1.5, first_of_burst
+    assert spreads.follow(bursting, now).retry_spread(0) < 2 ** (4 / SPREAD.adapt_tau_s) * 1.01
+
+
+@given(
+    st.floats(1.0, 1e4),
+    st.floats(0.0, 10.0),
+    st.floats(1.0, 1e3),
+    st.floats(0.0, 100.0),
+    st.floats(0.01, 10.0),
+)
+def test_a_gap_longer_than_the_estimates_remember_only_relaxes_the_spread(
+    previous, load, drain, elapsed, seen
+):
+    after = spread_after(previous, load, drain, elapsed, seen, SPREAD)
+    if elapsed > seen:
+        assert after <= max(1.0, previous)
+    else:  # refusing all along: the plain integral step
+        assert after == pytest.approx(next_spread(previous, load, drain, elapsed, SPREAD))

@@ -116,9 +116,13 @@ def build_runtime(
             observe_upstream_s=metrics.observe_upstream,
             clock=clock,
         ),
-        # Retry-After when no backend is ready: by the next health check one may be.
+        # Retry-After when no backend is ready: when one may be again (its cool-down, the next probe).
         admission=Admission(
-            controller, metrics, drain, no_backend_retry_s=settings.health.interval_ms / 1000
+            controller,
+            metrics,
+            drain,
+            no_backend_retry_s=settings.health.interval_ms / 1000,
+            ready_again_in_s=health.ready_again_in_s,
         ),
         drain=drain,
         readiness=Readiness(pools, drain, supervisors),

@@ -121,6 +121,15 @@ def after_wait(circuit: Circuit, rules: CircuitRules, now: float, slots_held: in
     return replace(circuit, state=CircuitState.HALF_OPEN)
 
 
+def cooldown_left_s(circuit: Circuit, rules: CircuitRules, now: float) -> float | None:
+    """Seconds until an open circuit's cool-down ends (0 once it has: it half-opens when the
+    backend's slots are free); None when it is not open."""
+    if circuit.state is not CircuitState.OPEN:
+        return None
+    assert circuit.opened_at is not None, "an open circuit knows when it opened"
+    return max(0.0, circuit.opened_at + rules.cooldown_s - now)
+
+
 def admits(circuit: Circuit) -> bool:
     """May the backend get new requests at all (closed, or half-open for its trial)?"""
     return circuit.state is not CircuitState.OPEN

@@ -87,11 +87,19 @@ class Admission:
         drain: Drain,
         *,
         no_backend_retry_s: float,
+        ready_again_in_s: Callable[[ModelPool], float] | None = None,
     ) -> None:
         self.controller = controller
         self.metrics = metrics
         self.drain = drain
         self.no_backend_retry_s = no_backend_retry_s
+        self._ready_again_in_s = ready_again_in_s
+
+    def no_backend_retry(self, pool: ModelPool) -> float:
+        """Retry-After when no backend of `pool` is ready: when one may be again, if known."""
+        if self._ready_again_in_s is None:
+            return self.no_backend_retry_s
+        return self._ready_again_in_s(pool)
         """Retry-After when no backend is ready: when health checks may have found one."""
 
 
@@ -145,7 +153,7 @@ class AdmittedCall:
         if admission.drain.draining:
             refusal = Refusal(Outcome.DRAINING, DRAINING_RETRY_S)
         elif not pool.any_ready:
-            refusal = Refusal(Outcome.NO_BACKEND, admission.no_backend_retry_s)
+            refusal = Refusal(Outcome.NO_BACKEND, admission.no_backend_retry(pool))
         else:
             try:
                 lease = await _acquire(
@@ -180,7 +188,7 @@ class AdmittedCall:
                 self._close()
                 refusal = lease
                 if refusal.outcome is Outcome.NO_BACKEND:
-                    refusal = Refusal(Outcome.NO_BACKEND, admission.no_backend_retry_s)
+                    refusal = Refusal(Outcome.NO_BACKEND, admission.no_backend_retry(pool))
         self._count(refusal.outcome)  # before the answer: whoever reads the answer sees it counted
         await self._ingress.refuse(refusal)
 

@@ -41,6 +41,7 @@ from policies.circuit import (
     after_stall,
     after_verdict,
     after_wait,
+    cooldown_left_s,
     stalled,
     watch_quiet,
 )
@@ -79,6 +80,15 @@ class HealthChecker:
         self._clock = clock
         # A stall is found, and a cool-down noticed, at most this late.
         self.look_s = max(0.01, min(1.0, stall_timeout_s / 4, circuit.cooldown_s / 4))
+
+    def ready_again_in_s(self, pool: ModelPool) -> float:
+        """When a backend of `pool`, none of which is ready, may be ready again at the soonest: an
+        open circuit at the end of its cool-down, any other at the next probe."""
+        now = self._clock()
+        return min(
+            (cooldown_left_s(b.circuit, self._rules, now) or self._interval_s for b in pool.backends),
+            default=self._interval_s,
+        )
 
     @classmethod
     def from_settings(

@@ -203,6 +203,21 @@ async def test_backend_answering_503s_in_a_row_is_cut_out(start_sim, start_gatew
     assert circuit == {"closed": 0.0, "open": 1.0, "half_open": 0.0}
 
 
+async def test_a_model_whose_only_backend_is_cut_out_says_to_come_back_after_the_cooldown(
+    start_sim, start_gateway
+):
+    failing = start_sim(slots=4, base_ms=5)
+    gateway = start_gateway(config(failing, on_abandon="drain", cooldown_ms=8000))
+    set_fault(failing, status=503)
+    assert await in_turn(gateway, 3) == [503, 503, 503]  # the backend's own, passed through
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gateway.url + PATH, json=INFER) as reply:
+            body = await reply.json()
+            assert (reply.status, body["reason"]) == (503, "no_backend")
+            # The cool-down's rest (8 s, less the moments since it opened), not the 200 ms probe.
+            assert 4000 <= int(reply.headers["retry-after-ms"]) <= 8000
+
+
 @pytest.mark.parametrize("status", [400, 404, 429])
 async def test_client_errors_never_open_the_circuit(start_sim, start_gateway, status):
     refusing = start_sim(slots=4, base_ms=5)

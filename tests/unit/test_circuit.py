@@ -17,6 +17,7 @@ from policies.circuit import (
     after_stall,
     after_verdict,
     after_wait,
+    cooldown_left_s,
     slot_limit,
     stalled,
     verdict_of,
@@ -232,3 +233,11 @@ def test_stall_is_never_found_before_the_backend_was_silent_and_busy_that_long(l
             assert now - last_event_seen_at >= stall_s
         if busy_since is not None and not new_events and now - max(busy_since, last_event_seen_at) >= stall_s:
             assert stalled(quiet, now, stall_s), "a silent busy backend must be found stalled"
+
+
+def test_the_cooldown_left_counts_down_from_the_opening_and_only_for_an_open_circuit():
+    rules = CircuitRules(failures_to_open=1, cooldown_s=5.0)
+    opened = after_verdict(CLOSED, Verdict.FAILURE, rules, now=100.0)
+    assert cooldown_left_s(opened, rules, 101.5) == pytest.approx(3.5)
+    assert cooldown_left_s(opened, rules, 107.0) == 0.0  # over: it half-opens once its slots are free
+    assert cooldown_left_s(CLOSED, rules, 101.5) is None

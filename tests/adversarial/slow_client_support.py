@@ -103,10 +103,3 @@ def open_file_limit(pid: int) -> int:
         if line.startswith("Max open files"):
             return int(line.split()[3])
     raise AssertionError("no 'Max open files' in /proc limits")
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc status")

@@ -20,9 +20,8 @@ from tests.adversarial.slow_client_support import (
     head_size,
     infer_request,
     read_answer,
-    rss_bytes,
 )
-from tests.integration.servers import Gateway, gateway_config
+from tests.integration.servers import Gateway, gateway_config, rss_bytes
 
 pytestmark = pytest.mark.anyio
 

@@ -13,12 +13,11 @@ import http.client
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from gateway.errors import MAX_DETAIL_CHARS
-from tests.integration.servers import gateway_config
+from tests.integration.servers import gateway_config, rss_bytes
 
 PATH_NAME_BYTES = 60 * 1024
 """Under the 64 KiB that uvicorn's HTTP parser takes for a whole request target."""
@@ -81,13 +80,6 @@ def config(sim):
 @pytest.fixture(scope="module")
 def gateway(module_launcher, sim):
     return module_launcher.gateway(config(sim))
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc status")
 
 
 def names(carrier: Carrier, count: int, tag: str, *, distinct: bool = True) -> Iterator[str]:

@@ -5,13 +5,12 @@ served, and the bytes held go back to 0."""
 import asyncio
 import io
 import json
-from pathlib import Path
 
 import aiohttp
 import pytest
 
 from tests.eventually import eventually
-from tests.integration.servers import gateway_config
+from tests.integration.servers import gateway_config, rss_bytes
 
 pytestmark = pytest.mark.anyio
 MIB = 1024 * 1024
@@ -83,13 +82,6 @@ async def test_a_body_that_gets_a_slot_at_once_is_not_held(start_sim, start_gate
     async with aiohttp.ClientSession() as http:
         status, _, _ = await post(http, gateway, 2 * MIB)
     assert status == 200
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc status")
 
 
 async def test_a_queued_body_is_held_once(start_sim, start_gateway, monkeypatch):

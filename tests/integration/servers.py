@@ -45,6 +45,14 @@ def http_post(url: str, body: bytes = b"", timeout_s: float = 5.0) -> tuple[int,
         connection.close()
 
 
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process `pid`, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc status")
+
+
 class ServerProcess:
     """`python -m gateway <args>`, logging to a file; `url` once it listens and answers."""
 

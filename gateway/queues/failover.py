@@ -206,6 +206,12 @@ class FailoverQueue:
         until = self._serving_until[model] = holding.serve_until
         self._ended.discard(model)
         if until > now and any(holding.leases.values()):
+            log.warning(
+                "model %s: serving from the fallback for %.1f s on the leases held: %s",
+                model,
+                until - now,
+                ", ".join(f"{url} {n}" for url, n in holding.leases.items()),
+            )
             loop = asyncio.get_running_loop()
             self._timers.append(loop.call_later(until - now, self._serving, model))
         else:

@@ -1,0 +1,163 @@
+"""Load and validate the YAML config into frozen settings, with errors that name the field.
+
+The sections live in gateway.settings.serving and gateway.settings.tuning; every name is
+importable from here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from gateway.settings.base import ConfigError, Frozen, Name, PositiveMs
+from gateway.settings.serving import (
+    Backend,
+    BackendTls,
+    Forwarding,
+    Limits,
+    Listen,
+    Model,
+    PriorityClass,
+    Shutdown,
+    Store,
+    Tenant,
+)
+from gateway.settings.tuning import Admission, Autoscaling, Estimation, Health, Kueue, RetryAfter, Signals
+from policies.admission import AdmissionConfig
+from policies.ordering import Ordering
+from policies.queued_bytes import ByteLimits
+
+__all__ = [
+    "Admission",
+    "Autoscaling",
+    "Backend",
+    "BackendTls",
+    "ConfigError",
+    "Estimation",
+    "Forwarding",
+    "Health",
+    "Kueue",
+    "Limits",
+    "Listen",
+    "Model",
+    "Name",
+    "PositiveMs",
+    "PriorityClass",
+    "RetryAfter",
+    "Settings",
+    "Shutdown",
+    "Signals",
+    "Store",
+    "Tenant",
+    "key_digest",
+    "load_settings",
+    "parse_settings",
+]
+
+
+class Settings(Frozen):
+    listen: Listen = Listen()
+    admin_listen: Listen | None = None
+    """Serve /metrics, /healthz and /readyz here, and not on the client listener."""
+    store: Store = Store()
+    priorities: list[PriorityClass] = Field(min_length=1)
+    default_priority: str
+    ordering: Ordering = Ordering.FIFO
+    models: list[Model] = Field(min_length=1)
+    tenants: list[Tenant] = Field(default_factory=list)
+    limits: Limits = Limits()
+    admission: Admission = Admission()
+    retry_after: RetryAfter = RetryAfter()
+    health: Health = Health()
+    signals: Signals = Signals()
+    kueue: Kueue | None = None
+    autoscaling: Autoscaling = Autoscaling()
+    estimation: Estimation = Estimation()
+    forwarding: Forwarding = Forwarding()
+    shutdown: Shutdown = Shutdown()
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> Settings:
+        class_names = [p.name for p in self.priorities]
+        _unique("priorities", class_names)
+        _unique("models", [m.name for m in self.models])
+        _unique("tenants", [t.name for t in self.tenants])
+        _unique("tenants api_keys", [key for t in self.tenants for key in t.api_keys])
+        admin = self.admin_listen
+        if admin is not None and admin.port != 0 and admin.port == self.listen.port:
+            raise ValueError("admin_listen must use another port than listen")
+        if self.default_priority not in class_names:
+            raise ValueError(f"default_priority {self.default_priority!r} is not one of {class_names}")
+        for tenant in self.tenants:
+            if tenant.max_priority is not None and tenant.max_priority not in class_names:
+                problem = f"max_priority {tenant.max_priority!r} is not one of {class_names}"
+                raise ValueError(f"tenant {tenant.name!r}: {problem}")
+        return self
+
+    def band_of(self, class_name: str) -> int | None:
+        for band, priority in enumerate(self.priorities):
+            if priority.name == class_name:
+                return band
+        return None
+
+    def admission_policy(self) -> AdmissionConfig:
+        return AdmissionConfig(safety_sigmas=self.admission.safety_sigmas, retry=self.retry_after.policy())
+
+    def queued_byte_limits(self) -> ByteLimits:
+        per_model = {m.name: m.max_queued_bytes for m in self.models if m.max_queued_bytes is not None}
+        return ByteLimits(self.limits.max_queued_bytes, per_model)
+
+    def backend_connections(self) -> int:
+        """Connections the backends (a slot each, as configured) and the Redis pool may take."""
+        slots = sum(b.max_concurrency or 0 for m in self.models for b in m.backends)
+        return slots + (self.store.pool_size if self.store.kind == "redis" else 0)
+
+    def api_key_digests(self) -> dict[bytes, Tenant]:
+        """Tenants by the SHA-256 of their keys, so lookups never compare secrets directly."""
+        return {key_digest(key): t for t in self.tenants for key in t.api_keys}
+
+
+def key_digest(key: str | bytes) -> bytes:
+    return hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
+
+
+def _unique(what: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{what}: {name!r} appears twice")
+        seen.add(name)
+
+
+def parse_settings(data: Any, source: str = "config") -> Settings:
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(source, [_describe(e) for e in error.errors()]) from None
+
+
+def load_settings(path: str | Path) -> Settings:
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ConfigError(source, [f"cannot read: {error.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(source, [f"not valid YAML: {error}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["the top level must be a mapping of keys"])
+    return parse_settings(data, source)
+
+
+def _describe(error: Any) -> str:
+    path = ""
+    for part in error["loc"]:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{path}: {message}" if path else message

@@ -1,0 +1,177 @@
+"""Settings of what the gateway serves: listeners, the store, classes, models and backends, tenants,
+limits, forwarding and shutdown."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.settings.base import Frozen, Name, PositiveMs, http_url
+
+
+class Listen(Frozen):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class Store(Frozen):
+    kind: Literal["memory", "redis"] = "memory"
+    url: str | None = None  # redis://host:port/db, required for kind: redis
+    key_prefix: str = Field("gw", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    lease_ttl_ms: PositiveMs = 5000.0
+    """A replica that stops renewing its slots loses them after this long."""
+    pool_size: int = Field(64, ge=2, le=10_000)
+    timeout_ms: PositiveMs = 1000.0
+    """A Redis command slower than this counts as Redis being unreachable."""
+    on_store_failure: Literal["local", "reject"] = "local"
+    """local: fall back to in-memory queues with a share of the slots; reject: answer 503."""
+    replicas: int = Field(1, ge=1, le=10_000)
+    """How many gateway replicas share the backends: the local fallback gets slots / replicas."""
+    fallback_max_ms: PositiveMs = 30_000.0
+    """local: a replica cut off from Redis serves from its fallback at most this long after its last
+    heartbeat, then answers 503; the others keep its slots reserved that long + upstream_timeout_ms."""
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> Store:
+        if self.kind == "redis":
+            if not self.url:
+                raise ValueError("store.url is required for kind: redis")
+            if urlsplit(self.url).scheme not in ("redis", "rediss", "unix"):
+                raise ValueError("store.url must be a redis://, rediss:// or unix:// URL")
+        return self
+
+
+class PriorityClass(Frozen):
+    name: Name
+    max_wait_ms: PositiveMs
+
+
+_HEALTH_PATHS = {"kserve": "/v2/health/ready", "triton": "/v2/models/{model}/ready", "vllm": "/health"}
+# vLLM stops generating when its client goes away; Triton and KServe servers compute on.
+_ON_ABANDON = {"kserve": "drain", "triton": "drain", "vllm": "abort"}
+
+
+class BackendTls(Frozen):
+    ca_file: str | None = None
+    """CAs to trust instead of the system's."""
+    cert_file: str | None = None
+    """A client certificate (PEM) for backends that ask for one; key_file holds its key."""
+    key_file: str | None = None
+    verify: bool = True
+    """false accepts any certificate (test rigs only)."""
+
+    @model_validator(mode="after")
+    def _key_with_cert(self) -> BackendTls:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file needs cert_file")
+        return self
+
+
+class Backend(Frozen):
+    url: str
+    kind: Literal["kserve", "triton", "vllm"] = "kserve"
+    """triton: readiness and capacity are discovered with tritonclient (model config)."""
+    max_concurrency: int | None = Field(None, ge=1, le=100_000)
+    """Slots; for kind triton it defaults to instances x max_batch_size (with dynamic batching)."""
+    metrics_url: str | None = None
+    """Triton's or vLLM's /metrics: its queue counts into admission and dispatch."""
+    served_model: str | None = None
+    """The model's name on this backend, when it differs from the name clients use."""
+    discover: Literal["none", "dns"] = "none"
+    """dns: one backend per address the URL's host resolves to (a headless Service's pods)."""
+    health_path: str | None = None
+    """Defaults by kind: /v2/health/ready, /v2/models/{model}/ready, /health ({model}: served name)."""
+    on_abandon: Literal["abort", "drain"] | None = None
+    """A request whose client left: abort closes the connection (for backends that stop on it, vllm's
+    default), drain reads the answer to its end (kserve, triton); the slot is held till then."""
+    keepalive_ms: PositiveMs = 1500.0
+    """Idle pooled connections older than this are not reused: keep it below the backend's own
+    idle timeout (gunicorn 2 s, uvicorn 5 s)."""
+    max_answer_head_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
+    """An answer's status line and headers may take this much; more is a broken backend (502)."""
+    tls: BackendTls = BackendTls()
+    """For https:// backends."""
+
+    @model_validator(mode="after")
+    def _slots_known(self) -> Backend:
+        if self.max_concurrency is None and self.kind != "triton":
+            raise ValueError("max_concurrency is required unless kind is triton (discovered)")
+        return self
+
+    @property
+    def readiness_path(self) -> str:
+        return self.health_path or _HEALTH_PATHS[self.kind]
+
+    @property
+    def abandon_mode(self) -> Literal["abort", "drain"]:
+        return self.on_abandon or _ON_ABANDON[self.kind]  # type: ignore[return-value]
+
+    _check_url = field_validator("url")(http_url)
+
+    @field_validator("metrics_url")
+    @classmethod
+    def _check_metrics_url(cls, value: str | None) -> str | None:
+        return None if value is None else http_url(value)
+
+    @field_validator("health_path")
+    @classmethod
+    def _check_health_path(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("must start with /")
+        return value
+
+
+class Model(Frozen):
+    name: Name
+    backends: list[Backend] = Field(min_length=1)
+    expected_service_ms: PositiveMs = 100.0
+    """The service time assumed until one is measured."""
+    upstream_timeout_ms: PositiveMs = 300_000.0
+    max_queued_bytes: int | None = Field(None, ge=1)
+    """The most request-body bytes one replica holds queued for this model (limits.max_queued_bytes
+    bounds all models together)."""
+
+
+class Tenant(Frozen):
+    name: Name
+    api_keys: list[Annotated[str, Field(min_length=8, max_length=512)]] = Field(min_length=1)
+    max_priority: str | None = None
+    """The most urgent class this tenant may ask for; None allows every class."""
+
+
+class Limits(Frozen):
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1)
+    max_priority_header_bytes: int = Field(64, ge=1)
+    max_header_bytes: int = Field(32 * 1024, ge=1024, le=1 << 24)
+    """A request's line and headers together; more is answered 431."""
+    max_headers: int = Field(100, ge=8, le=10_000)
+    """Header fields per request; more is answered 431."""
+    header_timeout_ms: PositiveMs = 10_000.0
+    """A request's head must arrive within this long of its first byte (of a new connection's start)."""
+    body_timeout_ms: PositiveMs = 60_000.0
+    """A request's body must arrive within this long of its headers."""
+    max_connections: int | None = Field(None, ge=16)
+    """Client connections at once, both listeners together (default: from the open-file limit); at
+    it, the one waiting longest without a request in progress is closed for a new one."""
+    max_queued_bytes: int = Field(512 * 1024 * 1024, ge=1)
+    """The most request-body bytes one replica holds queued, all models together; a request that
+    would go beyond is refused 429 queue_full with Retry-After."""
+
+
+class Forwarding(Frozen):
+    """What of the client's request the backend does not see."""
+
+    strip_request_headers: list[str] = Field(
+        default_factory=lambda: ["x-tenant", "x-priority", "x-request-timeout-ms"]
+    )
+    """The gateway's own control headers, dropped before forwarding. Authorization is dropped too
+    whenever tenants are configured: the key is the gateway's then, not the backend's."""
+    forwarded_for: bool = True
+    """Append the client's address to X-Forwarded-For (a client's own value is kept in front of it,
+    never taken as the client's address)."""
+
+
+class Shutdown(Frozen):
+    drain_timeout_ms: PositiveMs = 30_000.0

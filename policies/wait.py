@@ -31,6 +31,9 @@ class QueueStats:
     """Work waiting, per band; the request counts when not given (every cost 1)."""
     external_waiting: float = 0.0
     """Work the backends report queued inside them (sent by others): ahead of every band."""
+    started_at: tuple[float, ...] = ()
+    """When each slot in use was handed to its request, on the caller's clock (the ages of the
+    work in flight, from which its residual times follow)."""
 
     def work(self, band: int) -> float:
         return (self.queued_work_by_band or self.queued_by_band)[band]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -78,6 +79,8 @@ class _ModelQueue:
         self.follow_backends()
         self.bands = [_Band() for _ in range(bands)]
         self.live: set[Ticket] = set()
+        self.running: dict[Slot, float] = {}
+        """The slots in use, with when each was handed over (its request's age follows)."""
         self.estimates = PoolEstimates(bands, pool.expected_service_s, estimation)
         self.counters = StoreCounters.empty(bands)
         # Set after a hand-over that left requests waiting: the gap to the next hand-over is then a
@@ -114,6 +117,7 @@ class _ModelQueue:
             queued_by_band=tuple(b.count for b in self.bands),
             free_slots=free_slots(self.capacity),
             queued_work_by_band=tuple(b.work for b in self.bands),
+            started_at=tuple(self.running.values()),
         )
 
     @property
@@ -200,11 +204,13 @@ class MemoryQueue:
         ordering: Ordering = Ordering.FIFO,
         slot_divisor: int = 1,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.get_running_loop,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._models = {pool.name: _ModelQueue(pool, bands, estimation, slot_divisor) for pool in pools}
         self._sequence = itertools.count()
         self._ordering = ordering
         self._loop_factory = loop_factory
+        self._clock = clock
 
     async def start(self) -> None:
         pass
@@ -254,7 +260,7 @@ class MemoryQueue:
             return Full(queue.stats())
         counters.admitted_work[flow.band] += cost
         if free > 0 and ahead == 0 and (index := pick_backend(queue.capacity)) is not None:
-            return Granted(Slot(flow.model, queue.take(index), cost))
+            return Granted(self._run(queue, Slot(flow.model, queue.take(index), cost)))
         ticket = Ticket(flow, cost, self._loop_factory().create_future(), batching=batching)
         queue.insert(ticket, score(self._ordering, now, now + allowed_wait_s), next(self._sequence))
         return Queued(ticket)
@@ -273,10 +279,12 @@ class MemoryQueue:
             queue.capacity_of[slot.backend] = _Capacity(slot.backend, queue.slot_divisor, departed=True)
             queue.capacity.append(queue.capacity_of[slot.backend])
         queue.capacity_of[slot.backend].inflight += 1
+        queue.running[slot] = self._clock()  # a request already running: its start is not known here
 
     def discharge(self, slot: Slot) -> None:
         queue = self._models[slot.model]
         queue.capacity_of[slot.backend].inflight -= 1
+        queue.running.pop(slot, None)
         self._dispatch(queue, now=None)
         queue.wake_if_idle()
 
@@ -344,11 +352,16 @@ class MemoryQueue:
         capacity = queue.capacity_of[slot.backend]
         capacity.inflight -= 1
         slot.backend.inflight -= 1
+        queue.running.pop(slot, None)
         if capacity.departed and not capacity.inflight:
             queue.follow_backends()
         handed_over = self._dispatch(queue, now) > 0
         queue.wake_if_idle()
         return handed_over
+
+    def _run(self, queue: _ModelQueue, slot: Slot) -> Slot:
+        queue.running[slot] = self._clock()
+        return slot
 
     def backends_changed(self, model: str) -> None:
         queue = self._models[model]
@@ -377,6 +390,7 @@ class MemoryQueue:
                 continue
             cost = sum(t.cost for t in tickets)
             slot = Slot(queue.pool.name, queue.take(index), cost, tuple(tickets) if len(tickets) > 1 else ())
+            self._run(queue, slot)
             for ticket in tickets:
                 ticket.grant(slot)
             granted += 1

@@ -58,10 +58,13 @@ class View:
 
     @classmethod
     def parse(cls, raw: dict[str, Any], seen_at: float) -> View:
+        redis_now = float(raw["now"])
         stats = QueueStats(
             queued_by_band=tuple(int(n) for n in raw["n"]),
             free_slots=int(raw["free"]),
             queued_work_by_band=tuple(float(w) for w in raw["w"]),
+            # Grant times on Redis's clock, moved to the local one: the reply left Redis about now.
+            started_at=tuple(seen_at - (redis_now - float(t)) for t in raw.get("st") or ()),
         )
         counters = StoreCounters(
             offered_work=[float(x) for x in raw["off"]],
@@ -72,7 +75,7 @@ class View:
             handovers=int(raw["h"]),
             handed_work=float(raw["hw"]),
         )
-        return cls(seen_at, float(raw["now"]), stats, counters)
+        return cls(seen_at, redis_now, stats, counters)
 
     def work_to_drain(self, band: int, handover_cost: float) -> float:
         """The work to drain before a new request of `band` gets a slot, as the offer script

@@ -210,3 +210,17 @@ async def test_a_step_up_in_admissions_is_believed_within_one_counting_interval(
     # 13 admissions in about 60 ms: about 200 per second. Averaging over the estimators' windows
     # alone would still say about 25 per second, and admit a lower band as if they never came.
     assert rate > 100
+
+
+async def test_stats_say_when_each_slot_in_use_was_handed_over(make_store):
+    sut = await make_store(slots=(3,))
+    before = time.monotonic()
+    first, second = await fill(sut, 2)
+    after = time.monotonic()
+    started = sut.store.stats(MODEL).started_at
+    # On the local clock (the Redis store converts from Redis's), within a round trip.
+    assert len(started) == 2 and all(before - 0.05 <= t <= after + 0.05 for t in started)
+    await release(sut, first.slot)
+    assert len(sut.store.stats(MODEL).started_at) == 1
+    await release(sut, second.slot)
+    assert sut.store.stats(MODEL).started_at == ()

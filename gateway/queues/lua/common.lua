@@ -197,6 +197,7 @@ local function grant_lease(url, replica, ttl, now)
   redis.call('ZADD', tag .. ':leases', now + ttl, lease)
   redis.call('HSET', tag .. ':lease', lease, url .. '|' .. replica)
   redis.call('HSET', tag .. ':bound', lease, fmt(now + A.bound_s))
+  redis.call('ZADD', tag .. ':started', now, lease)
   redis.call('SADD', tag .. ':held:' .. replica, lease)
   return lease
 end
@@ -215,6 +216,7 @@ local function free_lease(lease)
   local url, replica = string.match(info, '^(.*)|([^|]*)$')
   redis.call('HDEL', tag .. ':lease', lease)
   redis.call('HDEL', tag .. ':bound', lease)
+  redis.call('ZREM', tag .. ':started', lease)
   redis.call('ZREM', tag .. ':leases', lease)
   redis.call('SREM', tag .. ':held:' .. replica, lease)
   if tonumber(redis.call('HINCRBY', tag .. ':slots', url, -1)) < 0 then
@@ -392,6 +394,14 @@ local function count_refused_locally(nbands)
 end
 
 -- What admission, metrics and the estimators need (gateway/queues/redis_codec.View).
+-- When each slot in use was handed over: the ages of the work in flight, for admission.
+local function started_times()
+  local started = redis.call('ZRANGE', tag .. ':started', 0, -1, 'WITHSCORES')
+  local times = {}
+  for i = 2, #started, 2 do times[#times + 1] = started[i] end
+  return times
+end
+
 local function view(nbands, backends, now)
   local n, w, off, adm = {}, {}, {}, {}
   for band = 0, nbands - 1 do
@@ -404,6 +414,6 @@ local function view(nbands, backends, now)
     now = fmt(now), free = free_slots(backends), n = n, w = w, off = off, adm = adm,
     dw = stat('drained_work'), ds = stat('drained_s'),
     da = redis.call('HGET', tag .. ':stats', 'drained_at') or '',
-    h = stat('handovers'), hw = stat('handed_work'),
+    h = stat('handovers'), hw = stat('handed_work'), st = started_times(),
   }
 end

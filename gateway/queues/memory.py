@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket
 from gateway.queues.estimates import PoolEstimates, StoreCounters
+from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots, pick_backend
@@ -26,37 +27,6 @@ from policies.outcomes import Outcome
 from policies.wait import QueueStats, Throughput, work_before_grant
 
 _HeapEntry = tuple[float, int, Ticket]
-
-
-def fallback_share(slots: int, divisor: int) -> int:
-    """The slots of a backend that one of `divisor` replicas may use from its fallback store."""
-    return max(1, slots // divisor) if slots else 0
-
-
-@dataclass(slots=True, eq=False)
-class _Capacity:
-    """This store's share of one backend's slots, and how many of them are in use."""
-
-    backend: BackendState
-    divisor: int
-    inflight: int = 0
-    departed: bool = False
-    """The backend left the pool: its slots in use still count, none is handed out."""
-    limit: int | None = None
-    """At most this many, below the share (see MemoryQueue.limit)."""
-
-    @property
-    def max_concurrency(self) -> int:
-        share = fallback_share(self.backend.max_concurrency, self.divisor)  # may be discovered later
-        return share if self.limit is None else min(share, self.limit)
-
-    @property
-    def ready(self) -> bool:
-        return self.backend.ready and not self.departed
-
-    @property
-    def external_waiting(self) -> float:
-        return self.backend.external_waiting
 
 
 @dataclass(slots=True, eq=False)
@@ -69,13 +39,16 @@ class _Band:
 
 
 class _ModelQueue:
-    def __init__(self, pool: ModelPool, bands: int, estimation: Estimation, slot_divisor: int) -> None:
+    def __init__(
+        self, pool: ModelPool, bands: int, estimation: Estimation, divisor: int, clock: Callable[[], float]
+    ) -> None:
         self.pool = pool
-        self.slot_divisor = slot_divisor
+        self.clock = clock
+        self.slot_divisor = divisor
         self.limits: dict[str, int] | None = None
         """Backend url -> slots at most (MemoryQueue.limit); a backend not named gets none."""
-        self.capacity: list[_Capacity] = []
-        self.capacity_of: dict[BackendState, _Capacity] = {}
+        self.capacity: list[Capacity] = []
+        self.capacity_of: dict[BackendState, Capacity] = {}
         self.follow_backends()
         self.bands = [_Band() for _ in range(bands)]
         self.live: set[Ticket] = set()
@@ -102,7 +75,7 @@ class _ModelQueue:
     def follow_backends(self) -> None:
         """Match the pool's backends, which endpoint discovery may change; a backend that left
         keeps its count until its last slot comes back."""
-        current = {b: self.capacity_of.get(b) or _Capacity(b, self.slot_divisor) for b in self.pool.backends}
+        current = {b: self.capacity_of.get(b) or Capacity(b, self.slot_divisor) for b in self.pool.backends}
         for backend, capacity in current.items():
             capacity.limit = None if self.limits is None else self.limits.get(backend.url, 0)
         for backend, capacity in self.capacity_of.items():
@@ -124,11 +97,15 @@ class _ModelQueue:
     def total_slots(self) -> int:
         return sum(c.max_concurrency for c in self.capacity if c.ready)
 
-    def take(self, index: int) -> BackendState:
+    def take(self, index: int, cost: float, batch: tuple[Ticket, ...] = ()) -> Slot:
         capacity = self.capacity[index]
         capacity.inflight += 1
         capacity.backend.inflight += 1  # the gateway-wide count of slots held, for metrics
-        return capacity.backend
+        return self.running_since(Slot(self.pool.name, capacity.backend, cost, batch))
+
+    def running_since(self, slot: Slot) -> Slot:
+        self.running[slot] = self.clock()
+        return slot
 
     def insert(self, ticket: Ticket, rank: float, sequence: int) -> None:
         band = self.bands[ticket.band]
@@ -206,11 +183,10 @@ class MemoryQueue:
         loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.get_running_loop,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._models = {pool.name: _ModelQueue(pool, bands, estimation, slot_divisor) for pool in pools}
+        self._models = {p.name: _ModelQueue(p, bands, estimation, slot_divisor, clock) for p in pools}
         self._sequence = itertools.count()
         self._ordering = ordering
         self._loop_factory = loop_factory
-        self._clock = clock
 
     async def start(self) -> None:
         pass
@@ -260,7 +236,7 @@ class MemoryQueue:
             return Full(queue.stats())
         counters.admitted_work[flow.band] += cost
         if free > 0 and ahead == 0 and (index := pick_backend(queue.capacity)) is not None:
-            return Granted(self._run(queue, Slot(flow.model, queue.take(index), cost)))
+            return Granted(queue.take(index, cost))
         ticket = Ticket(flow, cost, self._loop_factory().create_future(), batching=batching)
         queue.insert(ticket, score(self._ordering, now, now + allowed_wait_s), next(self._sequence))
         return Queued(ticket)
@@ -276,10 +252,10 @@ class MemoryQueue:
         """Count a slot another store granted against this store's share, until `discharge`."""
         queue = self._models[slot.model]
         if slot.backend not in queue.capacity_of:  # a backend that already left the pool
-            queue.capacity_of[slot.backend] = _Capacity(slot.backend, queue.slot_divisor, departed=True)
+            queue.capacity_of[slot.backend] = Capacity(slot.backend, queue.slot_divisor, departed=True)
             queue.capacity.append(queue.capacity_of[slot.backend])
         queue.capacity_of[slot.backend].inflight += 1
-        queue.running[slot] = self._clock()  # a request already running: its start is not known here
+        queue.running_since(slot)  # a request already running: its start is not known here
 
     def discharge(self, slot: Slot) -> None:
         queue = self._models[slot.model]
@@ -359,10 +335,6 @@ class MemoryQueue:
         queue.wake_if_idle()
         return handed_over
 
-    def _run(self, queue: _ModelQueue, slot: Slot) -> Slot:
-        queue.running[slot] = self._clock()
-        return slot
-
     def backends_changed(self, model: str) -> None:
         queue = self._models[model]
         queue.follow_backends()
@@ -389,8 +361,7 @@ class MemoryQueue:
             if not tickets:
                 continue
             cost = sum(t.cost for t in tickets)
-            slot = Slot(queue.pool.name, queue.take(index), cost, tuple(tickets) if len(tickets) > 1 else ())
-            self._run(queue, slot)
+            slot = queue.take(index, cost, tuple(tickets) if len(tickets) > 1 else ())
             for ticket in tickets:
                 ticket.grant(slot)
             granted += 1

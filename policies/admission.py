@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from policies.calibration import CalibrationConfig
 from policies.outcomes import Outcome
 from policies.retry_after import RetryAfterConfig, retry_after_s
 from policies.wait import (
@@ -42,8 +43,9 @@ from policies.wait import (
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
     safety_sigmas: float = 2.0
-    """Standard deviations of margin on the predicted wait and the service time."""
+    """Standard deviations of margin on the service time, and the queue wait's starting margin."""
     retry: RetryAfterConfig = field(default_factory=RetryAfterConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,8 @@ class AdmissionRequest:
     """The class's bound on time in the gateway's queue."""
     budget_s: float | None = None
     """The client's whole remaining budget (queue wait plus service), if it sent one."""
+    cost: float = 1.0
+    """Its work units."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,9 @@ class Reject:
     reason: Outcome
     retry_after_s: float
     predicted_wait_s: float
+    excess_wait_s: float = 0.0
+    """How much longer than allowed it would have waited, with the margin: the least time until
+    it fits (where a return schedule starts looking for room)."""
 
 
 def service_allowance_s(throughput: Throughput, safety_sigmas: float) -> float:
@@ -153,12 +160,11 @@ def refuse(
     if reason is None:
         budget_binds = allowed < request.max_queue_wait_s
         reason = Outcome.DEADLINE_UNMEETABLE if budget_binds else Outcome.QUEUE_FULL
+    excess_s = cautious_wait_s(work, throughput, request.band, config.safety_sigmas) - max(allowed, 0.0)
     advice = retry_after_s(
-        excess_wait_s=cautious_wait_s(work, throughput, request.band, config.safety_sigmas)
-        - max(allowed, 0.0),
+        excess_wait_s=excess_s,
         band_drain_rate_per_s=drain,
-        spread=throughput.retry_spread(request.band),
         jitter_u=jitter_u,
         config=config.retry,
     )
-    return Reject(reason=reason, retry_after_s=advice, predicted_wait_s=work / drain)
+    return Reject(reason=reason, retry_after_s=advice, predicted_wait_s=work / drain, excess_wait_s=excess_s)

@@ -56,13 +56,8 @@ class Throughput:
     service_cv: float = 1.0
     """The service time's coefficient of variation (spread over mean); 1, as for exponential
     service times, until enough have been measured to tell."""
-    retry_spread_by_band: tuple[float, ...] = ()
-    """Retry-After spread factors per band (policies.retry_after.next_spread); 1 when absent."""
     handover_cost: float = 1.0
     """Mean work a slot takes per hand-over (1 while every cost is 1)."""
-
-    def retry_spread(self, band: int) -> float:
-        return self.retry_spread_by_band[band] if band < len(self.retry_spread_by_band) else 1.0
 
 
 def work_to_drain(stats: QueueStats, band: int, handover_cost: float = 1.0) -> float:

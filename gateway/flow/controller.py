@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from gateway.flow.queued_bytes import QueuedBytes
-from gateway.flow.retry_spreads import RetrySpreads
+from gateway.flow.retry_spreads import ReturnSchedules
 from gateway.queues.base import Batching, Flow, Full, Granted, Queued, RequestQueue, Slot, Ticket, Unavailable
 from gateway.settings import PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
@@ -34,9 +34,8 @@ from policies.admission import (
 )
 from policies.outcomes import Outcome
 from policies.queued_bytes import ByteLimits, bytes_excess_wait_s
-from policies.retry_after import retry_after_s
 from policies.shedding import BacklogLimits, ClusterBacklog, backlog_retry_after_s, first_shed_band
-from policies.wait import QueueStats, Throughput, band_drain_rate_per_s
+from policies.wait import QueueStats, Throughput
 
 _DEFAULT_ADMISSION = AdmissionConfig()
 
@@ -94,7 +93,7 @@ class AdmissionController:
         self._admission = admission
         self._clock = clock
         self._jitter = jitter
-        self._spreads: dict[str, RetrySpreads] = {}
+        self._returns: dict[str, ReturnSchedules] = {}
         self._rates_seen_s = rates_seen_s
         """How far back the arrival-rate estimates remember (settings.estimation.rate_window_s)."""
 
@@ -117,7 +116,7 @@ class AdmissionController:
         """
         model, band = flow.model, flow.band
         arrived_at = self._clock()
-        request = AdmissionRequest(band=band, max_queue_wait_s=self._max_wait_s[band], budget_s=budget_s)
+        request = AdmissionRequest(band, self._max_wait_s[band], budget_s, cost)
         throughput = self._store.throughput(model, arrived_at)
         # Work the backends hold for other clients is ahead of every band: it comes off the
         # limit the store checks atomically.
@@ -223,13 +222,8 @@ class AdmissionController:
         needs to hand out enough bodies."""
         queued_work = sum(self._store.stats(model).queued_work_by_band)
         held = self._queued_bytes.held.get(model, 0)
-        advice = retry_after_s(
-            excess_wait_s=bytes_excess_wait_s(excess, held, queued_work, throughput.drain_rate_per_s),
-            band_drain_rate_per_s=band_drain_rate_per_s(throughput, request.band),
-            spread=throughput.retry_spread(request.band),
-            jitter_u=self._jitter(),
-            config=self._admission.retry,
-        )
+        excess_s = bytes_excess_wait_s(excess, held, queued_work, throughput.drain_rate_per_s)
+        advice = self._book_return(model, request, excess_s, throughput)
         return self._refusal(model, request.band, Outcome.QUEUE_FULL, advice)
 
     def _shed(
@@ -256,14 +250,21 @@ class AdmissionController:
         *,
         reason: Outcome | None = None,
     ) -> Reject:
-        """The refusal, with Retry-After stretched by the band's spread against returning clients."""
-        spreads = self._spreads.get(model)
-        if spreads is None:
-            spreads = self._spreads[model] = RetrySpreads(
-                len(self._class_names), self._admission.retry, self._rates_seen_s
+        """The refusal, with Retry-After the time its return is booked for (see ReturnSchedules)."""
+        reject = refuse(request, stats, flow, self._jitter(), self._admission, reason=reason)
+        return replace(reject, retry_after_s=self._book_return(model, request, reject.excess_wait_s, flow))
+
+    def _book_return(
+        self, model: str, request: AdmissionRequest, excess_wait_s: float, flow: Throughput
+    ) -> float:
+        schedules = self._returns.get(model)
+        if schedules is None:
+            bands = len(self._class_names)
+            schedules = self._returns[model] = ReturnSchedules(
+                bands, self._admission.retry, self._rates_seen_s
             )
-        flow = spreads.follow(flow, self._clock())
-        return refuse(request, stats, flow, self._jitter(), self._admission, reason=reason)
+        now, jitter_u = self._clock(), self._jitter()
+        return schedules.advise(request.band, request.cost, excess_wait_s, flow, now, jitter_u)
 
     def _refusal(self, model: str, band: int, outcome: Outcome, retry_after_s: float) -> Refusal:
         self._metrics.observe_retry_after(model, self._class_names[band], retry_after_s)

@@ -1,35 +1,45 @@
-"""Each band's Retry-After spread factor, kept as state and fed to the pure policy."""
+"""Each band's return schedule, kept as state and fed to the pure policy (policies.return_schedule)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from policies.retry_after import RetryAfterConfig
+from policies.return_schedule import ReturnSchedule, advise_return, empty_schedule
+from policies.wait import Throughput
 
-from policies.retry_after import RetryAfterConfig, band_retry_load, spread_after
-from policies.wait import Throughput, band_drain_rate_per_s
 
+class ReturnSchedules:
+    """One model's return schedules, one per band (policies.return_schedule).
 
-class RetrySpreads:
-    """Each band's Retry-After spread factor, followed over time (policies.retry_after).
-
-    Updated when advice is given: the load seen then is taken to have held since the last update,
-    unless that is longer ago than the rate estimates remember (`seen_s`): then the time between
-    was a lull, and a new burst begins (policies.retry_after.spread_after).
+    `rates_seen_s` is how far back the arrival-rate estimates remember: the returns the schedule
+    sends are averaged alike, so that they can be told apart from fresh arrivals.
     """
 
-    def __init__(self, bands: int, config: RetryAfterConfig, seen_s: float) -> None:
+    def __init__(self, bands: int, config: RetryAfterConfig, rates_seen_s: float = 2.0) -> None:
         self._config = config
-        self._seen_s = seen_s
-        self._factors = [1.0] * bands
-        self._updated_at: float | None = None
+        self._rates_seen_s = rates_seen_s
+        self._schedules: list[ReturnSchedule | None] = [None] * bands
 
-    def follow(self, flow: Throughput, now: float) -> Throughput:
-        """`flow` with the bands' spread factors brought up to `now`."""
-        if self._updated_at is not None:
-            elapsed_s = now - self._updated_at
-            for band, factor in enumerate(self._factors):
-                drain = band_drain_rate_per_s(flow, band)
-                offered, admitted = flow.offered_rate_by_band[band], flow.admitted_rate_by_band[band]
-                load = band_retry_load(offered, admitted, drain)
-                self._factors[band] = spread_after(factor, load, drain, elapsed_s, self._seen_s, self._config)
-        self._updated_at = now
-        return replace(flow, retry_spread_by_band=tuple(self._factors))
+    def advise(
+        self,
+        band: int,
+        cost: float,
+        excess_wait_s: float,
+        throughput: Throughput,
+        now: float,
+        jitter_u: float,
+    ) -> float:
+        """Seconds until this refused request should come back; books its return.
+
+        `excess_wait_s`: how much longer than allowed it would have waited (admission's);
+        `jitter_u`: a uniform sample in [0, 1), drawn by the caller.
+        """
+        schedule = self._schedules[band] or empty_schedule(now, self._config)
+        booking = advise_return(
+            schedule, cost, excess_wait_s, throughput, band, now, jitter_u, self._config, self._rates_seen_s
+        )
+        self._schedules[band] = booking.schedule
+        return booking.advice_s
+
+    def schedule(self, band: int) -> ReturnSchedule | None:
+        """The band's schedule as last booked (None before its first refusal)."""
+        return self._schedules[band]

@@ -28,6 +28,7 @@ from gateway.settings.serving import (
 )
 from gateway.settings.tuning import Admission, Autoscaling, Estimation, Health, Kueue, RetryAfter, Signals
 from policies.admission import AdmissionConfig
+from policies.calibration import CalibrationConfig
 from policies.ordering import Ordering
 from policies.queued_bytes import ByteLimits
 
@@ -105,7 +106,11 @@ class Settings(Frozen):
         return None
 
     def admission_policy(self) -> AdmissionConfig:
-        return AdmissionConfig(safety_sigmas=self.admission.safety_sigmas, retry=self.retry_after.policy())
+        return AdmissionConfig(
+            safety_sigmas=self.admission.safety_sigmas,
+            retry=self.retry_after.policy(),
+            calibration=CalibrationConfig(target_expiry=self.admission.target_expiry),
+        )
 
     def queued_byte_limits(self) -> ByteLimits:
         per_model = {m.name: m.max_queued_bytes for m in self.models if m.max_queued_bytes is not None}

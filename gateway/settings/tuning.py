@@ -13,8 +13,6 @@ class RetryAfter(Frozen):
     min_ms: PositiveMs = 10.0
     max_ms: PositiveMs = 60_000.0
     jitter: float = Field(0.1, ge=0.0, lt=1.0)
-    adapt_s: float = Field(5.0, gt=0)
-    """How fast the advice stretches while refused clients keep coming back too soon."""
 
     @model_validator(mode="after")
     def _min_below_max(self) -> RetryAfter:
@@ -23,14 +21,16 @@ class RetryAfter(Frozen):
         return self
 
     def policy(self) -> RetryAfterConfig:
-        return RetryAfterConfig(
-            min_s=self.min_ms / 1000, max_s=self.max_ms / 1000, jitter=self.jitter, adapt_tau_s=self.adapt_s
-        )
+        return RetryAfterConfig(min_s=self.min_ms / 1000, max_s=self.max_ms / 1000, jitter=self.jitter)
 
 
 class Admission(Frozen):
     safety_sigmas: float = Field(2.0, ge=0.0, le=10.0)
-    """Standard deviations of margin on the predicted queue wait and on the service time."""
+    """Standard deviations of margin on the service time, and where the queue wait's margin starts
+    (the normal quantile: 2 -> admit when the work ahead drains in time with probability 0.977)."""
+    target_expiry: float = Field(0.01, gt=0.0, lt=0.5)
+    """The share of admitted requests that queued which may expire in the queue: the queue
+    wait's margin is calibrated against outcomes to hold it."""
 
 
 class Signals(Frozen):

@@ -82,7 +82,7 @@ def edited(old: str, new: str) -> str:
 
 
 def test_the_check_sees_a_missing_key_a_key_in_the_wrong_section_and_a_commented_key():
-    assert undocumented(edited("adapt_s: 5.0", "five: 5.0")) == ["retry_after.adapt_s"]
+    assert undocumented(edited("jitter: 0.1}", "jiggle: 0.1}")) == ["retry_after.jitter"]
     # timeout_ms is also a key of health: the store's must be in the store's part of the file.
     assert undocumented(edited("timeout_ms: 1000, on_store", "on_store")) == ["store.timeout_ms"]
     assert undocumented(edited("#   verify: true", "#")) == ["models.backends.tls.verify"]

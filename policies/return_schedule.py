@@ -1,0 +1,206 @@
+"""When can a refused request's return be admitted? A per-band schedule of promised returns.
+
+Retry-After is a promise: a refused client is told the time at which its return can be admitted,
+counting the refused clients told to come back before it. The rules this module keeps:
+
+- Each band books the work it has told to come back in slices of time that reach the ceiling
+  (`max_s`). A slice takes returns up to the band's spare drain rate, so that returns land no
+  faster than they can be admitted; a refusal takes the first room at or after its earliest time
+  (the queue has drained enough for it to fit, and one turnover has passed).
+- The spare rate is the band's drain less the fresh arrivals it will keep admitting: the arrival
+  rate less the returns the schedule itself sends, counted as their slices fall due.
+- While fresh arrivals alone fill the band (a burst, an overload) returns are still booked, at
+  OVERLOAD_RETURN_SHARE of its drain: a bet that the overload ends. A burst thus spreads its
+  refusals over a few times its own length, and a sustained overload pushes the advice to the
+  ceiling instead of sending everyone back into a full queue.
+- Room is read with the spare rate of the moment: a lull raises every slice's room at once, so the
+  advice shortens as soon as the load falls; with an idle band it is the earliest time (the
+  queue's drain, one turnover), delayed by at most one slice of returns still owed.
+- Slices that pass are forgotten, whether their clients came back or not: no wind-up.
+- Jitter spreads a return within its own slot (its cost over the spare rate), so that it cannot
+  crowd the returns booked after it. Advice at the ceiling, where the schedule has no room left,
+  is spread over the last `jitter` share of the ceiling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.estimators import ewma_in_time
+from policies.retry_after import RetryAfterConfig
+from policies.wait import Throughput, band_drain_rate_per_s
+
+SLICES = 240
+"""Slices up to the ceiling: at the default 60 s, a quarter of a second each. Within a slice
+returns are packed one after the other, those booked before taken to come first: a return may be
+told to come up to one slice later than room for it opens, never sooner."""
+
+OVERLOAD_RETURN_SHARE = 0.2
+"""The share of its drain a band books returns at when fresh arrivals alone would fill it. Lower
+promises later returns (idle slots once the burst is over), higher lands more of them inside the
+burst, where they are refused again: a 2x burst lands about share / (share + 1) of its returns
+before it ends."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReturnSchedule:
+    """The returns one band has promised, as work booked per slice of time."""
+
+    origin_s: float
+    """Where the first slice begins, on the caller's clock."""
+    slice_s: float
+    booked: tuple[float, ...]
+    """Work told to come back in each slice; the last ends past `origin_s + max_s`."""
+    returning_per_s: float
+    """The rate at which booked returns have fallen due, averaged like the arrival rates."""
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """A refusal's promise: when to come back, and the schedule with its return booked."""
+
+    advice_s: float
+    schedule: ReturnSchedule
+
+
+def empty_schedule(now: float, config: RetryAfterConfig) -> ReturnSchedule:
+    """A schedule with nothing booked, its first slice beginning `now`."""
+    return ReturnSchedule(now, config.max_s / SLICES, (0.0,) * (SLICES + 1), 0.0, now)
+
+
+def advance(schedule: ReturnSchedule, now: float, rates_tau_s: float) -> ReturnSchedule:
+    """`schedule` at `now`: slices that ended fall due and feed the returning rate (averaged with
+    time constant `rates_tau_s`, that of the arrival-rate estimates it is taken from)."""
+    elapsed_s = now - schedule.updated_at
+    if elapsed_s <= 0:
+        return schedule
+    passed = min(int((now - schedule.origin_s) // schedule.slice_s), len(schedule.booked))
+    due = sum(schedule.booked[:passed])
+    booked = schedule.booked[passed:] + (0.0,) * passed
+    returning = ewma_in_time(schedule.returning_per_s, due / elapsed_s, elapsed_s, rates_tau_s)
+    if passed == len(schedule.booked):  # idle longer than the whole schedule: start afresh at now
+        return ReturnSchedule(now, schedule.slice_s, booked, returning, now)
+    origin = schedule.origin_s + passed * schedule.slice_s
+    return ReturnSchedule(origin, schedule.slice_s, booked, returning, now)
+
+
+def spare_rate_per_s(throughput: Throughput, band: int, returning_per_s: float) -> float:
+    """The work per second `band` can admit beyond its fresh arrivals: the rate returns may land at.
+
+    Arrivals are read as the larger of the offered and the admitted rate: the offered estimate is
+    slow, and the admitted one is the first to see an overload begin. They include the returns the
+    schedule sends (`returning_per_s`), which are not fresh.
+    """
+    band_drain = band_drain_rate_per_s(throughput, band)
+    arrivals = max(throughput.offered_rate_by_band[band], throughput.admitted_rate_by_band[band])
+    fresh = max(0.0, arrivals - returning_per_s)
+    return max(band_drain - fresh, OVERLOAD_RETURN_SHARE * band_drain)
+
+
+def earliest_return_s(
+    excess_wait_s: float, throughput: Throughput, band: int, config: RetryAfterConfig
+) -> float:
+    """The soonest a refused request may come back: when the queue has drained enough for it to fit
+    (`excess_wait_s`, from admission), never before one turnover of its band nor `min_s`."""
+    band_drain = band_drain_rate_per_s(throughput, band)
+    turnover_s = throughput.handover_cost / band_drain if band_drain > 0 else config.max_s
+    return min(config.max_s, max(config.min_s, excess_wait_s, turnover_s))
+
+
+def book_return(
+    schedule: ReturnSchedule,
+    cost: float,
+    earliest_s: float,
+    spare_per_s: float,
+    now: float,
+    jitter_u: float,
+    config: RetryAfterConfig,
+) -> Booking:
+    """Book a return of `cost` work in the first room at or after `now + earliest_s`.
+
+    Its slot (cost / spare rate) may spill over several slices; it is told to come back at a point
+    of that slot chosen by `jitter_u` (uniform in [0, 1)). No room before the ceiling: the ceiling.
+    `schedule` must have been advanced to `now`.
+    """
+    if spare_per_s <= 0:
+        return _at_ceiling(schedule, cost, earliest_s, now, jitter_u, config)
+    slot_s = max(cost, 0.0) / spare_per_s
+    booked = list(schedule.booked)
+    opens_at = _fill(booked, schedule, now + earliest_s, slot_s, spare_per_s)
+    if opens_at is None or opens_at + jitter_u * slot_s - now > config.max_s:
+        return _at_ceiling(schedule, cost, earliest_s, now, jitter_u, config)
+    advice_s = max(earliest_s, opens_at + jitter_u * slot_s - now)
+    return Booking(advice_s, _with_booked(schedule, tuple(booked)))
+
+
+def advise_return(
+    schedule: ReturnSchedule,
+    cost: float,
+    excess_wait_s: float,
+    throughput: Throughput,
+    band: int,
+    now: float,
+    jitter_u: float,
+    config: RetryAfterConfig,
+    rates_tau_s: float,
+) -> Booking:
+    """Seconds until a refused request of `band` and `cost` should come back, its return booked.
+
+    Never below `earliest_return_s`, never above `max_s`.
+    """
+    schedule = advance(schedule, now, rates_tau_s)
+    spare = spare_rate_per_s(throughput, band, schedule.returning_per_s)
+    earliest_s = earliest_return_s(excess_wait_s, throughput, band, config)
+    return book_return(schedule, cost, earliest_s, spare, now, jitter_u, config)
+
+
+def _fill(
+    booked: list[float], schedule: ReturnSchedule, start: float, slot_s: float, spare: float
+) -> float | None:
+    """Book `slot_s` seconds of returns at `spare` into `booked` from `start` on, slice by slice;
+    when the first of them opens (None: no room before the last slice ends)."""
+    first = max(0, int((start - schedule.origin_s) // schedule.slice_s))
+    opens_at: float | None = None
+    remaining_s = slot_s
+    for index in range(first, len(booked)):
+        slice_start = schedule.origin_s + index * schedule.slice_s
+        # Returns already booked are taken to fill the slice from its first usable moment on.
+        free_from = max(slice_start, start) + booked[index] / spare
+        room_s = slice_start + schedule.slice_s - free_from
+        if room_s <= 0:
+            continue
+        if opens_at is None:
+            opens_at = free_from
+        taken_s = min(remaining_s, room_s)
+        booked[index] += taken_s * spare
+        remaining_s -= taken_s
+        if remaining_s <= 0:
+            return opens_at
+    if opens_at is not None:
+        booked[-1] += remaining_s * spare
+    return opens_at
+
+
+def _at_ceiling(
+    schedule: ReturnSchedule,
+    cost: float,
+    earliest_s: float,
+    now: float,
+    jitter_u: float,
+    config: RetryAfterConfig,
+) -> Booking:
+    """The ceiling, spread over its last `jitter` share, booked past the slices' room so that the
+    return still counts when it falls due."""
+    advice_s = min(config.max_s, max(earliest_s, config.max_s * (1.0 - config.jitter * jitter_u)))
+    index = int((now + advice_s - schedule.origin_s) // schedule.slice_s)
+    index = min(max(index, 0), len(schedule.booked) - 1)
+    booked = list(schedule.booked)
+    booked[index] += max(cost, 0.0)
+    return Booking(advice_s, _with_booked(schedule, tuple(booked)))
+
+
+def _with_booked(schedule: ReturnSchedule, booked: tuple[float, ...]) -> ReturnSchedule:
+    return ReturnSchedule(
+        schedule.origin_s, schedule.slice_s, booked, schedule.returning_per_s, schedule.updated_at
+    )

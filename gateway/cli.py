@@ -15,6 +15,7 @@ import uvicorn
 from gateway.planning import command as plan
 from gateway.serving import CannotListen, bind, run, url_of
 from gateway.settings import ConfigError, Settings, parse_settings
+from gateway.sim.engine import SERVICE_DISTRIBUTIONS
 from gateway.sim.server import SimOptions, build_sim
 
 log = logging.getLogger("gateway")
@@ -64,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
         default="finish",
         help="a request whose client leaves: computed to the end (Triton, KServe) or stopped at once (vLLM)",
     )
+    sim.add_argument(
+        "--service-dist",
+        choices=SERVICE_DISTRIBUTIONS,
+        default="fixed",
+        help="the base part of each service time: base-ms always, or drawn exponential with mean base-ms",
+    )
+    sim.add_argument("--seed", type=int, help="seed of the exponential draws (default: unseeded)")
     sim.set_defaults(command=_sim)
 
     demo = commands.add_parser("demo", help="run the simulator and the gateway in front of it")
@@ -127,6 +135,8 @@ def _sim(args: argparse.Namespace) -> int:
         token_ms=args.token_ms,
         default_tokens=args.tokens,
         stop_on_disconnect=args.on_disconnect == "stop",
+        service_dist=args.service_dist,
+        seed=args.seed,
     )
     sim = build_sim(options)
     log.info("sim listening on %s (metrics %s), %d slots", sim.url, sim.metrics_url, options.slots)

@@ -212,7 +212,7 @@ class SimApp:
         if request.get("stream") is True:
             await self._stream(receive, send, model, ident, tokens, chat=chat)
             return
-        if not await self._compute(receive, model, (service.base_ms + tokens * service.token_ms) / 1000, 1):
+        if not await self._compute(receive, model, service.base_s() + tokens * service.token_ms / 1000, 1):
             return
         text = " ".join(f"tok{i}" for i in range(tokens))
         choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
@@ -243,7 +243,7 @@ class SimApp:
         watch = self._watch(receive, job)
         created = int(time.time())
         try:
-            if not await engine.run(job, service.base_ms / 1000):
+            if not await engine.run(job, service.base_s()):
                 return
             await send(
                 {

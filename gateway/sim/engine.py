@@ -3,15 +3,25 @@
 Like Triton or vLLM, the engine never refuses work: whatever arrives waits for a slot. A slot is
 freed the moment the computation ends, before the answer is written, which is also when a real
 server frees its instance.
+
+A request's service time is its base part plus its per-item (or per-token) parts. The base part is
+`base_ms` for every request (fixed), or, with the exponential distribution, drawn for each request
+with mean `base_ms` from a random source the caller may seed; the per-item and per-token parts
+stay fixed either way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
+
+ServiceDistribution = Literal["fixed", "exponential"]
+SERVICE_DISTRIBUTIONS: tuple[ServiceDistribution, ...] = ("fixed", "exponential")
 
 
 @dataclass(slots=True)
@@ -32,9 +42,20 @@ class ServiceModel:
     base_ms: float = 40.0
     per_item_ms: float = 0.0
     token_ms: float = 0.0
+    distribution: ServiceDistribution = "fixed"
+    rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
+    """Draws the exponential base parts; seed it for a reproducible sequence."""
+
+    def base_s(self) -> float:
+        """The base part of one request's service time: a fresh draw for each call when exponential."""
+        if self.distribution == "exponential" and self.base_ms > 0:
+            return self.rng.expovariate(1000 / self.base_ms)
+        return self.base_ms / 1000
 
     def batch_s(self, items: int) -> float:
-        return (self.base_ms + self.per_item_ms * items) / 1000
+        if self.distribution == "fixed":
+            return (self.base_ms + self.per_item_ms * items) / 1000
+        return self.base_s() + self.per_item_ms * items / 1000
 
 
 @dataclass(slots=True)

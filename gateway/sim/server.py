@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ import uvicorn
 
 from gateway.serving import QuietServer, StoppingServer, bind, url_of, uvicorn_config
 from gateway.sim.app import SimApp
-from gateway.sim.engine import ServiceModel, SimEngine
+from gateway.sim.engine import ServiceDistribution, ServiceModel, SimEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,8 @@ class SimOptions:
     token_ms: float = 0.0
     default_tokens: int = 16
     stop_on_disconnect: bool = False
+    service_dist: ServiceDistribution = "fixed"
+    seed: int | None = None
 
 
 @dataclass(slots=True)
@@ -59,7 +62,14 @@ class SimServers:
 
 def build_sim(options: SimOptions, *, quiet: bool = False) -> SimServers:
     """Bind the sim's sockets now (so port 0 resolves) and prepare its servers."""
-    engine = SimEngine(options.slots, ServiceModel(options.base_ms, options.per_item_ms, options.token_ms))
+    service = ServiceModel(
+        options.base_ms,
+        options.per_item_ms,
+        options.token_ms,
+        options.service_dist,
+        random.Random(options.seed),
+    )
+    engine = SimEngine(options.slots, service)
     app = SimApp(engine, default_tokens=options.default_tokens, stop_on_disconnect=options.stop_on_disconnect)
     sockets = [bind(options.host, options.port)]
     if options.metrics_port is not None:

@@ -145,6 +145,8 @@ class Sim(ServerProcess):
         per_item_ms: float = 0,
         port: int = 0,
         on_disconnect: str = "finish",
+        service_dist: str | None = None,
+        seed: int | None = None,
     ) -> None:
         args = [
             "sim",
@@ -162,6 +164,8 @@ class Sim(ServerProcess):
             str(per_item_ms),
             "--on-disconnect",
             on_disconnect,
+            *([] if service_dist is None else ["--service-dist", service_dist]),
+            *([] if seed is None else ["--seed", str(seed)]),
         ]
         super().__init__("sim", args, log_dir, "/v2/health/ready")
 

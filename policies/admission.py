@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 from policies.calibration import CalibrationConfig
+from policies.handovers import PoolState, handovers_within, wait_for
 from policies.outcomes import Outcome
 from policies.retry_after import RetryAfterConfig, retry_after_s
 from policies.wait import (
+    MIN_DRAIN_SHARE,
     QueueStats,
     Throughput,
     band_count_variance_rate,
@@ -109,21 +112,80 @@ def cautious_wait_s(work: float, throughput: Throughput, band: int, safety_sigma
     return (work + safety_sigmas * spread) / band_drain
 
 
-def max_work(request: AdmissionRequest, throughput: Throughput, config: AdmissionConfig) -> float:
-    """The most work (its own hand-over included) the request may wait to be drained; -1 when it
-    cannot be served in time at all."""
+def max_work(
+    request: AdmissionRequest,
+    throughput: Throughput,
+    config: AdmissionConfig,
+    queue_sigmas: float | None = None,
+) -> float:
+    """The most work (its own hand-over included) the request may wait to be drained, by the
+    normal approximation with `queue_sigmas` of margin (`config.safety_sigmas` if not given); -1
+    when it cannot be served in time at all."""
     allowed = allowed_wait_s(request, throughput, config.safety_sigmas)
     if allowed < 0:
         return -1.0
+    z = config.safety_sigmas if queue_sigmas is None else queue_sigmas
     band_drain = band_drain_rate_per_s(throughput, request.band)
     budget = allowed * band_drain
     # The largest n with n + c * sqrt(n) <= budget, c = z * sqrt(v / mu_b): a quadratic in sqrt(n).
-    c = config.safety_sigmas * math.sqrt(band_count_variance_rate(throughput, request.band) / band_drain)
+    c = max(0.0, z) * math.sqrt(band_count_variance_rate(throughput, request.band) / band_drain)
     if c == 0:
         return budget  # exact, so that work landing right on the limit is admitted
     # The root written so that it does not cancel when c * c dwarfs the budget.
     root = 2 * budget / (c + math.sqrt(c * c + 4 * budget))
     return root * root
+
+
+def pool_state(stats: QueueStats, throughput: Throughput, band: int, now: float) -> PoolState | None:
+    """The pool as policies.handovers reads it for `band` at `now`; None when the store tells
+    neither a free slot nor when a slot in use was handed over."""
+    if not stats.started_at and stats.free_slots <= 0:
+        return None
+    slots = len(stats.started_at) + max(0, stats.free_slots)
+    # Urgent work takes hand-overs first, but noisy rate estimates must not take them all.
+    most = (1 - MIN_DRAIN_SHARE) * slots / throughput.service_time_s
+    urgent = sum(throughput.admitted_rate_by_band[:band]) / throughput.handover_cost
+    return PoolState(
+        ages_s=tuple(max(0.0, now - started) for started in stats.started_at),
+        free_slots=max(0, stats.free_slots),
+        urgent_rate_per_s=min(urgent, most),
+    )
+
+
+def work_limit(
+    request: AdmissionRequest,
+    stats: QueueStats,
+    throughput: Throughput,
+    now: float,
+    confidence: float,
+    config: AdmissionConfig,
+) -> float:
+    """The most work (its own hand-over included) the request may wait to be drained: what the
+    hand-overs that reach its band within its allowed wait carry, with probability `confidence`,
+    from the state of the pool (how long each request in flight has run, and the measured
+    service times); by the normal approximation where the store does not tell. -1 when it cannot
+    be served in time at all."""
+    allowed = allowed_wait_s(request, throughput, config.safety_sigmas)
+    if allowed < 0:
+        return -1.0
+    state = pool_state(stats, throughput, request.band, now)
+    if state is None or throughput.service_times is None:
+        return max_work(request, throughput, config, NormalDist().inv_cdf(confidence))
+    return handovers_within(state, throughput.service_times, allowed, confidence) * throughput.handover_cost
+
+
+def confident_wait_s(
+    stats: QueueStats, throughput: Throughput, band: int, now: float, confidence: float
+) -> float:
+    """The wait a request of `band` arriving now has with probability `confidence`, read as
+    `work_limit` reads the pool: what admission compared with its allowance."""
+    work = work_to_drain(stats, band, throughput.handover_cost)
+    if work <= 0:
+        return 0.0
+    state = pool_state(stats, throughput, band, now)
+    if state is None or throughput.service_times is None:
+        return cautious_wait_s(work, throughput, band, NormalDist().inv_cdf(confidence))
+    return wait_for(state, throughput.service_times, work / throughput.handover_cost, confidence)
 
 
 def decide(

@@ -13,7 +13,9 @@ estimate never says "never" while the urgent bands are merely busy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from policies.service_times import ServiceTimes
 
 # The least share of the drain rate a band is assumed to keep, so that noisy rate estimates of the
 # urgent bands cannot drive the prediction to infinity.
@@ -58,6 +60,8 @@ class Throughput:
     service times, until enough have been measured to tell."""
     handover_cost: float = 1.0
     """Mean work a slot takes per hand-over (1 while every cost is 1)."""
+    service_times: ServiceTimes | None = field(default=None, compare=False)
+    """The measured distribution of service times (live: it goes on learning), where kept."""
 
 
 def work_to_drain(stats: QueueStats, band: int, handover_cost: float = 1.0) -> float:

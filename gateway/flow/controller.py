@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from gateway.flow.calibration import Calibrations
+from gateway.flow.predictions import Predictions
 from gateway.flow.queued_bytes import QueuedBytes
 from gateway.flow.retry_spreads import ReturnSchedules
 from gateway.queues.base import Batching, Flow, Full, Granted, Queued, RequestQueue, Slot, Ticket, Unavailable
@@ -28,7 +30,6 @@ from policies.admission import (
     Reject,
     allowed_wait_s,
     budget_hopeless,
-    max_work,
     min_budget_s,
     refuse,
 )
@@ -94,8 +95,12 @@ class AdmissionController:
         self._clock = clock
         self._jitter = jitter
         self._returns: dict[str, ReturnSchedules] = {}
+        self._predictions: dict[str, Predictions] = {}
         self._rates_seen_s = rates_seen_s
         """How far back the arrival-rate estimates remember (settings.estimation.rate_window_s)."""
+        self._calibrations = Calibrations(
+            self._class_names, admission.calibration, admission.safety_sigmas, metrics
+        )
 
     async def acquire(
         self,
@@ -153,7 +158,10 @@ class AdmissionController:
         """Offer the request to the store and, if it is queued, wait for its slot."""
         model, band = flow.model, flow.band
         allowed_s = allowed_wait_s(request, throughput, self._admission.safety_sigmas)
-        limit = max_work(request, throughput, self._admission)
+        stats = self._store.stats(model)
+        confidence = self._calibrations.confidence(model, band)
+        predictions = self._predictions_of(model)
+        limit = predictions.work_limit(request, stats, throughput, arrived_at, confidence)
         offer = await self._store.offer(
             flow, cost, allowed_s, limit - external if limit >= 0 else limit, arrived_at, batching
         )
@@ -167,8 +175,12 @@ class AdmissionController:
             return Refusal(Outcome.STORE_UNAVAILABLE, offer.retry_after_s)
 
         offer.ticket.on_grant = on_grant
+        predicted_s = predictions.sampled_wait_s(band, stats, throughput, arrived_at, confidence)
+        self._metrics.observe_admitted_into_queue(model, self._class_names[band], predicted_s)
         result = await self._wait(offer.ticket, allowed_s, until_disconnect)
         waited_s = self._clock() - arrived_at
+        if isinstance(result, Slot) or result is Outcome.DEADLINE_EXPIRED_IN_QUEUE:
+            self._calibrations.settled(model, band, expired=not isinstance(result, Slot))
         if isinstance(result, Slot):
             self._metrics.observe_queue_wait(model, self._class_names[band], waited_s)
             return Lease(result, waited_s)
@@ -253,6 +265,12 @@ class AdmissionController:
         """The refusal, with Retry-After the time its return is booked for (see ReturnSchedules)."""
         reject = refuse(request, stats, flow, self._jitter(), self._admission, reason=reason)
         return replace(reject, retry_after_s=self._book_return(model, request, reject.excess_wait_s, flow))
+
+    def _predictions_of(self, model: str) -> Predictions:
+        predictions = self._predictions.get(model)
+        if predictions is None:
+            predictions = self._predictions[model] = Predictions(len(self._class_names), self._admission)
+        return predictions
 
     def _book_return(
         self, model: str, request: AdmissionRequest, excess_wait_s: float, flow: Throughput

@@ -21,6 +21,7 @@ from policies.estimators import (
     ewma,
     rate_jump,
 )
+from policies.service_times import ServiceTimes
 from policies.wait import Throughput, pool_drain_rate_per_s
 
 # Readings closer together than this are not blended yet: the counts accumulate into one interval.
@@ -94,6 +95,8 @@ class PoolEstimates:
         """Standard deviation of the service time (EWMA of squared deviations)."""
         self._service_variance = 0.0
         self._service_samples = 0
+        self.service_times = ServiceTimes(expected_service_s)
+        """Their distribution: what admission reads the residual times of the work in flight from."""
         self._rates = _Rates([0.0] * bands, [0.0] * bands, [0.0] * bands, ObservedRate(config.drain_window_s))
         self._snapshot_key: tuple[int, bool] = (0, False)
 
@@ -104,6 +107,7 @@ class PoolEstimates:
         self.service_spread_s = self._service_variance**0.5
         self.service_time_s = ewma(self.service_time_s, service_s, weight)
         self._service_samples += 1
+        self.service_times.record(service_s)
         self._rates.snapshot = None
 
     @property
@@ -176,6 +180,7 @@ class PoolEstimates:
                 service_spread_s=self.service_spread_s,
                 service_cv=self.service_cv,
                 handover_cost=rates.handover_cost,
+                service_times=self.service_times,
             )
             self._snapshot_key = key
         return rates.snapshot

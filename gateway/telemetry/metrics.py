@@ -51,6 +51,29 @@ class GatewayMetrics:
             buckets=_WAIT_BUCKETS,
             registry=registry,
         )
+        self.predicted_wait = Histogram(
+            "gateway_admission_predicted_wait_seconds",
+            "The queue wait admission predicted, at its current confidence, for requests it admitted "
+            "into the queue (a sample: at most 4 a second per class): compare with "
+            "gateway_queue_wait_seconds.",
+            ["model", "priority"],
+            buckets=_WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.admitted_queued = Counter(
+            "gateway_admission_queued",
+            "Admitted requests that waited in the queue: with gateway_requests_total{outcome="
+            '"deadline_expired_in_queue"}, the share of them that expired there.',
+            ["model", "priority"],
+            registry=registry,
+        )
+        self.confidence = Gauge(
+            "gateway_admission_confidence",
+            "The probability with which an admitted request must be predicted to leave the queue in "
+            "time, as calibrated against what happened (admission.target_expiry).",
+            ["model", "priority"],
+            registry=registry,
+        )
         self.upstream_latency = Histogram(
             "gateway_upstream_latency_seconds",
             "Time from sending a request to a backend until its answer was complete.",
@@ -87,7 +110,7 @@ class GatewayMetrics:
         # Label children by label values: `.labels()` takes a lock and validates on every call.
         self._children: dict[tuple[object, ...], Any] = {}
 
-    def _child(self, metric: Counter | Histogram, *values: str) -> Any:
+    def _child(self, metric: Counter | Gauge | Histogram, *values: str) -> Any:
         key = (metric, *values)
         child = self._children.get(key)
         if child is None:
@@ -102,6 +125,15 @@ class GatewayMetrics:
 
     def observe_queue_wait(self, model: str, priority: str, seconds: float) -> None:
         self._child(self.queue_wait, model, priority).observe(seconds)
+
+    def observe_admitted_into_queue(self, model: str, priority: str, predicted_wait_s: float | None) -> None:
+        """Count an admitted request that queued, with its predicted wait where it was sampled."""
+        self._child(self.admitted_queued, model, priority).inc()
+        if predicted_wait_s is not None:
+            self._child(self.predicted_wait, model, priority).observe(predicted_wait_s)
+
+    def set_confidence(self, model: str, priority: str, confidence: float) -> None:
+        self._child(self.confidence, model, priority).set(confidence)
 
     def observe_upstream(self, model: str, seconds: float) -> None:
         self._child(self.upstream_latency, model).observe(seconds)

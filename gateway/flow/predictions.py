@@ -1,0 +1,91 @@
+"""Admission's predictions from the state of the pool (policies.admission), at a bounded cost.
+
+Reading the pool (policies.handovers) costs tens to hundreds of microseconds, more than the rest of
+a request's admission, so it is not done for every request:
+- with a slot free and nothing queued ahead the request is granted at once, and the limit it
+  carries (which binds only where the store's state has moved on since, another replica's request
+  queued meanwhile) is the drain rate's normal approximation;
+- otherwise a limit is reused for the same band, class wait and budget (each rounded down to a
+  1/64 step of its binary order, which can only tighten it) while the pool holds as many busy and free slots
+  as when it was read, for at most `reuse_s`: the requests in flight have aged by less than that;
+- the predicted wait, exported beside the actual one, is computed for at most one admitted request
+  per band every `sample_s`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from statistics import NormalDist
+
+from policies.admission import AdmissionConfig, AdmissionRequest, confident_wait_s, max_work, work_limit
+from policies.wait import QueueStats, Throughput, work_to_drain
+
+REUSE_S = 0.01
+SAMPLE_S = 0.25
+
+
+def rounded_down(seconds: float) -> float:
+    """`seconds` rounded down to a 1/64 step of its binary order (about 1.5%)."""
+    if seconds <= 0:
+        return seconds
+    step = 2.0 ** (math.floor(math.log2(seconds)) - 6)
+    return math.floor(seconds / step) * step
+
+
+@dataclass(slots=True)
+class _Limit:
+    read_at: float
+    slots: tuple[int, int]
+    confidence: float
+    work: float
+
+
+class Predictions:
+    """One model's admission limits and predicted waits, reused or sampled as above."""
+
+    def __init__(
+        self, bands: int, config: AdmissionConfig, reuse_s: float = REUSE_S, sample_s: float = SAMPLE_S
+    ) -> None:
+        self._config = config
+        self._reuse_s = reuse_s
+        self._sample_s = sample_s
+        self._limits: dict[tuple[int, float, float | None], _Limit] = {}
+        self._sampled_at = [-math.inf] * bands
+
+    def work_limit(
+        self,
+        request: AdmissionRequest,
+        stats: QueueStats,
+        throughput: Throughput,
+        now: float,
+        confidence: float,
+    ) -> float:
+        """policies.admission.work_limit, reused while it still holds (see the module)."""
+        if stats.free_slots > 0 and work_to_drain(stats, request.band, throughput.handover_cost) == 0:
+            return max_work(request, throughput, self._config, NormalDist().inv_cdf(confidence))
+        budget_s = None if request.budget_s is None else rounded_down(request.budget_s)
+        rounded = replace(request, max_queue_wait_s=rounded_down(request.max_queue_wait_s), budget_s=budget_s)
+        key = (request.band, rounded.max_queue_wait_s, budget_s)
+        slots = (len(stats.started_at), stats.free_slots)
+        limit = self._limits.get(key)
+        if (
+            limit is None
+            or now - limit.read_at > self._reuse_s
+            or limit.slots != slots
+            or limit.confidence != confidence
+        ):
+            if len(self._limits) > 256:  # budgets vary per request: keep only what is fresh
+                self._limits = {k: v for k, v in self._limits.items() if now - v.read_at <= self._reuse_s}
+            work = work_limit(rounded, stats, throughput, now, confidence, self._config)
+            limit = self._limits[key] = _Limit(now, slots, confidence, work)
+        return limit.work
+
+    def sampled_wait_s(
+        self, band: int, stats: QueueStats, throughput: Throughput, now: float, confidence: float
+    ) -> float | None:
+        """The predicted wait of a request of `band` admitted now, if it is this band's sample."""
+        if now - self._sampled_at[band] < self._sample_s:
+            return None
+        self._sampled_at[band] = now
+        return confident_wait_s(stats, throughput, band, now, confidence)

@@ -1,0 +1,65 @@
+"""Admission's pool reading is reused for a few milliseconds and sampled for export, never loosened."""
+
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.flow.predictions import Predictions, rounded_down
+from policies.admission import AdmissionConfig, AdmissionRequest, work_limit
+from policies.service_times import ServiceTimes
+from policies.wait import QueueStats, Throughput
+
+CONFIG = AdmissionConfig()
+REQUEST = AdmissionRequest(band=0, max_queue_wait_s=0.3)
+
+
+def learned(service_s: float) -> Throughput:
+    times = ServiceTimes(service_s)
+    for _ in range(500):
+        times.record(service_s)
+    return Throughput(service_s, 1 / service_s, (0.0,), (0.0,), service_times=times)
+
+
+def busy(*started_at: float) -> QueueStats:
+    return QueueStats((1,), 0, (1.0,), started_at=started_at)
+
+
+@given(st.floats(1e-6, 1e6))
+def test_rounding_only_tightens_and_by_little(seconds):
+    assert seconds * (1 - 1 / 64) <= rounded_down(seconds) <= seconds
+
+
+def on_the_edge(flow: Throughput) -> float:
+    """When the one busy slot's request started, such that it is handed over just too late for a
+    request arriving at 0 (allowed 0.3 s, as Predictions rounds it), and in time 8 ms later."""
+    rounded = replace(REQUEST, max_queue_wait_s=rounded_down(REQUEST.max_queue_wait_s))
+    for step in range(400):
+        started = -step / 1000
+        late = work_limit(rounded, busy(started), flow, 0.0, 0.977, CONFIG)
+        if late == 0 and work_limit(rounded, busy(started), flow, 0.008, 0.977, CONFIG) == 1:
+            return started
+    raise AssertionError("no start puts the hand-over on the edge")
+
+
+def test_a_reading_is_reused_while_fresh_and_read_again_once_stale_or_the_slots_change():
+    flow = learned(0.4)
+    started = on_the_edge(flow)
+    predictions = Predictions(1, CONFIG, reuse_s=0.01)
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.0, 0.977) == 0
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.008, 0.977) == 0  # reused
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.011, 0.977) == 1  # read again
+    # Another slot busy: read again at once.
+    predictions = Predictions(1, CONFIG, reuse_s=0.01)
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.0, 0.977) == 0
+    assert predictions.work_limit(REQUEST, busy(started, -0.2), flow, 0.001, 0.977) == 1
+
+
+def test_the_predicted_wait_is_sampled_per_band():
+    flow = learned(0.4)
+    predictions = Predictions(1, CONFIG, sample_s=0.05)
+    first = predictions.sampled_wait_s(0, busy(0.0), flow, 0.1, 0.977)
+    # One request ahead: the slot hands over at 0.4 s and again at 0.8 s, 0.7 s from t=0.1.
+    assert first is not None and abs(first - 0.7) < 0.05  # within the histogram's resolution
+    assert predictions.sampled_wait_s(0, busy(0.0), flow, 0.12, 0.977) is None
+    assert predictions.sampled_wait_s(0, busy(0.0), flow, 0.16, 0.977) is not None

@@ -2,13 +2,21 @@
 
 A request may wait in the queue at most its class's `max_queue_wait_s`, and, when the client sent
 a budget, at most that budget less the time a slot takes to produce its answer (a request that
-starts later cannot finish in time, so a slot spent on it is wasted). Admission refuses at arrival
-when the wait it predicts exceeds that allowance. The same allowance sets when a queued request
+starts later cannot finish in time, so a slot spent on it is wasted); the service time is taken
+as its mean plus `safety_sigmas` standard deviations. Admission refuses at arrival when the work
+ahead of the request (its own and more urgent bands, its own hand-over included, in cost units)
+would not be handed slots within that allowance. The same allowance sets when a queued request
 must leave the queue.
 
-Both sides are taken with a safety margin of `safety_sigmas` (z) standard deviations, because a
-request admitted exactly at its limit would miss it half the time. The service time is taken as
-its mean plus z deviations. The wait for n hand-overs to its band, which receives mu_b of the
+Where the store tells when each slot in use was handed over, the prediction reads the pool
+(`work_limit`, policies.handovers): each busy slot hands over when its request ends, which
+follows from how long it has run and the measured service times, and more urgent arrivals take
+hand-overs first. The request is admitted when the hand-overs within its allowance carry the work
+ahead with probability `confidence`, which policies.calibration steers from outcomes; it starts
+at the normal quantile of `safety_sigmas`.
+
+Otherwise (`max_work`, and a quick bound where a free slot grants at once) it is a normal
+approximation of the drain: the wait for n hand-overs to its band, which receives mu_b of the
 pool's mu hand-overs per second, is taken as (n + z * sqrt(n * v / mu_b)) / mu_b, where v is the
 variance per second of the count of hand-overs that reach the band (policies.wait.
 band_count_variance_rate): the time to count n of them is about n / mu_b, and over that time the
@@ -16,11 +24,8 @@ count wavers by sqrt(v * n / mu_b). The variance comes from the backends' servic
 with a steady service time hands over like a clock, one with exponential service times like a
 Poisson stream) and from the urgent bands' arrivals, which take hand-overs at random.
 
-Work is counted in cost units (policies.wait): n is the work to drain before the request's own
-hand-over, its own hand-over included. The check is also expressed as a work limit
-(`max_work`), so that a store can make the check and the insert it guards one atomic
-operation: the admitted amounts of work are exactly those with n + z * sqrt(n * v / mu_b) <=
-allowed * mu_b.
+Either way the check is expressed as a work limit (`max_work`), so that a store can make the
+check and the insert it guards one atomic operation.
 """
 
 from __future__ import annotations

@@ -190,7 +190,10 @@ def confident_wait_s(
     state = pool_state(stats, throughput, band, now)
     if state is None or throughput.service_times is None:
         return cautious_wait_s(work, throughput, band, NormalDist().inv_cdf(confidence))
-    return wait_for(state, throughput.service_times, work / throughput.handover_cost, confidence)
+    # The free slots are hand-overs of the state's: count the work ahead and its own, not the
+    # work to drain (which takes them off already).
+    ahead = sum(stats.work(b) for b in range(band + 1)) + stats.external_waiting
+    return wait_for(state, throughput.service_times, ahead / throughput.handover_cost + 1, confidence)
 
 
 def decide(

@@ -14,10 +14,13 @@ included. Rules this module keeps:
   - service times of little spread (cv < LATTICE_CV) hand over like clocks, and a sum of such counts
     must not be smoothed into fractions: each slot's count comes from its tails P(R_i + T_k <= t)
     (T_k: k fresh service times, at NODES quantiles), and the slots' counts are convolved;
-  - otherwise the first hand-overs are an exact Poisson-binomial K, and the later ones, given K = k,
-    Poisson (negative binomial when cv > 1) with k times a renewal mean per slot; none when K = 0, so
-    one hand-over is never predicted before the soonest-finishing slot ends.
-  Beyond it, C is a normal of the same mean and variance (continuity-corrected).
+  - otherwise, in each group of slots (busy, free), the first hand-overs are an exact
+    Poisson-binomial K, and the later ones, given K = k, Poisson (negative binomial when cv > 1)
+    with k times the group's renewal mean per slot; none when K = 0, so one hand-over is never
+    predicted before the soonest-finishing slot ends. (Per slot, not per completed slot: a little
+    low while the first hand-overs are uncertain, but never falling as t grows.)
+  Beyond it, C is a normal of the same mean and variance (continuity-corrected), kept between what
+  the first hand-overs alone give and the chance that any has come.
 - Without urgent work every probability here is non-decreasing in the time and the free slots by
   construction (each slot's count only grows with t; a free slot adds a hand-over and a count),
   within each of the two regimes; at the switch to the normal a count may step by about one.
@@ -28,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import accumulate, pairwise
 from statistics import NormalDist
 
@@ -224,18 +228,24 @@ class _Pool:
         return span * sum(weight * residual.cdf(span * x) for x, weight in _GAUSS_3) / self.mean_s
 
     def _renewal_counts(self, t: float, busy_firsts: list[float], fresh_first: float) -> _Counts:
-        completed = _poisson_binomial([*busy_firsts, *[fresh_first] * self.free])
-        # Later hand-overs per completed slot: the lesser of a fresh slot's and the busy slots' mean,
-        # so that it does not change with the number of free slots.
+        # Busy and free slots are two groups, each with its own later hand-overs per completed slot
+        # (the group's mean per slot), so that a free slot adds to the count and changes nothing else.
         span = t + self.later_shift_s
-        later = self._later_mean(self.fresh, span)
-        if self.busy:
-            later = min(later, sum(self._later_mean(r, span) for r in self.busy) / len(self.busy))
         dispersion = max(self.cv**2, 1.0)
-        counts = _MixedCounts(self.free, completed, later, dispersion)
-        if counts.mean > LARGE_COUNT:
-            return _NormalCounts(counts.mean, counts.variance, self.free, _Tails(completed))
-        return counts
+        groups = []
+        if self.busy:
+            later = sum(self._later_mean(r, span) for r in self.busy) / len(self.busy)
+            groups.append(_MixedGroup(_poisson_binomial(busy_firsts), later, dispersion))
+        if self.free:
+            completed = _poisson_binomial([fresh_first] * self.free)
+            groups.append(_MixedGroup(completed, self._later_mean(self.fresh, span), dispersion))
+        counts = _MixedCounts(self.free, groups)
+        if counts.mean <= LARGE_COUNT:
+            return counts
+        completed = (0, [1.0])
+        for group in groups:
+            completed = _convolve(completed, group.completed, len(busy_firsts) + self.free)
+        return _NormalCounts(counts.mean, counts.variance, self.free, _Tails(completed))
 
 
 class _Band:
@@ -264,7 +274,7 @@ class _Band:
         """The largest count reached with at least `confidence` (the free slots' always is)."""
         counts = self.counts
         spread = math.sqrt(counts.variance + self.urgent_mean)
-        guess = counts.mean - self.urgent_mean + 0.5 - NormalDist().inv_cdf(confidence) * spread
+        guess = counts.mean - self.urgent_mean + 0.5 - _z(confidence) * spread
         limit = max(self.free, math.floor(guess) + 2)
         while self.reach(limit) >= confidence:  # the guess was low: count further
             limit = 2 * limit + 8
@@ -294,48 +304,63 @@ class _Tails:
         return max(0.0, 1.0 - self.below[min(index, len(self.below)) - 1])
 
 
-class _MixedCounts:
-    """free + K + L: K completed slots (Poisson-binomial), L given K = k with mean k * later."""
+class _MixedGroup:
+    """K + L for a group of slots: K completed (Poisson-binomial), L given K = k with mean k * later."""
 
-    def __init__(self, free: int, completed: Pmf, later: float, dispersion: float) -> None:
-        self.free = free
+    def __init__(self, completed: Pmf, later: float, dispersion: float) -> None:
         self.completed = completed
         self.later = later
         self.dispersion = dispersion
         offset, weights = completed
         k_mean = sum((offset + i) * w for i, w in enumerate(weights))
         k_variance = sum((offset + i - k_mean) ** 2 * w for i, w in enumerate(weights))
-        self.mean = free + k_mean * (1 + later)
+        self.mean = k_mean * (1 + later)
         self.variance = k_variance * (1 + later) ** 2 + k_mean * later * dispersion
+
+    def pmf(self, upto: int) -> Pmf:
+        """The group's count up to `upto` (exactly as far as it goes)."""
+        offset, weights = self.completed
+        most_completed = offset + len(weights) - 1
+        start, later = self._later_pmf(most_completed) if most_completed else (0, [1.0])
+        highest = most_completed + start + len(later) - 1  # beyond it the counts are negligible
+        out = [0.0] * max(0, min(upto, highest) + 1)
+        for i, weight in enumerate(weights):
+            k = offset + i
+            if k >= len(out):
+                break
+            start, later = self._later_pmf(k, len(out) - 1 - k) if k else (0, [1.0])
+            first = k + start
+            end = min(first + len(later), len(out))
+            if first < end:
+                out[first:end] = [o + weight * p for o, p in zip(out[first:end], later, strict=False)]
+        return 0, out
+
+    def _later_pmf(self, completed: int, upto: int | None = None) -> Pmf:
+        mean = completed * self.later
+        if self.dispersion <= 1.0:
+            return _poisson(mean, upto)
+        return _negative_binomial(mean / (self.dispersion - 1), 1 / self.dispersion)
+
+
+class _MixedCounts:
+    """free + the independent groups' counts."""
+
+    def __init__(self, free: int, groups: list[_MixedGroup]) -> None:
+        self.free = free
+        self.groups = groups
+        self.mean = free + sum(group.mean for group in groups)
+        self.variance = sum(group.variance for group in groups)
         self._tails: _Tails | None = None
         self._tails_upto = -1
 
     def tails(self, upto: int) -> _Tails:
         """The distribution up to `upto` hand-overs (exactly as far as it goes)."""
         if self._tails is None or self._tails_upto < upto:
-            self._tails, self._tails_upto = self._count(upto), upto
+            total: Pmf = (self.free, [1.0])
+            for group in self.groups:
+                total = _convolve(total, group.pmf(upto - self.free), upto)
+            self._tails, self._tails_upto = _Tails(total), upto
         return self._tails
-
-    def _count(self, upto: int) -> _Tails:
-        offset, weights = self.completed
-        most_completed = offset + len(weights) - 1
-        start, later = self._later_pmf(most_completed) if most_completed else (0, [1.0])
-        highest = most_completed + start + len(later) - 1  # beyond it the counts are negligible
-        out = [0.0] * max(0, min(upto - self.free, highest) + 1)
-        for i, weight in enumerate(weights):
-            k = offset + i
-            start, later = self._later_pmf(k) if k else (0, [1.0])
-            first = k + start
-            end = min(first + len(later), len(out))
-            if first < end:
-                out[first:end] = [o + weight * p for o, p in zip(out[first:end], later, strict=False)]
-        return _Tails((self.free, out))
-
-    def _later_pmf(self, completed: int) -> Pmf:
-        mean = completed * self.later
-        if self.dispersion <= 1.0:
-            return _poisson(mean)
-        return _negative_binomial(mean / (self.dispersion - 1), 1 / self.dispersion)
 
 
 class _ConvolvedCounts:
@@ -388,6 +413,11 @@ class _NormalCounts:
 _Counts = _MixedCounts | _ConvolvedCounts | _NormalCounts
 
 
+@lru_cache(maxsize=64)
+def _z(confidence: float) -> float:
+    return NormalDist().inv_cdf(confidence)
+
+
 def _rounded(p: float) -> float:
     """`p`, or 0 or 1 when negligibly far from them (a non-decreasing map: counts stay monotone)."""
     return 0.0 if p <= _NEGLIGIBLE else 1.0 if p >= 1.0 - _NEGLIGIBLE else p
@@ -412,8 +442,13 @@ def _convolve(a: Pmf, b: Pmf, upto: int) -> Pmf:
     (a_start, a_probabilities), (b_start, b_probabilities) = a, b
     start = a_start + b_start
     size = max(0, min(len(a_probabilities) + len(b_probabilities) - 1, upto - start + 1))
-    if len(b_probabilities) == 1:  # a slot whose count is known: a shift
-        return start, a_probabilities[:size]
+    if len(a_probabilities) == 1:
+        a_probabilities, b_probabilities = b_probabilities, a_probabilities
+    if len(b_probabilities) == 1:  # one side's count is known: a shift
+        weight = b_probabilities[0]
+        return start, [p * weight for p in a_probabilities[:size]] if weight != 1.0 else a_probabilities[
+            :size
+        ]
     out = [0.0] * size
     for j, weight in enumerate(b_probabilities[:size]):
         end = min(j + len(a_probabilities), size)
@@ -433,20 +468,22 @@ def _trimmed(pmf: Pmf, *, trailing: bool = True) -> Pmf:
     return start + first, probabilities[first:last]
 
 
-def _poisson(mean: float) -> Pmf:
-    """A Poisson distribution's non-negligible probabilities."""
+def _poisson(mean: float, upto: int | None = None) -> Pmf:
+    """A Poisson distribution's non-negligible probabilities (none beyond `upto`, the same below it)."""
     if mean <= 0:
         return 0, [1.0]
     if mean < 30:  # the common case, without logarithms: up from P(0)
+        last = math.inf if upto is None else upto
         probabilities, p, j = [], math.exp(-mean), 0
-        while p >= _TRIMMED or j <= mean:
+        while (p >= _TRIMMED or j <= mean) and j <= last:
             probabilities.append(p)
             j += 1
             p *= mean / j
         return 0, probabilities
     mode = math.floor(mean)
     peak = math.exp(-mean + mode * math.log(mean) - math.lgamma(mode + 1))
-    return _around_mode(mode, peak, lambda j: mean / (j + 1))
+    start, probabilities = _around_mode(mode, peak, lambda j: mean / (j + 1))
+    return start, probabilities if upto is None else probabilities[: max(0, upto - start + 1)]
 
 
 def _negative_binomial(size: float, success: float) -> Pmf:

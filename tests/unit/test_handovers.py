@@ -48,8 +48,9 @@ def test_a_slot_of_fixed_service_hands_over_when_its_request_ends_and_not_before
 
 
 def test_free_slots_hand_over_at_once_whatever_the_urgent_work():
-    state = PoolState(ages_s=(0.1,), free_slots=3, urgent_rate_per_s=1e6)
+    state = PoolState(ages_s=(0.1,), free_slots=3, urgent_rate_per_s=1e4)
     assert handovers_within(state, fixed(0.8), 0.0, 0.999) == 3
+    assert handovers_within(state, fixed(0.8), 2.0, 0.999) == 3  # urgent work takes all the rest
     assert wait_for(state, fixed(0.8), 3, 0.999) == 0.0
 
 
@@ -90,6 +91,24 @@ def test_many_hand_overs_are_counted_as_a_normal_that_still_grows_with_time():
     assert counts == sorted(counts)
     expected = 66 + 64 * 39  # about one hand-over per slot per mean service time
     assert 0.9 * expected < counts[-1] <= expected
+
+
+def test_the_first_hand_over_is_the_soonest_slots_even_when_many_follow_it():
+    # A heavy tail (cv 18): within a second thousands of hand-overs are expected, counted as a normal.
+    service = learned(lambda: 0.001, samples=100, memory=50, prior_mean_s=0.8)
+    state = PoolState(ages_s=(0.002,), free_slots=0)
+    for confidence in (0.5, 0.9, 0.96):
+        assert wait_for(state, service, 1, confidence) == pytest.approx(
+            soonest_end_s(state, service, confidence), rel=2e-3
+        )
+
+
+def test_slots_that_end_together_never_make_more_hand_overs_come_sooner():
+    # Fixed slots that end at (nearly) the same moments: their hand-overs come (nearly) together.
+    state, service = PoolState(ages_s=(0.3, 0.3, 0.3), free_slots=2), fixed(0.8)
+    waits = [wait_for(state, service, n, 0.9) for n in range(1, 16)]
+    assert waits == sorted(waits)
+    assert waits[4] - waits[2] < 0.8 * (BIN_RATIO - 1)
 
 
 # -- invariants ----------------------------------------------------------------------------------------
@@ -170,6 +189,19 @@ def test_wait_for_more_hand_overs_is_never_shorter(pool, first, second, confiden
     assert wait_for(state, service, fewer, confidence) <= wait_for(state, service, more, confidence)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    services(), st.lists(st.floats(0.0, 1.0), min_size=1, max_size=2), st.integers(0, 2), st.floats(0.5, 3.0)
+)
+def test_wait_for_more_hand_overs_is_never_shorter_while_urgent_work_takes_most(service, ages, free, load):
+    # Urgent work at up to 3 times what the slots hand over: the chance to reach a count can fall in
+    # time, and a search that tried other times for a larger count could find an earlier one.
+    slots = len(ages) + free
+    state = PoolState(tuple(a * service.mean_s for a in ages), free, load * slots / service.mean_s)
+    waits = [wait_for(state, service, n, 0.5) for n in range(free + 1, free + 6)]
+    assert waits == sorted(waits)
+
+
 @settings(max_examples=100, deadline=None)
 @given(pools(urgent=False), st.integers(1, 30), confidences)
 def test_handovers_within_and_wait_for_agree(pool, handovers, confidence):
@@ -219,15 +251,19 @@ def simulated_counts(
     hand-overs first), one list of counts per time."""
 
     def service() -> float:
+        if kind == "uniform":
+            return rng.uniform(0, 2 * mean)
         return rng.expovariate(1 / mean) if kind == "exponential" else mean
+
+    def first_end(age: float) -> float:
+        if kind == "uniform":  # what is left of a uniform service time that has run `age`
+            return rng.uniform(0, 2 * mean - age)
+        return rng.expovariate(1 / mean) if kind == "exponential" else mean - age
 
     horizon = max(times)
     counts: list[list[int]] = [[] for _ in times]
     for _ in range(runs):
-        first_ends = [
-            rng.expovariate(1 / mean) if kind == "exponential" else mean - age for age in state.ages_s
-        ]
-        first_ends += [service() for _ in range(state.free_slots)]
+        first_ends = [first_end(age) for age in state.ages_s] + [service() for _ in range(state.free_slots)]
         handovers = []
         for end in first_ends:
             while end <= horizon:
@@ -258,7 +294,7 @@ def reached_count(counts: list[int], confidence: float) -> int:
     return sorted(counts)[math.floor((1 - confidence) * len(counts))]
 
 
-CASES = [(kind, seed) for kind in ("exponential", "fixed") for seed in range(12)]
+CASES = [(kind, seed) for kind in ("exponential", "fixed", "uniform") for seed in range(12)]
 
 
 @pytest.mark.parametrize(("kind", "seed"), CASES)
@@ -266,11 +302,20 @@ def test_predicted_counts_never_overstate_a_simulated_pool(kind, seed):
     rng = random.Random(seed)
     mean = rng.choice([0.05, 0.3, 0.8])
     # Learned from many samples, so that what is tested is the count, not the learning.
-    service = fixed(mean) if kind == "fixed" else exponential(mean, seed, samples=40000, memory=1e5)
+    if kind == "fixed":
+        service = fixed(mean)
+    elif kind == "uniform":
+        draws = random.Random(seed)
+        service = learned(lambda: draws.uniform(0, 2 * mean), samples=40000, memory=1e5)
+    else:
+        service = exponential(mean, seed, samples=40000, memory=1e5)
     slots = rng.randint(2, 16)
     busy = rng.randint(1, slots)
     free = slots - busy if rng.random() < 0.3 else 0
-    ages = tuple(rng.uniform(0, mean * (0.999 if kind == "fixed" else 3.0)) for _ in range(busy))
+    ages = tuple(
+        rng.uniform(0, mean * {"fixed": 0.999, "uniform": 1.999, "exponential": 3.0}[kind])
+        for _ in range(busy)
+    )
     urgent = rng.choice([0.0, 0.0, 0.3 * slots / mean])
     state = PoolState(ages, free, urgent)
     # Not exactly at a multiple of the mean, where a fixed service's slots all hand over at once.
@@ -283,4 +328,4 @@ def test_predicted_counts_never_overstate_a_simulated_pool(kind, seed):
         assert predicted <= reached_count(simulated, confidence - margin)
         if urgent == 0:  # urgent work that comes after a hand-over cannot take it; the model says it can
             at_least = reached_count(slower, confidence + margin)
-            assert predicted >= at_least - max(1, math.floor(0.12 * at_least))
+            assert predicted >= at_least - max(1, math.ceil(0.1 * at_least))

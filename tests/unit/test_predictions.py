@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.flow.predictions import Predictions, rounded_down
-from policies.admission import AdmissionConfig, AdmissionRequest, work_limit
+from policies.admission import AdmissionConfig, AdmissionRequest, confident_wait_s, work_limit
 from policies.service_times import ServiceTimes
 from policies.wait import QueueStats, Throughput
 
@@ -63,3 +63,10 @@ def test_the_predicted_wait_is_sampled_per_band():
     assert first is not None and abs(first - 0.7) < 0.05  # within the histogram's resolution
     assert predictions.sampled_wait_s(0, busy(0.0), flow, 0.12, 0.977) is None
     assert predictions.sampled_wait_s(0, busy(0.0), flow, 0.16, 0.977) is not None
+
+
+def test_the_predicted_wait_counts_free_slots_once():
+    """One slot free (it goes to the request queued ahead at once) and one busy, just started: this
+    request waits for the busy one, 0.4 s."""
+    stats = QueueStats((1,), 1, (1.0,), started_at=(0.0,))
+    assert abs(confident_wait_s(stats, learned(0.4), 0, 0.0, 0.977) - 0.4) < 0.05

@@ -60,7 +60,7 @@ NODES = 8
 """Quantiles of a sum of fresh service times used for a clock-like slot's later hand-overs."""
 LONGEST_WAIT_S = 1e9
 """wait_for's answer when the count is not reached within it (urgent work takes every hand-over)."""
-_BISECTIONS = 14
+_BISECTIONS = 10
 _NEGLIGIBLE = 1e-9
 """A slot's tail probability this close to 0 or 1 is taken as 0 or 1 (mostly the prior's faded tail)."""
 _TRIMMED = 1e-10

@@ -6,8 +6,9 @@ a request's admission, so it is not done for every request:
   carries (which binds only where the store's state has moved on since, another replica's request
   queued meanwhile) is the drain rate's normal approximation;
 - otherwise a limit is reused for the same band, class wait and budget (each rounded down to a
-  1/64 step of its binary order, which can only tighten it) while the pool holds as many busy and free slots
-  as when it was read, for at most `reuse_s`: the requests in flight have aged by less than that;
+  1/64 step of its binary order, which can only tighten it) while the pool holds as many busy and
+  free slots as when it was read, for at most a sixteenth of the allowed wait (10 ms at least,
+  `reuse_s` at most): the requests in flight have aged by little against the time that matters;
 - the predicted wait, exported beside the actual one, is computed for at most one admitted request
   per band every `sample_s`.
 """
@@ -21,8 +22,9 @@ from statistics import NormalDist
 from policies.admission import AdmissionConfig, AdmissionRequest, confident_wait_s, max_work, work_limit
 from policies.wait import QueueStats, Throughput, work_to_drain
 
-REUSE_S = 0.01
-SAMPLE_S = 0.25
+REUSE_S = 0.05
+REUSE_SHARE = 1 / 16
+SAMPLE_S = 1.0
 
 
 def rounded_down(seconds: float) -> float:
@@ -69,9 +71,10 @@ class Predictions:
         key = (request.band, rounded.max_queue_wait_s, budget_s)
         slots = (len(stats.started_at), stats.free_slots)
         limit = self._limits.get(key)
+        reuse_s = min(self._reuse_s, max(0.01, REUSE_SHARE * rounded.max_queue_wait_s))
         if (
             limit is None
-            or now - limit.read_at > self._reuse_s
+            or now - limit.read_at > reuse_s
             or limit.slots != slots
             or limit.confidence != confidence
         ):

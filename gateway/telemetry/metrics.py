@@ -54,7 +54,7 @@ class GatewayMetrics:
         self.predicted_wait = Histogram(
             "gateway_admission_predicted_wait_seconds",
             "The queue wait admission predicted, at its current confidence, for requests it admitted "
-            "into the queue (a sample: at most 4 a second per class): compare with "
+            "into the queue (a sample: at most one a second per class): compare with "
             "gateway_queue_wait_seconds.",
             ["model", "priority"],
             buckets=_WAIT_BUCKETS,

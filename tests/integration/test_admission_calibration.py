@@ -32,7 +32,7 @@ async def test_requests_served_in_time_from_the_queue_loosen_the_margin(start_si
             assert await asyncio.gather(*(infer(http, gateway) for _ in range(3))) == [200] * 3
     queued = gateway.metric("gateway_admission_queued_total", model="sim", priority="low")
     assert queued >= 10
-    # The prediction is sampled (at most 4 a second per class): some, never more than queued.
+    # The prediction is sampled (at most one a second per class): some, never more than queued.
     assert 0 < gateway.metric("gateway_admission_predicted_wait_seconds_count", priority="low") <= queued
     assert gateway.metric("gateway_admission_confidence", model="sim", priority="low") < STARTING
     assert gateway.metric("gateway_queue_wait_seconds_count", priority="low") == 30

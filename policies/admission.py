@@ -3,7 +3,7 @@
 A request may wait in the queue at most its class's `max_queue_wait_s`, and, when the client sent
 a budget, at most that budget less the time a slot takes to produce its answer (a request that
 starts later cannot finish in time, so a slot spent on it is wasted); the service time is taken
-as its mean plus `safety_sigmas` standard deviations. Admission refuses at arrival when the work
+as its mean. Admission refuses at arrival when the work
 ahead of the request (its own and more urgent bands, its own hand-over included, in cost units)
 would not be handed slots within that allowance. The same allowance sets when a queued request
 must leave the queue.
@@ -51,7 +51,7 @@ from policies.wait import (
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
     safety_sigmas: float = 2.0
-    """Standard deviations of margin on the service time, and the queue wait's starting margin."""
+    """The queue wait's starting margin, in standard deviations (policies.calibration moves it)."""
     retry: RetryAfterConfig = field(default_factory=RetryAfterConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
 
@@ -84,22 +84,25 @@ class Reject:
     it fits (where a return schedule starts looking for room)."""
 
 
-def service_allowance_s(throughput: Throughput, safety_sigmas: float) -> float:
-    """The time to set aside for service: its mean plus `safety_sigmas` deviations."""
-    return throughput.service_time_s + safety_sigmas * throughput.service_spread_s
+def service_allowance_s(throughput: Throughput) -> float:
+    """The time to set aside for service: its mean. A request is started while its budget leaves
+    room for a typical service; setting aside a high quantile instead (mean + 2 deviations is three
+    means for exponential service times) refused work that a plain queue served in time, and the
+    queue's margin is what protects the deadline of work already admitted."""
+    return throughput.service_time_s
 
 
-def allowed_wait_s(request: AdmissionRequest, throughput: Throughput, safety_sigmas: float) -> float:
+def allowed_wait_s(request: AdmissionRequest, throughput: Throughput) -> float:
     """The longest this request may wait for a slot; negative when even an idle pool is too slow."""
     allowed = request.max_queue_wait_s
     if request.budget_s is not None:
-        allowed = min(allowed, request.budget_s - service_allowance_s(throughput, safety_sigmas))
+        allowed = min(allowed, request.budget_s - service_allowance_s(throughput))
     return allowed
 
 
-def budget_hopeless(request: AdmissionRequest, throughput: Throughput, safety_sigmas: float) -> bool:
+def budget_hopeless(request: AdmissionRequest, throughput: Throughput) -> bool:
     """The client's budget is below the service allowance: no queue, however short, leaves room."""
-    return request.budget_s is not None and request.budget_s < service_allowance_s(throughput, safety_sigmas)
+    return request.budget_s is not None and request.budget_s < service_allowance_s(throughput)
 
 
 def min_budget_s(stats: QueueStats, throughput: Throughput, band: int, safety_sigmas: float) -> float:
@@ -107,7 +110,7 @@ def min_budget_s(stats: QueueStats, throughput: Throughput, band: int, safety_si
     cautious wait for the work queued ahead of it."""
     work = work_to_drain(stats, band, throughput.handover_cost)
     wait = cautious_wait_s(work, throughput, band, safety_sigmas) if work > 0 else 0.0
-    return service_allowance_s(throughput, safety_sigmas) + wait
+    return service_allowance_s(throughput) + wait
 
 
 def cautious_wait_s(work: float, throughput: Throughput, band: int, safety_sigmas: float) -> float:
@@ -126,7 +129,7 @@ def max_work(
     """The most work (its own hand-over included) the request may wait to be drained, by the
     normal approximation with `queue_sigmas` of margin (`config.safety_sigmas` if not given); -1
     when it cannot be served in time at all."""
-    allowed = allowed_wait_s(request, throughput, config.safety_sigmas)
+    allowed = allowed_wait_s(request, throughput)
     if allowed < 0:
         return -1.0
     z = config.safety_sigmas if queue_sigmas is None else queue_sigmas
@@ -170,7 +173,7 @@ def work_limit(
     from the state of the pool (how long each request in flight has run, and the measured
     service times); by the normal approximation where the store does not tell. -1 when it cannot
     be served in time at all."""
-    allowed = allowed_wait_s(request, throughput, config.safety_sigmas)
+    allowed = allowed_wait_s(request, throughput)
     if allowed < 0:
         return -1.0
     state = pool_state(stats, throughput, request.band, now)
@@ -226,7 +229,7 @@ def refuse(
     """
     drain = band_drain_rate_per_s(throughput, request.band)
     work = work_to_drain(stats, request.band, throughput.handover_cost)
-    allowed = allowed_wait_s(request, throughput, config.safety_sigmas)
+    allowed = allowed_wait_s(request, throughput)
     if reason is None:
         budget_binds = allowed < request.max_queue_wait_s
         reason = Outcome.DEADLINE_UNMEETABLE if budget_binds else Outcome.QUEUE_FULL

@@ -126,7 +126,7 @@ class AdmissionController:
         # Work the backends hold for other clients is ahead of every band: it comes off the
         # limit the store checks atomically.
         external = int(self._signals.external_waiting(model)) * throughput.handover_cost
-        if budget_hopeless(request, throughput, self._admission.safety_sigmas):
+        if budget_hopeless(request, throughput):
             return self._hopeless(model, request, throughput)
         if (shed := self._shed(model, request, throughput, external)) is not None:
             return shed
@@ -157,7 +157,7 @@ class AdmissionController:
     ) -> Lease | Refusal:
         """Offer the request to the store and, if it is queued, wait for its slot."""
         model, band = flow.model, flow.band
-        allowed_s = allowed_wait_s(request, throughput, self._admission.safety_sigmas)
+        allowed_s = allowed_wait_s(request, throughput)
         stats = self._store.stats(model)
         confidence = self._calibrations.confidence(model, band)
         predictions = self._predictions_of(model)

@@ -26,8 +26,8 @@ class RetryAfter(Frozen):
 
 class Admission(Frozen):
     safety_sigmas: float = Field(2.0, ge=0.0, le=10.0)
-    """Standard deviations of margin on the service time, and where the queue wait's margin starts
-    (the normal quantile: 2 -> admit when the work ahead drains in time with probability 0.977)."""
+    """Where the queue wait's margin starts, in standard deviations (the normal quantile: 2 ->
+    admit when the work ahead drains in time with probability 0.977); calibration moves it."""
     target_expiry: float = Field(0.01, gt=0.0, lt=0.5)
     """The share of admitted requests that queued which may expire in the queue: the queue
     wait's margin is calibrated against outcomes to hold it."""

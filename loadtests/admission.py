@@ -35,8 +35,6 @@ import itertools
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +46,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.bench import HAPROXY_CONFIG, INSTANT_429, PRIORITY_RULES, HAProxy, free_port
+from loadtests.bench import HAProxy
 from loadtests.openloop import (
     INFER_BODY,
     INFER_PATH,
@@ -288,37 +286,6 @@ async def replay(
     return journeys
 
 
-class ScenarioHAProxy(HAProxy):
-    """bench's HAProxy and config, with this scenario's slots and queue timeout (bench fixes 8 x 40 ms)."""
-
-    def __init__(
-        self, log_dir: Path, backend_url: str, *, slots: int, queue_timeout_ms: float, instant_429: bool
-    ) -> None:
-        self.port = free_port()
-        config = HAPROXY_CONFIG.format(
-            port=self.port,
-            backend=backend_url.removeprefix("http://"),
-            slots=slots,
-            queue_timeout_ms=round(queue_timeout_ms),
-            frontend_rule=INSTANT_429 if instant_429 else PRIORITY_RULES,
-        )
-        path = log_dir / f"haproxy-{self.port}.cfg"
-        path.write_text(config)
-        self.process = subprocess.Popen(
-            ["haproxy", "-db", "-f", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError("haproxy did not start") from None
-                time.sleep(0.05)
-
-
 def is_target(name: str) -> bool:
     return name in ("haproxy", "gateway") or (
         name.startswith("redis") and name.removeprefix("redis").isdigit()
@@ -331,7 +298,7 @@ def start_target(
     """The URLs to load (in turn) and the servers to stop afterwards."""
     high_ms, low_ms = scenario.deadlines_ms
     if target in ("haproxy", "floor"):
-        proxy = ScenarioHAProxy(
+        proxy = HAProxy(
             log_dir,
             sim.url,
             slots=scenario.slots,

@@ -97,13 +97,21 @@ def cpu_seconds(pid: int) -> float:
 
 
 class HAProxy:
-    def __init__(self, log_dir: Path, backend_url: str, *, instant_429: bool = False) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        backend_url: str,
+        *,
+        instant_429: bool = False,
+        slots: int = SLOTS,
+        queue_timeout_ms: float = 1000 - SERVICE_MS,
+    ) -> None:
         self.port = free_port()
         config = HAPROXY_CONFIG.format(
             port=self.port,
             backend=backend_url.removeprefix("http://"),
-            slots=SLOTS,
-            queue_timeout_ms=1000 - SERVICE_MS,
+            slots=slots,
+            queue_timeout_ms=round(queue_timeout_ms),
             frontend_rule=INSTANT_429 if instant_429 else PRIORITY_RULES,
         )
         path = log_dir / f"haproxy-{self.port}.cfg"

@@ -74,6 +74,7 @@ def build_runtime(
         backlog_limits=signals.cluster.limits if signals.cluster is not None else None,
         queued_bytes=queued_bytes,
         rates_seen_s=settings.estimation.rate_window_s,
+        settled_seen_s=settings.estimation.settled_window_s,
         clock=clock,
         jitter=jitter,
     )

@@ -112,3 +112,13 @@ class ObservedRate:
     def per_s(self) -> float | None:
         """The rate, or None before anything was observed."""
         return self.events / self.observed_s if self.observed_s > 0 else None
+
+
+def settled_rate(previous: ObservedRate, offered: float, refused: float, elapsed_s: float) -> ObservedRate:
+    """The arrival rate of settled times after an interval of `elapsed_s` in which `offered` work
+    arrived and `refused` of it was refused: only intervals that refused nothing count, so that
+    an overload neither raises it nor, by the time it takes, makes it forget the load before."""
+    # Work totals are floats: a difference of rounding is not a refusal.
+    if refused > 1e-9 * max(1.0, offered) or elapsed_s <= 0:
+        return previous
+    return previous.observe(offered, elapsed_s)

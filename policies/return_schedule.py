@@ -10,9 +10,14 @@ counting the refused clients told to come back before it. The rules this module 
 - The spare rate is the band's drain less the fresh arrivals it will keep admitting: the arrival
   rate less the returns the schedule itself sends, counted as their slices fall due.
 - While fresh arrivals alone fill the band (a burst, an overload) returns are still booked, at
-  OVERLOAD_RETURN_SHARE of its drain: a bet that the overload ends. A burst thus spreads its
-  refusals over a few times its own length, and a sustained overload pushes the advice to the
-  ceiling instead of sending everyone back into a full queue.
+  OVERLOAD_RETURN_SHARE of its drain: a bet that the overload ends.
+- An overload that has lasted D seconds is expected to last about D more (the Lindy estimate of
+  a duration known only by its age): slices beyond that take returns at the spare rate of settled
+  times, the drain less the fresh arrivals seen while the band refused nothing (the arrivals of
+  `Throughput.settled_rate_by_band` less the returns the schedule had due then). A burst's
+  refusals thus land in the lull after it, as fast as the lull can take them, and the longer an
+  overload goes on the later its refusals are told to return: a backoff that grows with the
+  overload's age, up to the ceiling.
 - Room is read with the spare rate of the moment: a lull raises every slice's room at once, so the
   advice shortens as soon as the load falls; with an idle band it is the earliest time (the
   queue's drain, one turnover), delayed by at most one slice of returns still owed.
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.estimators import ewma_in_time
+from policies.estimators import ObservedRate, ewma_in_time
 from policies.retry_after import RetryAfterConfig
 from policies.wait import Throughput, band_drain_rate_per_s
 
@@ -54,6 +59,12 @@ class ReturnSchedule:
     returning_per_s: float
     """The rate at which booked returns have fallen due, averaged like the arrival rates."""
     updated_at: float
+    """The last refusal booked (the schedule advances only then)."""
+    refusing_since: float
+    """The first refusal of the current overload: refusals no further apart than the rates'
+    memory belong to one."""
+    settled_returning: ObservedRate
+    """The returns that fell due between overloads, per second of those times."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +75,11 @@ class Booking:
     schedule: ReturnSchedule
 
 
-def empty_schedule(now: float, config: RetryAfterConfig) -> ReturnSchedule:
-    """A schedule with nothing booked, its first slice beginning `now`."""
-    return ReturnSchedule(now, config.max_s / SLICES, (0.0,) * (SLICES + 1), 0.0, now)
+def empty_schedule(now: float, config: RetryAfterConfig, settled_tau_s: float = 30.0) -> ReturnSchedule:
+    """A schedule with nothing booked, its first slice beginning `now`; `settled_tau_s` is the
+    memory of the settled arrival rate it is compared with."""
+    slices = (0.0,) * (SLICES + 1)
+    return ReturnSchedule(now, config.max_s / SLICES, slices, 0.0, now, now, ObservedRate(settled_tau_s))
 
 
 def advance(schedule: ReturnSchedule, now: float, rates_tau_s: float) -> ReturnSchedule:
@@ -79,10 +92,14 @@ def advance(schedule: ReturnSchedule, now: float, rates_tau_s: float) -> ReturnS
     due = sum(schedule.booked[:passed])
     booked = schedule.booked[passed:] + (0.0,) * passed
     returning = ewma_in_time(schedule.returning_per_s, due / elapsed_s, elapsed_s, rates_tau_s)
+    refusing_since, settled = schedule.refusing_since, schedule.settled_returning
+    if elapsed_s > rates_tau_s:  # the overload before, if any, is over: this one starts now
+        refusing_since, settled = now, settled.observe(due, elapsed_s)
     if passed == len(schedule.booked):  # idle longer than the whole schedule: start afresh at now
-        return ReturnSchedule(now, schedule.slice_s, booked, returning, now)
-    origin = schedule.origin_s + passed * schedule.slice_s
-    return ReturnSchedule(origin, schedule.slice_s, booked, returning, now)
+        origin = now
+    else:
+        origin = schedule.origin_s + passed * schedule.slice_s
+    return ReturnSchedule(origin, schedule.slice_s, booked, returning, now, refusing_since, settled)
 
 
 def spare_rate_per_s(throughput: Throughput, band: int, returning_per_s: float) -> float:
@@ -96,6 +113,33 @@ def spare_rate_per_s(throughput: Throughput, band: int, returning_per_s: float) 
     arrivals = max(throughput.offered_rate_by_band[band], throughput.admitted_rate_by_band[band])
     fresh = max(0.0, arrivals - returning_per_s)
     return max(band_drain - fresh, OVERLOAD_RETURN_SHARE * band_drain)
+
+
+def settled_spare_rate_per_s(
+    throughput: Throughput, band: int, spare_now_per_s: float, settled_returning_per_s: float
+) -> float:
+    """The spare rate expected once the overload is over: the band's drain less its fresh
+    arrivals of settled times (its arrivals then less the returns that fell due then), never below
+    the spare of the moment. Without a settled rate, the spare of the moment."""
+    settled = throughput.settled_rate_by_band
+    arrivals = None if settled is None else settled[band]
+    if arrivals is None:
+        return spare_now_per_s
+    band_drain = band_drain_rate_per_s(throughput, band)
+    fresh = max(0.0, arrivals - settled_returning_per_s)
+    return max(spare_now_per_s, band_drain - fresh, OVERLOAD_RETURN_SHARE * band_drain)
+
+
+@dataclass(frozen=True, slots=True)
+class Spare:
+    """The spare rate returns are booked at: `now_per_s` until `until`, `settled_per_s` after."""
+
+    now_per_s: float
+    settled_per_s: float
+    until: float
+
+    def at(self, when: float) -> float:
+        return self.now_per_s if when < self.until else self.settled_per_s
 
 
 def earliest_return_s(
@@ -112,26 +156,30 @@ def book_return(
     schedule: ReturnSchedule,
     cost: float,
     earliest_s: float,
-    spare_per_s: float,
+    spare: Spare | float,
     now: float,
     jitter_u: float,
     config: RetryAfterConfig,
 ) -> Booking:
     """Book a return of `cost` work in the first room at or after `now + earliest_s`.
 
-    Its slot (cost / spare rate) may spill over several slices; it is told to come back at a point
-    of that slot chosen by `jitter_u` (uniform in [0, 1)). No room before the ceiling: the ceiling.
-    `schedule` must have been advanced to `now`.
+    Its slot (cost at the spare rate, a `Spare` or one rate throughout) may spill over several
+    slices; it is told to come back at a point of that slot chosen by `jitter_u` (uniform in
+    [0, 1)). No room before the ceiling: the ceiling. `schedule` must have been advanced to `now`.
     """
-    if spare_per_s <= 0:
+    if not isinstance(spare, Spare):
+        spare = Spare(spare, spare, now)
+    if spare.now_per_s <= 0 or spare.settled_per_s <= 0:
         return _at_ceiling(schedule, cost, earliest_s, now, jitter_u, config)
-    slot_s = max(cost, 0.0) / spare_per_s
     booked = list(schedule.booked)
-    opens_at = _fill(booked, schedule, now + earliest_s, slot_s, spare_per_s)
-    if opens_at is None or opens_at + jitter_u * slot_s - now > config.max_s:
+    slot = _fill(booked, schedule, now + earliest_s, max(cost, 0.0), spare)
+    if slot is None:
         return _at_ceiling(schedule, cost, earliest_s, now, jitter_u, config)
-    advice_s = max(earliest_s, opens_at + jitter_u * slot_s - now)
-    return Booking(advice_s, _with_booked(schedule, tuple(booked)))
+    opens_at, closes_at = slot
+    told_at = opens_at + jitter_u * (closes_at - opens_at)
+    if told_at - now > config.max_s:
+        return _at_ceiling(schedule, cost, earliest_s, now, jitter_u, config)
+    return Booking(max(earliest_s, told_at - now), _with_booked(schedule, tuple(booked)))
 
 
 def advise_return(
@@ -150,36 +198,45 @@ def advise_return(
     Never below `earliest_return_s`, never above `max_s`.
     """
     schedule = advance(schedule, now, rates_tau_s)
-    spare = spare_rate_per_s(throughput, band, schedule.returning_per_s)
+    spare_now = spare_rate_per_s(throughput, band, schedule.returning_per_s)
+    returning = schedule.settled_returning.per_s or 0.0
+    settled = settled_spare_rate_per_s(throughput, band, spare_now, returning)
+    # An overload younger than the rates' memory is given that long: its age says nothing yet,
+    # and the first refusals of a burst would otherwise be sent back into it.
+    overload_left_s = max(now - schedule.refusing_since, rates_tau_s)
+    spare = Spare(spare_now, settled, until=now + overload_left_s)
     earliest_s = earliest_return_s(excess_wait_s, throughput, band, config)
     return book_return(schedule, cost, earliest_s, spare, now, jitter_u, config)
 
 
 def _fill(
-    booked: list[float], schedule: ReturnSchedule, start: float, slot_s: float, spare: float
-) -> float | None:
-    """Book `slot_s` seconds of returns at `spare` into `booked` from `start` on, slice by slice;
-    when the first of them opens (None: no room before the last slice ends)."""
+    booked: list[float], schedule: ReturnSchedule, start: float, cost: float, spare: Spare
+) -> tuple[float, float] | None:
+    """Book `cost` work of returns into `booked` from `start` on, slice by slice, each at its
+    spare rate; when the first of them opens and when the last closes (None: no room before the
+    last slice ends)."""
     first = max(0, int((start - schedule.origin_s) // schedule.slice_s))
     opens_at: float | None = None
-    remaining_s = slot_s
+    remaining = cost
     for index in range(first, len(booked)):
         slice_start = schedule.origin_s + index * schedule.slice_s
+        rate = spare.at(slice_start)
         # Returns already booked are taken to fill the slice from its first usable moment on.
-        free_from = max(slice_start, start) + booked[index] / spare
-        room_s = slice_start + schedule.slice_s - free_from
-        if room_s <= 0:
+        free_from = max(slice_start, start) + booked[index] / rate
+        room = (slice_start + schedule.slice_s - free_from) * rate
+        if room <= 0:
             continue
         if opens_at is None:
             opens_at = free_from
-        taken_s = min(remaining_s, room_s)
-        booked[index] += taken_s * spare
-        remaining_s -= taken_s
-        if remaining_s <= 0:
-            return opens_at
+        taken = min(remaining, room)
+        booked[index] += taken
+        remaining -= taken
+        if remaining <= 0:
+            return opens_at, free_from + taken / rate
     if opens_at is not None:
-        booked[-1] += remaining_s * spare
-    return opens_at
+        booked[-1] += remaining
+        return opens_at, schedule.origin_s + len(booked) * schedule.slice_s
+    return None
 
 
 def _at_ceiling(
@@ -202,5 +259,11 @@ def _at_ceiling(
 
 def _with_booked(schedule: ReturnSchedule, booked: tuple[float, ...]) -> ReturnSchedule:
     return ReturnSchedule(
-        schedule.origin_s, schedule.slice_s, booked, schedule.returning_per_s, schedule.updated_at
+        schedule.origin_s,
+        schedule.slice_s,
+        booked,
+        schedule.returning_per_s,
+        schedule.updated_at,
+        schedule.refusing_since,
+        schedule.settled_returning,
     )

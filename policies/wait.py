@@ -62,6 +62,10 @@ class Throughput:
     """Mean work a slot takes per hand-over (1 while every cost is 1)."""
     service_times: ServiceTimes | None = field(default=None, compare=False)
     """The measured distribution of service times (live: it goes on learning), where kept."""
+    settled_rate_by_band: tuple[float | None, ...] | None = None
+    """Per band, the work per second that arrived while the band refused none of it, over a long
+    memory: the load of settled times, expected back after an overload. None where not kept, or
+    for a band not yet seen settled."""
 
 
 def work_to_drain(stats: QueueStats, band: int, handover_cost: float = 1.0) -> float:

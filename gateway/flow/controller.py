@@ -81,6 +81,7 @@ class AdmissionController:
         backlog_limits: BacklogLimits | None = None,
         queued_bytes: QueuedBytes | None = None,
         rates_seen_s: float = 2.0,
+        settled_seen_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
     ) -> None:
@@ -98,6 +99,8 @@ class AdmissionController:
         self._predictions: dict[str, Predictions] = {}
         self._rates_seen_s = rates_seen_s
         """How far back the arrival-rate estimates remember (settings.estimation.rate_window_s)."""
+        self._settled_seen_s = settled_seen_s
+        """And the settled-times rate (settings.estimation.settled_window_s)."""
         self._calibrations = Calibrations(
             self._class_names, admission.calibration, admission.safety_sigmas, metrics
         )
@@ -279,7 +282,7 @@ class AdmissionController:
         if schedules is None:
             bands = len(self._class_names)
             schedules = self._returns[model] = ReturnSchedules(
-                bands, self._admission.retry, self._rates_seen_s
+                bands, self._admission.retry, self._rates_seen_s, self._settled_seen_s
             )
         now, jitter_u = self._clock(), self._jitter()
         return schedules.advise(request.band, request.cost, excess_wait_s, flow, now, jitter_u)

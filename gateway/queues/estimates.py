@@ -20,6 +20,7 @@ from policies.estimators import (
     counter_increase,
     ewma,
     rate_jump,
+    settled_rate,
 )
 from policies.service_times import ServiceTimes
 from policies.wait import Throughput, pool_drain_rate_per_s
@@ -56,6 +57,7 @@ class _Rates:
     offered: list[float]
     admitted_slow: list[float]
     admitted_fast: list[float]
+    settled: list[ObservedRate]
     drain: ObservedRate
     handover_cost: float = 1.0
     last: StoreCounters | None = None
@@ -97,7 +99,10 @@ class PoolEstimates:
         self._service_samples = 0
         self.service_times = ServiceTimes(expected_service_s)
         """Their distribution: what admission reads the residual times of the work in flight from."""
-        self._rates = _Rates([0.0] * bands, [0.0] * bands, [0.0] * bands, ObservedRate(config.drain_window_s))
+        settled = [ObservedRate(config.settled_window_s)] * bands
+        self._rates = _Rates(
+            [0.0] * bands, [0.0] * bands, [0.0] * bands, settled, ObservedRate(config.drain_window_s)
+        )
         self._snapshot_key: tuple[int, bool] = (0, False)
 
     def record_service(self, service_s: float) -> None:
@@ -137,6 +142,7 @@ class PoolEstimates:
             offered = counter_increase(last.offered_work[band], counters.offered_work[band])
             admitted = counter_increase(last.admitted_work[band], counters.admitted_work[band])
             rates.offered[band] = blend_rate(rates.offered[band], offered, elapsed_s, self._slow_tau_s)
+            rates.settled[band] = settled_rate(rates.settled[band], offered, offered - admitted, elapsed_s)
             # A step is judged on counts of requests (Poisson), not on work.
             cost = rates.handover_cost
             level = max(rates.admitted_slow[band], rates.admitted_fast[band]) / cost
@@ -181,9 +187,14 @@ class PoolEstimates:
                 service_cv=self.service_cv,
                 handover_cost=rates.handover_cost,
                 service_times=self.service_times,
+                settled_rate_by_band=_settled(rates.settled),
             )
             self._snapshot_key = key
         return rates.snapshot
+
+
+def _settled(rates: list[ObservedRate]) -> tuple[float | None, ...]:
+    return tuple(rate.per_s for rate in rates)
 
 
 def _copy(counters: StoreCounters) -> StoreCounters:

@@ -81,6 +81,9 @@ class Estimation(Frozen):
     """Seconds of backlog over which the drain rate is averaged (exponentially forgotten)."""
     rate_window_s: float = Field(2.0, gt=0)
     """Time constant of the arrival-rate estimates."""
+    settled_window_s: float = Field(30.0, gt=0)
+    """Time constant of the arrival rate of settled times (while nothing was refused): the load
+    Retry-After expects back once an overload is over."""
     drain_stale_after_s: float = Field(10.0, gt=0)
     """A drain rate measured longer ago than this falls back to slots / service time."""
     handover_cost_weight: float = Field(0.1, ge=0, le=1)

@@ -1,6 +1,6 @@
 import pytest
 
-from gateway.queues.estimates import PoolEstimates
+from gateway.queues.estimates import TICK_S, PoolEstimates, StoreCounters
 from gateway.settings import Estimation
 
 CONFIG = Estimation(service_time_weight=0.1)
@@ -23,3 +23,34 @@ def test_the_measured_variation_of_service_times_is_their_spread_over_their_mean
     flow = estimates.throughput(slots=8, now=0.0)
     assert flow.service_time_s == pytest.approx(0.04, rel=0.1)
     assert flow.service_cv == pytest.approx(0.5, rel=0.15)
+
+
+def _feed(
+    estimates: PoolEstimates,
+    counters: StoreCounters,
+    seconds: float,
+    offered: float,
+    refused: float,
+    at: float,
+) -> float:
+    """Feeds `seconds` of ticks of TICK_S each with `offered` work per second, `refused` of it refused."""
+    for _ in range(round(seconds / TICK_S)):
+        counters.offered_work[0] += offered * TICK_S
+        counters.admitted_work[0] += (offered - refused) * TICK_S
+        at += TICK_S
+        estimates.observe(counters, at)
+    return at
+
+
+def test_the_settled_rate_counts_only_times_that_refused_nothing():
+    estimates = PoolEstimates(bands=1, expected_service_s=0.04, config=CONFIG)
+    counters = StoreCounters.empty(1)
+    estimates.observe(counters, 0.0)
+    assert estimates.throughput(slots=8, now=0.0).settled_rate_by_band == (None,)
+    at = _feed(estimates, counters, 5.0, offered=100.0, refused=0.0, at=0.0)
+    assert estimates.throughput(slots=8, now=at).settled_rate_by_band == (pytest.approx(100.0),)
+    # A long overload neither raises it nor, by lasting, makes it forget the load before.
+    at = _feed(estimates, counters, 60.0, offered=600.0, refused=400.0, at=at)
+    flow = estimates.throughput(slots=8, now=at)
+    assert flow.settled_rate_by_band == (pytest.approx(100.0),)
+    assert flow.offered_rate_by_band[0] == pytest.approx(600.0)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from policies.estimators import ObservedRate, ewma_in_time
 from policies.retry_after import RetryAfterConfig
-from policies.wait import Throughput, band_drain_rate_per_s
+from policies.wait import MIN_DRAIN_SHARE, Throughput, band_drain_rate_per_s
 
 SLICES = 240
 """Slices up to the ceiling: at the default 60 s, a quarter of a second each. Within a slice
@@ -118,14 +118,18 @@ def spare_rate_per_s(throughput: Throughput, band: int, returning_per_s: float) 
 def settled_spare_rate_per_s(
     throughput: Throughput, band: int, spare_now_per_s: float, settled_returning_per_s: float
 ) -> float:
-    """The spare rate expected once the overload is over: the band's drain less its fresh
-    arrivals of settled times (its arrivals then less the returns that fell due then), never below
-    the spare of the moment. Without a settled rate, the spare of the moment."""
+    """The spare rate expected once the overload is over: the band's drain then (the pool's, less
+    the settled arrivals of more urgent bands) less its fresh arrivals of settled times (its
+    arrivals then less the returns that fell due then), never below the spare of the moment.
+    Without settled rates for the band and those above it, the spare of the moment."""
     settled = throughput.settled_rate_by_band
-    arrivals = None if settled is None else settled[band]
-    if arrivals is None:
+    rates = [] if settled is None else settled[: band + 1]
+    if len(rates) <= band or any(rate is None for rate in rates):
         return spare_now_per_s
-    band_drain = band_drain_rate_per_s(throughput, band)
+    *urgent, arrivals = (rate or 0.0 for rate in rates)
+    # An overload of urgent work takes the drain now; once it is over the band gets its share back.
+    drain = throughput.drain_rate_per_s
+    band_drain = max(drain - sum(urgent), MIN_DRAIN_SHARE * drain)
     fresh = max(0.0, arrivals - settled_returning_per_s)
     return max(spare_now_per_s, band_drain - fresh, OVERLOAD_RETURN_SHARE * band_drain)
 

@@ -161,6 +161,21 @@ def test_the_settled_spare_counts_the_returns_of_settled_times_as_not_fresh():
     assert settled_spare_rate_per_s(flow(400.0), 0, 40.0, 0.0) == pytest.approx(40.0)
 
 
+def test_the_settled_spare_of_a_band_gives_back_the_drain_an_urgent_overload_takes_now():
+    # An urgent burst takes 170/s of the 200/s now; in settled times it takes 20/s, low 80/s.
+    burst = Throughput(
+        0.04,
+        DRAIN,
+        admitted_rate_by_band=(170.0, 30.0),
+        offered_rate_by_band=(240.0, 400.0),
+        settled_rate_by_band=(20.0, 80.0),
+    )
+    assert settled_spare_rate_per_s(burst, 1, 6.0, 0.0) == pytest.approx(100.0)
+    # Without a settled rate for the band above, there is nothing to expect back.
+    unknown = replace(burst, settled_rate_by_band=(None, 80.0))
+    assert settled_spare_rate_per_s(unknown, 1, 6.0, 0.0) == pytest.approx(6.0)
+
+
 def test_an_overload_begins_at_the_first_refusal_after_a_quiet_spell():
     schedule = empty_schedule(0.0, CONFIG)
     for at in (0.5, 1.0, 2.5):  # no further apart than the rates' memory: one overload

@@ -11,13 +11,9 @@ from enum import StrEnum
 
 class Ordering(StrEnum):
     FIFO = "fifo"
-    """First come, first served: the score is the arrival time."""
+    """First come, first served within each tenant's flow, the flows of a band sharing it by
+    weight: the score is the request's start tag in fair queuing (policies.fairness). With one
+    flow, plain arrival order."""
     EDF = "edf"
-    """Earliest deadline first: the score is the time the request must leave the queue."""
-
-
-def score(ordering: Ordering, arrival_at: float, leave_by_at: float) -> float:
-    """The ordering score of a request that arrived at `arrival_at` and must leave by `leave_by_at`."""
-    if ordering is Ordering.EDF:
-        return leave_by_at
-    return arrival_at
+    """Earliest deadline first, across the band's flows: the score is the time the request must
+    leave the queue."""

@@ -1,6 +1,8 @@
 """Who is asking, how urgently, and with what budget: the gateway's request headers, checked.
 
-- `Authorization: Bearer <key>` names the tenant when keys are configured (else `X-Tenant`);
+- `Authorization: Bearer <key>` names the tenant when keys are configured, else `X-Tenant` does;
+  a request joins its tenant's flow (fair queuing by weight) when that is a configured tenant, the
+  one unnamed flow otherwise, so flows and their metrics are configured names only;
 - `X-Priority: <class>` picks the class, capped by the tenant's `max_priority`;
 - `X-Request-Timeout-Ms: <int>` is the client's whole budget;
 - `x-stainless-retry-count` (the openai SDK's) or `X-Retry-Attempt` above 0 marks a retry.
@@ -40,6 +42,7 @@ class RequestClassifier:
         self._bands = {name.encode(): band for band, name in enumerate(self._class_names)}
         self._default_band = self._class_names.index(settings.default_priority)
         self._tenants_by_digest = settings.api_key_digests()
+        self._tenants_by_name = {} if self._tenants_by_digest else {t.name: t for t in settings.tenants}
         self._priority_limit = settings.limits.max_priority_header_bytes
 
     def classify(self, headers: list[tuple[bytes, bytes]]) -> RequestMeta | Problem:
@@ -57,20 +60,22 @@ class RequestClassifier:
             elif key in _RETRY_HEADERS:
                 retry = retry or _counts_a_retry(value)
 
-        cap_band = 0
         tenant: str | None = None
+        found: Tenant | None = None
         if self._tenants_by_digest:
             found = self._tenant_for(authorization)
             if found is None:
                 return Problem(Outcome.UNAUTHORIZED, "send Authorization: Bearer <key>")
             tenant = found.name
-            if found.max_priority is not None:
-                cap_band = self._class_names.index(found.max_priority)
         elif tenant_name is not None:
             if len(tenant_name) > MAX_TENANT_BYTES or not tenant_name.isascii():
                 detail = f"X-Tenant must be ASCII of at most {MAX_TENANT_BYTES} bytes"
                 return Problem(Outcome.BAD_REQUEST, detail)
-            tenant = tenant_name.decode()
+            tenant = tenant_name.decode().strip()
+            found = self._tenants_by_name.get(tenant)
+        cap_band = 0
+        if found is not None and found.max_priority is not None:
+            cap_band = self._class_names.index(found.max_priority)
 
         band = self._default_band
         if priority is not None:
@@ -95,8 +100,7 @@ class RequestClassifier:
                     f"X-Request-Timeout-Ms must be an integer from 1 to {MAX_BUDGET_MS}",
                 )
             budget_s = int(text) / 1000
-        # Tenants are configured only with keys: then the tenant is a configured name.
-        flow_tenant = (tenant or "") if self._tenants_by_digest else ""
+        flow_tenant = found.name if found is not None else ""
         return RequestMeta(self._class_names[band], band, tenant, budget_s, flow_tenant, retry)
 
     def _tenant_for(self, authorization: bytes | None) -> Tenant | None:

@@ -7,7 +7,8 @@ request carries a cost in work units (1 for a plain request; batch items or toke
 differ in size): queue statistics, admission limits and drain rates are in work. Its rules:
 - `offer` checks the admission limit and inserts (or grants a free slot) in one atomic step;
 - a slot that frees goes to the most urgent band with work waiting, and within it to the flow
-  whose head has the lowest score (until weighted fair queuing picks the flow);
+  whose head has the lowest score: under FIFO its start tag in the band's fair queuing, so that
+  backlogged flows share the band by their tenants' weights (policies.fairness);
 - a grant may hand one slot to several tickets of one flow at once, when they share a batch key:
   the head and the tickets right behind it with its key, up to the head's batch cost; they share
   one Slot (one upstream call serves them, and it is released once);

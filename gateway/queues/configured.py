@@ -35,7 +35,8 @@ def configured_store(
     config = settings.store
     if config.kind == "memory":
         metrics.store_up.set(1)
-        return MemoryQueue(pools, bands, settings.estimation, ordering=settings.ordering)
+        weights = settings.tenant_weights()
+        return MemoryQueue(pools, bands, settings.estimation, ordering=settings.ordering, weights=weights)
 
     assert config.url is not None, "validated by settings"
     timeout_s = config.timeout_ms / 1000
@@ -67,6 +68,7 @@ def configured_store(
         replica_id=replica_name(),
         lease_ttl_s=config.lease_ttl_ms / 1000,
         ordering=settings.ordering,
+        weights=settings.tenant_weights(),
         clock=clock,
         on_failure=failed,
         close_clients=True,
@@ -74,7 +76,12 @@ def configured_store(
         fallback_max_s=config.fallback_max_ms / 1000 if config.on_store_failure == "local" else 0.0,
     )
     local = MemoryQueue(
-        pools, bands, settings.estimation, ordering=settings.ordering, slot_divisor=config.replicas
+        pools,
+        bands,
+        settings.estimation,
+        ordering=settings.ordering,
+        weights=settings.tenant_weights(),
+        slot_divisor=config.replicas,
     )
     failover = FailoverQueue(
         shared,

@@ -13,7 +13,7 @@ import asyncio
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket
@@ -22,7 +22,8 @@ from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots, pick_backend
-from policies.ordering import Ordering, score
+from policies.fairness import tags, virtual_time_after
+from policies.ordering import Ordering
 from policies.outcomes import Outcome
 from policies.wait import QueueStats, Throughput, work_before_grant
 
@@ -31,11 +32,20 @@ _HeapEntry = tuple[float, int, Ticket]
 
 @dataclass(slots=True, eq=False)
 class _Band:
-    """One band's waiting tickets: a heap per flow (by tenant), and the live count and work."""
+    """One band's waiting tickets: a heap per flow (by tenant), and the live count and work; and
+    its fair-queuing clock (policies.fairness): the virtual time and each flow's finish tag."""
 
     flows: dict[str, list[_HeapEntry]] = field(default_factory=dict)
     count: int = 0
     work: float = 0.0
+    virtual_time: float = 0.0
+    finish: dict[str, float] = field(default_factory=dict)
+
+    def fair_start(self, tenant: str, cost: float, weight: float) -> float:
+        """The start tag of a request of `cost` joining `tenant`'s flow, which moves its finish tag."""
+        tagged = tags(self.virtual_time, self.finish.get(tenant, 0.0), cost, weight)
+        self.finish[tenant] = tagged.finish
+        return tagged.start
 
 
 class _ModelQueue:
@@ -140,7 +150,8 @@ class _ModelQueue:
                 key=lambda tenant: band.flows[tenant][0][:2],
             )
             heap = band.flows[tenant]
-            leader = heapq.heappop(heap)[2]
+            rank, _, leader = heapq.heappop(heap)
+            band.virtual_time = virtual_time_after(band.virtual_time, rank)
             self.remove(leader)
             taken = [leader]
             if leader.batching is not None:
@@ -179,6 +190,7 @@ class MemoryQueue:
         estimation: Estimation,
         *,
         ordering: Ordering = Ordering.FIFO,
+        weights: Mapping[str, float] | None = None,
         slot_divisor: int = 1,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.get_running_loop,
         clock: Callable[[], float] = time.monotonic,
@@ -186,6 +198,8 @@ class MemoryQueue:
         self._models = {p.name: _ModelQueue(p, bands, estimation, slot_divisor, clock) for p in pools}
         self._sequence = itertools.count()
         self._ordering = ordering
+        self._weights = dict(weights or {})
+        """Tenant -> weight in its bands' fair queuing; a tenant not named (and "") weighs 1."""
         self._loop_factory = loop_factory
 
     async def start(self) -> None:
@@ -238,14 +252,23 @@ class MemoryQueue:
         if free > 0 and ahead == 0 and (index := pick_backend(queue.capacity)) is not None:
             return Granted(queue.take(index, cost))
         ticket = Ticket(flow, cost, self._loop_factory().create_future(), batching=batching)
-        queue.insert(ticket, score(self._ordering, now, now + allowed_wait_s), next(self._sequence))
+        queue.insert(ticket, self._rank(queue, ticket, now + allowed_wait_s), next(self._sequence))
         return Queued(ticket)
+
+    def _rank(self, queue: _ModelQueue, ticket: Ticket, leave_by: float) -> float:
+        """The ticket's ordering score: its deadline under EDF, else its start tag in its band's
+        fair queuing, first come, first served within its flow (policies.ordering, policies.fairness)."""
+        if self._ordering is Ordering.EDF:
+            return leave_by
+        weight = self._weights.get(ticket.flow.tenant, 1.0)
+        return queue.bands[ticket.band].fair_start(ticket.flow.tenant, ticket.cost, weight)
 
     def adopt(self, ticket: Ticket, now: float) -> None:
         """Take over a ticket another store held (its wait goes on here, behind those waiting)."""
         queue = self._models[ticket.model]
         ticket.id = ""
-        queue.insert(ticket, now, next(self._sequence))
+        # Under EDF its deadline is not known here: `now` puts it before those queued here.
+        queue.insert(ticket, self._rank(queue, ticket, now), next(self._sequence))
         self._dispatch(queue, now=None)
 
     def charge(self, slot: Slot) -> None:

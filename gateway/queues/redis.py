@@ -26,7 +26,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from anyio.abc import TaskStatus
@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
 from gateway.queues.estimates import PoolEstimates
-from gateway.queues.redis_codec import Grant, View, grants, ready_arg
+from gateway.queues.redis_codec import Grant, OfferArgs, View, grants, ready_arg
 from gateway.queues.redis_grants import ModelState, listen
 from gateway.queues.redis_presence import Holding, Presence, ReplicaAbsent
 from gateway.queues.redis_scripts import Scripts
@@ -68,6 +68,7 @@ class RedisQueue:
         replica_id: str,
         lease_ttl_s: float,
         ordering: Ordering = Ordering.FIFO,
+        weights: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         redis_clock: Callable[[], float] | None = None,
         on_failure: Callable[[BaseException], None] = lambda error: None,
@@ -85,6 +86,8 @@ class RedisQueue:
         self._replica = replica_id
         self._ttl_s = lease_ttl_s
         self._ordering = ordering
+        self._weights = dict(weights or {})
+        """Tenant -> weight in its bands' fair queuing; a tenant not named (and "") weighs 1."""
         self._clock = clock
         self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock)
         self._presence = Presence(
@@ -181,21 +184,11 @@ class RedisQueue:
             # (under overload most arrivals end here), and count the arrival with the next script.
             state.refused_locally[flow.band] += cost
             return Full(view.stats)
-        args: dict[str, Any] = {
-            "replica": self._replica,
-            "band": flow.band,
-            "tenant": flow.tenant,
-            "cost": cost,
-            "max_work": max_work,
-            "handover": handover,
-            "edf": self._ordering is Ordering.EDF,
-            "allowed_s": allowed_wait_s,
-            "ttl": self._ttl_s,
-            "refused": state.take_refused_locally(),
-        }
-        if batching is not None:
-            args["batch"] = {"key": batching.key, "max": batching.max_cost}
-        reply = await self._run("offer", state, args)
+        edf, weight = self._ordering is Ordering.EDF, self._weights.get(flow.tenant, 1.0)
+        args = OfferArgs(
+            self._replica, flow, cost, max_work, handover, edf, weight, allowed_wait_s, self._ttl_s
+        )
+        reply = await self._run("offer", state, args.fields(state.take_refused_locally(), batching))
         if reply["kind"] == "absent":
             raise ReplicaAbsent(f"model {flow.model}: this replica's heartbeat lapsed")
         self._take_view(state, reply["view"])

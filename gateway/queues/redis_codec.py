@@ -12,9 +12,33 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.queues.base import Batching, Flow
 from gateway.queues.estimates import StoreCounters
 from gateway.upstream.backends import ModelPool
 from policies.wait import QueueStats, work_before_grant
+
+
+@dataclass(frozen=True, slots=True)
+class OfferArgs:
+    """What offer.lua takes (its header names each field)."""
+
+    replica: str
+    flow: Flow
+    cost: float
+    max_work: float
+    handover: float
+    edf: bool
+    weight: float
+    allowed_s: float
+    ttl: float
+
+    def fields(self, refused: list[float], batching: Batching | None) -> dict[str, Any]:
+        """The script's arguments, with the work refused locally since the last script."""
+        fields = {name: getattr(self, name) for name in self.__slots__ if name != "flow"}
+        fields |= {"band": self.flow.band, "tenant": self.flow.tenant, "refused": refused}
+        if batching is not None:
+            fields["batch"] = {"key": batching.key, "max": batching.max_cost}
+        return fields
 
 
 def encode(args: dict[str, Any]) -> str:

@@ -88,6 +88,10 @@ class Settings(Frozen):
         _unique("models", [m.name for m in self.models])
         _unique("tenants", [t.name for t in self.tenants])
         _unique("tenants api_keys", [key for t in self.tenants for key in t.api_keys])
+        keyed = [t.name for t in self.tenants if t.api_keys]
+        if keyed and len(keyed) != len(self.tenants):
+            keyless = [t.name for t in self.tenants if not t.api_keys]
+            raise ValueError(f"tenants {keyless} have no api_keys: give every tenant keys, or none")
         admin = self.admin_listen
         if admin is not None and admin.port != 0 and admin.port == self.listen.port:
             raise ValueError("admin_listen must use another port than listen")
@@ -120,6 +124,10 @@ class Settings(Frozen):
         """Connections the backends (a slot each, as configured) and the Redis pool may take."""
         slots = sum(b.max_concurrency or 0 for m in self.models for b in m.backends)
         return slots + (self.store.pool_size if self.store.kind == "redis" else 0)
+
+    def tenant_weights(self) -> dict[str, float]:
+        """Each configured tenant's weight in fair queuing."""
+        return {t.name: t.weight for t in self.tenants}
 
     def api_key_digests(self) -> dict[bytes, Tenant]:
         """Tenants by the SHA-256 of their keys, so lookups never compare secrets directly."""

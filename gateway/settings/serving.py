@@ -136,9 +136,14 @@ class Model(Frozen):
 
 class Tenant(Frozen):
     name: Name
-    api_keys: list[Annotated[str, Field(min_length=8, max_length=512)]] = Field(min_length=1)
+    api_keys: list[Annotated[str, Field(min_length=8, max_length=512)]] = Field(default_factory=list)
+    """Keys that name this tenant (Authorization: Bearer). Either every tenant has keys, or none
+    does and `X-Tenant` names them."""
     max_priority: str | None = None
     """The most urgent class this tenant may ask for; None allows every class."""
+    weight: float = Field(1.0, gt=0, le=1e6)
+    """Its share of a band's service against the other tenants with work queued there (fair
+    queuing on cost); the unnamed flow of requests from no configured tenant weighs 1."""
 
 
 class Limits(Frozen):

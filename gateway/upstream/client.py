@@ -58,7 +58,7 @@ class HeaderRules:
     @classmethod
     def from_settings(cls, settings: Settings) -> HeaderRules:
         strip = {name.lower().encode("latin-1") for name in settings.forwarding.strip_request_headers}
-        if settings.tenants:
+        if settings.api_key_digests():  # the key is the gateway's then, not the backend's
             strip.add(b"authorization")
         return cls(frozenset(strip), settings.forwarding.forwarded_for)
 

@@ -60,10 +60,14 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
     if request.param == "memory":
 
         async def memory(
-            slots: tuple[int, ...] = (2,), bands: int = 2, ordering: Ordering = Ordering.FIFO
+            slots: tuple[int, ...] = (2,),
+            bands: int = 2,
+            ordering: Ordering = Ordering.FIFO,
+            weights: dict[str, float] | None = None,
         ) -> StoreUnderTest:
             pool = make_pool(slots)
-            return StoreUnderTest(MemoryQueue([pool], bands, Estimation(), ordering=ordering), pool)
+            store = MemoryQueue([pool], bands, Estimation(), ordering=ordering, weights=weights)
+            return StoreUnderTest(store, pool)
 
         yield memory
         return
@@ -76,7 +80,10 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
     started: list[RedisQueue] = []
 
     async def redis(
-        slots: tuple[int, ...] = (2,), bands: int = 2, ordering: Ordering = Ordering.FIFO
+        slots: tuple[int, ...] = (2,),
+        bands: int = 2,
+        ordering: Ordering = Ordering.FIFO,
+        weights: dict[str, float] | None = None,
     ) -> StoreUnderTest:
         pool = make_pool(slots)
         store = RedisQueue(
@@ -89,6 +96,7 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
             replica_id="r1",
             lease_ttl_s=5.0,
             ordering=ordering,
+            weights=weights,
         )
         await store.start()
         started.append(store)

@@ -91,12 +91,34 @@ async def test_withdrawn_work_leaves_the_statistics(make_store):
     assert (stats.queued_by_band, stats.queued_work_by_band) == ((0, 1), pytest.approx((0.0, 1.5)))
 
 
-async def test_flows_of_a_band_keep_the_bands_order_between_them(make_store):
+async def test_flows_of_a_band_take_turns_and_ties_go_in_arrival_order(make_store):
     sut = await make_store(slots=(1,))
     slot = await take_the_slot(sut)
     tickets = [(await offer(sut, tenant=tenant)).ticket for tenant in ("a", "b", "a", "", "b")]
-    assert await granted_in_order(sut, slot, tickets) == tickets
-    assert [t.flow.tenant for t in tickets] == ["a", "b", "a", "", "b"]
+    a1, b1, a2, unnamed, b2 = tickets
+    assert await granted_in_order(sut, slot, tickets) == [a1, b1, unnamed, a2, b2]
+
+
+async def test_backlogged_flows_of_a_band_are_handed_work_by_weight(make_store):
+    sut = await make_store(slots=(1,), weights={"a": 3.0, "b": 1.0})
+    slot = await take_the_slot(sut)
+    tickets = [(await offer(sut, tenant="a")).ticket for _ in range(9)]
+    tickets += [(await offer(sut, tenant="b", cost=2.0)).ticket for _ in range(3)]
+    order = [t.flow.tenant for t in await granted_in_order(sut, slot, tickets)]
+    # Start tags: a's 0, 1/3, 2/3, ..., 8/3; b's (cost 2) 0, 2, 4; ties go in arrival order.
+    assert order == ["a", "b", "a", "a", "a", "a", "a", "a", "b", "a", "a", "b"]
+
+
+async def test_a_flow_back_from_idleness_starts_at_the_bands_virtual_time(make_store):
+    sut = await make_store(slots=(1,))
+    slot = await take_the_slot(sut)
+    busy = [(await offer(sut, tenant="busy")).ticket for _ in range(6)]
+    slot = (await granted_in_order(sut, slot, busy[:4]))[-1].wakeup.result()
+    # The band's clock stands at busy's fourth start (3); busy's next ones start at 4 and 5. The
+    # flow that was idle starts at 3, not at 0: it shares from now on, it does not catch up.
+    back = [(await offer(sut, tenant="back")).ticket for _ in range(2)]
+    later = await granted_in_order(sut, slot, busy[4:] + back)
+    assert [t.flow.tenant for t in later] == ["back", "busy", "back", "busy"]
 
 
 async def test_a_more_urgent_flow_of_any_tenant_goes_first(make_store):

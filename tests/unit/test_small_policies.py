@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 from policies.balancing import free_slots, pick_backend
 from policies.dispatch import next_band
 from policies.estimators import ObservedRate, blend_rate, coefficient_of_variation, ewma, rate_jump
-from policies.ordering import Ordering, score
 from policies.outcomes import Outcome, answered
 
 
@@ -54,11 +53,6 @@ def test_pick_backend_takes_the_least_loaded_ready_one(backends, chosen):
 
 def test_free_slots_ignore_unready_backends():
     assert free_slots([Slots(1, 4), Slots(0, 8, ready=False), Slots(2, 2)]) == 3
-
-
-def test_fifo_orders_by_arrival_and_edf_by_leave_by_time():
-    assert score(Ordering.FIFO, arrival_at=5.0, leave_by_at=9.0) == 5.0
-    assert score(Ordering.EDF, arrival_at=5.0, leave_by_at=9.0) == 9.0
 
 
 def test_ewma_seeds_with_first_sample_then_moves_by_its_weight():

@@ -10,7 +10,9 @@
 --
 -- All keys of one model share the hash tag in KEYS[1] ("{<prefix>:<model>}"), so a model's
 -- state lives in one slot and the scripts also run on Redis Cluster:
---   <tag>:q:<band>:<tenant> zset  ticket id -> ordering score (FIFO: arrival time; EDF: leave-by)
+--   <tag>:q:<band>:<tenant> zset  ticket id -> ordering score (FIFO: fair-queuing start tag; EDF: leave-by)
+--   <tag>:vt:<band>         string the band's virtual time (policies.fairness)
+--   <tag>:finish:<band>     hash  tenant -> its flow's finish tag
 --   <tag>:flows:<band>      zset  tenant -> its flow's head score (the band's flows with work)
 --   <tag>:tickets           hash  ticket id -> JSON {r: replica, b: band, t: tenant, c: cost,
 --                                 k: batch key, m: batch cost limit}
@@ -156,6 +158,16 @@ local function count_queued(info, sign)
   else
     redis.call('HINCRBYFLOAT', tag .. ':queued', 'w' .. info.b, sign * info.c)
   end
+end
+
+-- policies.fairness.tags, here where it must be atomic with the insert: the start tag of a request
+-- of `cost` joining `tenant`'s flow of `weight`, which moves the flow's finish tag.
+local function fair_start(band, tenant, cost, weight)
+  local virtual = tonumber(redis.call('GET', tag .. ':vt:' .. band)) or 0
+  local finish = tonumber(redis.call('HGET', tag .. ':finish:' .. band, tenant)) or 0
+  local start = math.max(virtual, finish)
+  redis.call('HSET', tag .. ':finish:' .. band, tenant, string.format('%.17g', start + math.max(cost, 0) / weight))
+  return start
 end
 
 local function enqueue(id, info, score)
@@ -317,6 +329,9 @@ local function take_next(nbands)
       local popped = redis.call('ZPOPMIN', key)
       if #popped > 0 then
         local id = popped[1]
+        -- policies.fairness.virtual_time_after: the clock never goes back.
+        local virtual = tonumber(redis.call('GET', tag .. ':vt:' .. band)) or 0
+        if tonumber(popped[2]) > virtual then redis.call('SET', tag .. ':vt:' .. band, popped[2]) end
         local info = ticket_info(id)
         forget_ticket(id, info)
         local ids, cost = {id}, info.c

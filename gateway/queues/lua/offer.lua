@@ -1,7 +1,7 @@
 -- Admission check and insert in one step: grant a free slot, queue, or refuse.
 -- A: replica, band, tenant, cost, max_work, handover (the replica's estimate of the work a
---    hand-over takes), bands, edf, allowed_s, ttl, refused, backends, bound_s, batch ({key, max}
---    or absent), now (tests).
+--    hand-over takes), bands, edf, weight (the tenant's, in fair queuing), allowed_s, ttl, refused,
+--    backends, bound_s, batch ({key, max} or absent), now (tests).
 -- The check (gateway/queues/base.RequestQueue.offer): refuse when the work queued ahead of it in
 -- its band and the more urgent ones, plus one hand-over of its own, exceeds max_work (none with
 -- a slot free and nothing ahead); a negative limit refuses even then.
@@ -32,8 +32,8 @@ if to_drain == 0 then
   end
 end
 local id = next_id()
-local score = now
-if A.edf then score = now + A.allowed_s end
+local score
+if A.edf then score = now + A.allowed_s else score = fair_start(A.band, A.tenant, A.cost, A.weight) end
 local info = {r = A.replica, b = A.band, t = A.tenant, c = A.cost}
 if A.batch then
   info.k = A.batch.key

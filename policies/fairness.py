@@ -1,0 +1,59 @@
+"""Which tenant's flow goes next within a band? Start-time fair queuing on cost, by weight.
+
+Flows are (model, band, tenant). Each request gets, at enqueue, a start tag and a finish tag in
+virtual time (Goyal, Vin and Cheng's start-time fair queuing, SFQ, the scheme VTC adapts to LLM
+serving): with v the band's virtual time, F the finish tag of the flow's previous request, c the
+request's cost and w the flow's weight,
+
+    start = max(v, F)        finish = start + c / w
+
+and the band hands its next slot to the queued request with the lowest start tag (ties by arrival).
+v is the start tag of the last request handed a slot. The rules this keeps:
+
+- Work-conserving: a flow with nothing queued takes nothing; the others split its share at once.
+- No credit for idleness: a flow that comes back after an idle spell starts at v, not at the finish
+  tag it left with, so it cannot claim the service it did not ask for.
+- Within a flow, requests leave in arrival order (each start tag is the previous finish tag or later).
+- With one flow, the order is plain first come, first served.
+- The bound (SFQ's, on work handed slots): over any interval in which flows f and g are both
+  continuously backlogged, the work each is handed, divided by its weight, differs by at most
+  c_max(f) / w_f + c_max(g) / w_g, the largest costs each sends. It is a bound on hand-overs, so it
+  holds whatever the slots' count and service times; the work *finished* lags it by what is in
+  flight.
+
+The tag is a plain number, the request's ordering score, so that a heap in memory and a sorted set
+in Redis order requests the same way (the Redis store computes the same two lines in its offer
+script, atomically).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Tags:
+    """A request's place in virtual time."""
+
+    start: float
+    """Its ordering score."""
+    finish: float
+    """Where its flow's next request starts at the earliest."""
+
+
+def tags(virtual_time: float, flow_finish: float, cost: float, weight: float) -> Tags:
+    """The tags of a request of `cost` enqueued on a flow of `weight` (> 0) whose previous request
+    finishes at `flow_finish`, in a band whose virtual time is `virtual_time`."""
+    if not weight > 0:
+        raise ValueError(f"a flow's weight must be > 0, got {weight}")
+    start = max(virtual_time, flow_finish)
+    return Tags(start, start + max(cost, 0.0) / weight)
+
+
+def virtual_time_after(virtual_time: float, handed_start: float) -> float:
+    """The band's virtual time once a request whose start tag is `handed_start` is handed a slot.
+
+    It never goes back: a request enqueued with an older start tag (before the clock moved past it)
+    does not rewind the clock for those enqueued after.
+    """
+    return max(virtual_time, handed_start)

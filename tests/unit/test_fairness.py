@@ -1,0 +1,137 @@
+"""Start-time fair queuing between the tenant flows of a band (policies.fairness)."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.fairness import tags, virtual_time_after
+
+
+class Band:
+    """A band as a store keeps it: each flow's finish tag, the virtual time, one heap of start tags."""
+
+    def __init__(self, weights: dict[str, float]) -> None:
+        self.weights = weights
+        self.finish = dict.fromkeys(weights, 0.0)
+        self.virtual_time = 0.0
+        self.heap: list[tuple[float, int, str, float]] = []
+        self.sequence = itertools.count()
+
+    def enqueue(self, flow: str, cost: float) -> float:
+        tagged = tags(self.virtual_time, self.finish[flow], cost, self.weights[flow])
+        self.finish[flow] = tagged.finish
+        heapq.heappush(self.heap, (tagged.start, next(self.sequence), flow, cost))
+        return tagged.start
+
+    def hand_over(self) -> tuple[str, float]:
+        start, _, flow, cost = heapq.heappop(self.heap)
+        self.virtual_time = virtual_time_after(self.virtual_time, start)
+        return flow, cost
+
+    def queued(self, flow: str) -> int:
+        return sum(entry[2] == flow for entry in self.heap)
+
+
+costs = st.lists(st.sampled_from([1.0, 2.0, 4.0, 8.0, 16.0]), min_size=1, max_size=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    weight_f=st.sampled_from([0.5, 1.0, 3.0]),
+    weight_g=st.sampled_from([1.0, 2.0, 7.0]),
+    costs_f=costs,
+    costs_g=costs,
+    handovers=st.integers(1, 300),
+)
+def test_two_backlogged_flows_are_handed_work_by_weight_within_the_bound(
+    weight_f, weight_g, costs_f, costs_g, handovers
+):
+    # Both flows stay backlogged: each refills with its next cost as soon as one of its own leaves.
+    band = Band({"f": weight_f, "g": weight_g})
+    cycles = {"f": itertools.cycle(costs_f), "g": itertools.cycle(costs_g)}
+    for flow in ("f", "g"):
+        for _ in range(3):
+            band.enqueue(flow, next(cycles[flow]))
+    handed = {"f": 0.0, "g": 0.0}
+    bound = max(costs_f) / weight_f + max(costs_g) / weight_g
+    for _ in range(handovers):
+        flow, cost = band.hand_over()
+        handed[flow] += cost
+        band.enqueue(flow, next(cycles[flow]))
+        assert abs(handed["f"] / weight_f - handed["g"] / weight_g) <= bound + 1e-9
+
+
+def test_shares_of_backlogged_flows_converge_to_their_weights():
+    band = Band({"a": 3.0, "b": 1.0})
+    handed = {"a": 0.0, "b": 0.0}
+    for flow, cost in (("a", 1.0), ("b", 8.0)):  # b sends requests 8 times larger
+        for _ in range(4):
+            band.enqueue(flow, cost)
+    for _ in range(4000):
+        flow, cost = band.hand_over()
+        handed[flow] += cost
+        band.enqueue(flow, cost)
+    assert handed["a"] / handed["b"] == pytest.approx(3.0, rel=0.02)
+
+
+def test_a_flow_back_from_idleness_gets_no_credit_for_it():
+    band = Band({"busy": 1.0, "idle": 1.0})
+    for _ in range(100):
+        band.enqueue("busy", 1.0)
+    for _ in range(100):
+        band.hand_over()
+        band.enqueue("busy", 1.0)
+    # The idle flow comes back: it shares from now on, it does not take the next 100 slots.
+    for _ in range(10):
+        band.enqueue("idle", 1.0)
+    first_ten = [band.hand_over()[0] for _ in range(10)]
+    assert 4 <= first_ten.count("idle") <= 6
+
+
+def test_an_idle_flows_share_goes_to_the_others_at_once():
+    band = Band({"a": 1.0, "b": 3.0})
+    for _ in range(5):
+        band.enqueue("a", 1.0)
+    assert [band.hand_over()[0] for _ in range(5)] == ["a"] * 5
+
+
+@given(st.lists(st.floats(0.1, 32.0), min_size=1, max_size=40))
+def test_one_flow_is_served_first_come_first_served(cost_list):
+    band = Band({"only": 1.0})
+    starts = [band.enqueue("only", cost) for cost in cost_list]
+    assert starts == sorted(starts)
+    assert [band.hand_over()[1] for _ in cost_list] == cost_list
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.floats(0.5, 16.0)), min_size=1, max_size=60),
+    st.integers(0, 60),
+)
+def test_within_a_flow_requests_leave_in_arrival_order(arrivals, handovers):
+    band = Band({"a": 1.0, "b": 2.0, "c": 0.5})
+    sent: dict[str, list[float]] = {"a": [], "b": [], "c": []}
+    for flow, cost in arrivals:
+        band.enqueue(flow, cost)
+        sent[flow].append(cost)
+    left: dict[str, list[float]] = {"a": [], "b": [], "c": []}
+    for _ in range(min(handovers, len(arrivals))):
+        flow, cost = band.hand_over()
+        left[flow].append(cost)
+    for flow, costs_left in left.items():
+        assert costs_left == sent[flow][: len(costs_left)]
+
+
+def test_virtual_time_never_goes_back():
+    assert virtual_time_after(5.0, 3.0) == 5.0
+    assert virtual_time_after(5.0, 7.0) == 7.0
+
+
+def test_a_weight_must_be_positive():
+    with pytest.raises(ValueError, match="weight"):
+        tags(0.0, 0.0, 1.0, 0.0)

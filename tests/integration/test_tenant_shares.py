@@ -1,0 +1,76 @@
+"""Tenants flooding one class share the backend by weight, through real gateways, on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from tests.integration.servers import gateway_config
+from tests.redis_server import RedisServer, unique_prefix
+
+pytestmark = pytest.mark.anyio
+INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
+PATH = "/v2/models/sim/infer"
+PER_TENANT = 200
+# Completions counted: past the first (the queue builds up while the clients send) and before the
+# heavier tenant's requests run out (it is handed 3 of every 4 slots: after 4/3 x PER_TENANT).
+WINDOW = slice(40, 240)
+
+
+def weighted_config(sim, **overrides):
+    return gateway_config(
+        [(sim.url, 4)],
+        priorities=[{"name": "high", "max_wait_ms": 30_000}, {"name": "low", "max_wait_ms": 30_000}],
+        expected_service_ms=20,
+        tenants=[{"name": "team-a", "weight": 3}, {"name": "team-b", "weight": 1}],
+        **overrides,
+    )
+
+
+async def flood(gateways) -> list[str]:
+    """Both tenants send PER_TENANT requests at once, in turns, spread over `gateways`; the order in
+    which they were answered."""
+    answered: list[str] = []
+
+    async def infer(http, gateway, tenant):
+        async with http.post(gateway.url + PATH, json=INFER, headers={"X-Tenant": tenant}) as reply:
+            await reply.read()
+            assert reply.status == 200, await reply.text()
+        answered.append(tenant)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        sends = [
+            infer(http, gateways[i % len(gateways)], tenant)
+            for i in range(PER_TENANT)
+            for tenant in ("team-a", "team-b")
+        ]
+        await asyncio.gather(*sends)
+    return answered
+
+
+def heavier_share(answered: list[str]) -> float:
+    counted = answered[WINDOW]
+    return counted.count("team-a") / len(counted)
+
+
+async def test_two_tenants_weighted_3_to_1_are_served_3_to_1(start_sim, start_gateway):
+    sim = start_sim(slots=4, base_ms=20)
+    gateway = start_gateway(weighted_config(sim))
+    share = heavier_share(await flood([gateway]))
+    assert share == pytest.approx(0.75, rel=0.05)
+
+
+@pytest.mark.redis
+async def test_three_redis_replicas_keep_the_same_shares(start_sim, start_gateway):
+    redis_server = RedisServer()
+    try:
+        sim = start_sim(slots=4, base_ms=20)
+        store = {"kind": "redis", "url": redis_server.url, "key_prefix": unique_prefix(), "replicas": 3}
+        replicas = [start_gateway(weighted_config(sim, store=store)) for _ in range(3)]
+        share = heavier_share(await flood(replicas))
+        assert share == pytest.approx(0.75, rel=0.05)
+        assert sim.stats()["peak_inflight"] <= 4
+    finally:
+        redis_server.stop()

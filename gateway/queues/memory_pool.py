@@ -1,0 +1,177 @@
+"""The memory store's state of one model: its bands' waiting tickets, in a heap per flow ordered
+by score, each band's fair-queuing clock, the backends' slot counts and the slots in use.
+
+It is the memory store's (gateway/queues/memory.py) and keeps no rule of its own beyond the order:
+withdrawn tickets stay in their heap until they reach its top (lazy deletion), while the band's
+count and work cover only live ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.queues.base import Batching, Slot, Ticket
+from gateway.queues.estimates import PoolEstimates, StoreCounters
+from gateway.queues.shares import Capacity
+from gateway.settings import Estimation
+from gateway.upstream.backends import BackendState, ModelPool
+from policies.balancing import free_slots
+from policies.fairness import tags, virtual_time_after
+from policies.wait import QueueStats
+
+_HeapEntry = tuple[float, int, Ticket]
+
+
+@dataclass(slots=True, eq=False)
+class BandQueue:
+    """One band's waiting tickets: a heap per flow (by tenant), and the live count and work; and
+    its fair-queuing clock (policies.fairness): the virtual time and each flow's finish tag."""
+
+    flows: dict[str, list[_HeapEntry]] = field(default_factory=dict)
+    count: int = 0
+    work: float = 0.0
+    virtual_time: float = 0.0
+    finish: dict[str, float] = field(default_factory=dict)
+
+    def fair_start(self, tenant: str, cost: float, weight: float) -> float:
+        """The start tag of a request of `cost` joining `tenant`'s flow, which moves its finish tag."""
+        tagged = tags(self.virtual_time, self.finish.get(tenant, 0.0), cost, weight)
+        self.finish[tenant] = tagged.finish
+        return tagged.start
+
+
+class ModelQueue:
+    def __init__(
+        self, pool: ModelPool, bands: int, estimation: Estimation, divisor: int, clock: Callable[[], float]
+    ) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.slot_divisor = divisor
+        self.limits: dict[str, int] | None = None
+        """Backend url -> slots at most (MemoryQueue.limit); a backend not named gets none."""
+        self.capacity: list[Capacity] = []
+        self.capacity_of: dict[BackendState, Capacity] = {}
+        self.follow_backends()
+        self.bands = [BandQueue() for _ in range(bands)]
+        self.live: set[Ticket] = set()
+        self.running: dict[Slot, float] = {}
+        """The slots in use, with when each was handed over (its request's age follows)."""
+        self.estimates = PoolEstimates(bands, pool.expected_service_s, estimation)
+        self.counters = StoreCounters.empty(bands)
+        # Set after a hand-over that left requests waiting: the gap to the next hand-over is then a
+        # clean sample of the drain rate (no idle slot in between).
+        self.backlogged_handover_at: float | None = None
+        self.idle_waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def idle(self) -> bool:
+        return not self.live and all(c.inflight == 0 for c in self.capacity)
+
+    def wake_if_idle(self) -> None:
+        if self.idle_waiters and self.idle:
+            for waiter in self.idle_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self.idle_waiters.clear()
+
+    def follow_backends(self) -> None:
+        """Match the pool's backends, which endpoint discovery may change; a backend that left
+        keeps its count until its last slot comes back."""
+        current = {b: self.capacity_of.get(b) or Capacity(b, self.slot_divisor) for b in self.pool.backends}
+        for backend, capacity in current.items():
+            capacity.limit = None if self.limits is None else self.limits.get(backend.url, 0)
+        for backend, capacity in self.capacity_of.items():
+            if backend not in current and capacity.inflight:
+                capacity.departed = True
+                current[backend] = capacity
+        self.capacity_of = current
+        self.capacity = list(current.values())
+
+    def stats(self) -> QueueStats:
+        return QueueStats(
+            queued_by_band=tuple(b.count for b in self.bands),
+            free_slots=free_slots(self.capacity),
+            queued_work_by_band=tuple(b.work for b in self.bands),
+            started_at=tuple(self.running.values()),
+        )
+
+    @property
+    def total_slots(self) -> int:
+        return sum(c.max_concurrency for c in self.capacity if c.ready)
+
+    def take(self, index: int, cost: float, batch: tuple[Ticket, ...] = ()) -> Slot:
+        capacity = self.capacity[index]
+        capacity.inflight += 1
+        capacity.backend.inflight += 1  # the gateway-wide count of slots held, for metrics
+        return self.running_since(Slot(self.pool.name, capacity.backend, cost, batch))
+
+    def running_since(self, slot: Slot) -> Slot:
+        self.running[slot] = self.clock()
+        return slot
+
+    def insert(self, ticket: Ticket, rank: float, sequence: int) -> None:
+        band = self.bands[ticket.band]
+        heapq.heappush(band.flows.setdefault(ticket.flow.tenant, []), (rank, sequence, ticket))
+        band.count += 1
+        band.work += ticket.cost
+        self.live.add(ticket)
+
+    def remove(self, ticket: Ticket) -> bool:
+        if ticket not in self.live:
+            return False
+        self.live.discard(ticket)
+        band = self.bands[ticket.band]
+        band.count -= 1
+        band.work = band.work - ticket.cost if band.count else 0.0  # no float residue when empty
+        if not self.live:
+            self.backlogged_handover_at = None
+        heap = band.flows.get(ticket.flow.tenant)
+        if heap is not None and len(heap) > 64 and len(heap) > 4 * band.count:
+            heap[:] = [entry for entry in heap if entry[2] in self.live]
+            heapq.heapify(heap)
+        return True
+
+    def pop_next(self) -> list[Ticket]:
+        """The next tickets to get a slot, removed from the queue: the head of the flow with the
+        lowest head score in the most urgent band with work, and the batch it leads, if any."""
+        for band in self.bands:
+            if band.count == 0:
+                continue
+            tenant = min(
+                (tenant for tenant, heap in band.flows.items() if self._clean_head(heap)),
+                key=lambda tenant: band.flows[tenant][0][:2],
+            )
+            heap = band.flows[tenant]
+            rank, _, leader = heapq.heappop(heap)
+            band.virtual_time = virtual_time_after(band.virtual_time, rank)
+            self.remove(leader)
+            taken = [leader]
+            if leader.batching is not None:
+                taken += self._batch_behind(heap, leader.batching, leader.cost)
+            if not heap:
+                del band.flows[tenant]
+            return taken
+        return []
+
+    def _batch_behind(self, heap: list[_HeapEntry], batching: Batching, cost: float) -> list[Ticket]:
+        followers: list[Ticket] = []
+        while self._clean_head(heap):
+            ticket = heap[0][2]
+            if ticket.batching is None or ticket.batching.key != batching.key:
+                break
+            if cost + ticket.cost > batching.max_cost:
+                break
+            heapq.heappop(heap)
+            self.remove(ticket)
+            followers.append(ticket)
+            cost += ticket.cost
+        return followers
+
+    def _clean_head(self, heap: list[_HeapEntry]) -> bool:
+        """Drop withdrawn tickets off the heap's top; True when a live one is left."""
+        while heap and heap[0][2] not in self.live:
+            heapq.heappop(heap)
+        return bool(heap)

@@ -44,6 +44,7 @@ from policies.wait import (
     Throughput,
     band_count_variance_rate,
     band_drain_rate_per_s,
+    urgent_rate_over,
     work_to_drain,
 )
 
@@ -144,18 +145,21 @@ def max_work(
     return root * root
 
 
-def pool_state(stats: QueueStats, throughput: Throughput, band: int, now: float) -> PoolState | None:
-    """The pool as policies.handovers reads it for `band` at `now`; None when the store tells
-    neither a free slot nor when a slot in use was handed over."""
-    if not stats.started_at and stats.free_slots <= 0:
+def pool_state(
+    stats: QueueStats, throughput: Throughput, band: int, now: float, horizon_s: float
+) -> PoolState | None:
+    """The pool as policies.handovers reads it for `band` at `now`, over the next `horizon_s`; None
+    when the store tells neither a free slot nor when a slot in use was handed over."""
+    free = max(0, stats.free_for(band))
+    if not stats.started_at and free <= 0:
         return None
-    slots = len(stats.started_at) + max(0, stats.free_slots)
+    slots = len(stats.started_at) + free
     # Urgent work takes hand-overs first, but noisy rate estimates must not take them all.
     most = (1 - MIN_DRAIN_SHARE) * slots / throughput.service_time_s
-    urgent = sum(throughput.admitted_rate_by_band[:band]) / throughput.handover_cost
+    urgent = urgent_rate_over(throughput, band, horizon_s) / throughput.handover_cost
     return PoolState(
         ages_s=tuple(max(0.0, now - started) for started in stats.started_at),
-        free_slots=max(0, stats.free_slots),
+        free_slots=free,
         urgent_rate_per_s=min(urgent, most),
     )
 
@@ -176,7 +180,7 @@ def work_limit(
     allowed = allowed_wait_s(request, throughput)
     if allowed < 0:
         return -1.0
-    state = pool_state(stats, throughput, request.band, now)
+    state = pool_state(stats, throughput, request.band, now, allowed)
     if state is None or throughput.service_times is None:
         return max_work(request, throughput, config, NormalDist().inv_cdf(confidence))
     return handovers_within(state, throughput.service_times, allowed, confidence) * throughput.handover_cost
@@ -190,7 +194,7 @@ def confident_wait_s(
     work = work_to_drain(stats, band, throughput.handover_cost)
     if work <= 0:
         return 0.0
-    state = pool_state(stats, throughput, band, now)
+    state = pool_state(stats, throughput, band, now, work / band_drain_rate_per_s(throughput, band))
     if state is None or throughput.service_times is None:
         return cautious_wait_s(work, throughput, band, NormalDist().inv_cdf(confidence))
     # The free slots are hand-overs of the state's: count the work ahead and its own, not the

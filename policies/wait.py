@@ -36,6 +36,13 @@ class QueueStats:
     started_at: tuple[float, ...] = ()
     """When each slot in use was handed to its request, on the caller's clock (the ages of the
     work in flight, from which its residual times follow)."""
+    free_by_band: tuple[int, ...] = ()
+    """The free slots each band may take, where more urgent classes reserve some
+    (policies.reservations); every band may take `free_slots` when not given."""
+
+    def free_for(self, band: int) -> int:
+        """The free slots a request of `band` may take."""
+        return self.free_by_band[band] if self.free_by_band else self.free_slots
 
     def work(self, band: int) -> float:
         return (self.queued_work_by_band or self.queued_by_band)[band]
@@ -62,6 +69,12 @@ class Throughput:
     """Mean work a slot takes per hand-over (1 while every cost is 1)."""
     service_times: ServiceTimes | None = field(default=None, compare=False)
     """The measured distribution of service times (live: it goes on learning), where kept."""
+    sustained_rate_by_band: tuple[float, ...] | None = None
+    """Admitted work per second per band as the slow estimate alone reads it (`admitted_rate_by_band`
+    is the larger of it and the fast one): the level that holds beyond `fast_memory_s`. None: the
+    same as `admitted_rate_by_band`."""
+    fast_memory_s: float = 0.0
+    """How far back the fast estimate remembers (its time constant)."""
     settled_rate_by_band: tuple[float | None, ...] | None = None
     """Per band, the work per second that arrived while the band refused none of it, over a long
     memory: the load of settled times, expected back after an overload. None where not kept, or
@@ -72,7 +85,7 @@ def work_to_drain(stats: QueueStats, band: int, handover_cost: float = 1.0) -> f
     """The work that must be handed slots before a new request of `band` gets one, its own
     hand-over included (0: a slot is free). Each free slot takes one hand-over's work at once."""
     ahead = sum(stats.work(b) for b in range(band + 1)) + stats.external_waiting
-    return max(0.0, ahead + handover_cost * (1 - stats.free_slots))
+    return max(0.0, ahead + handover_cost * (1 - stats.free_for(band)))
 
 
 def work_before_grant(queued_ahead: float, free_slots: int, handover_cost: float) -> float:
@@ -91,6 +104,20 @@ def band_drain_rate_per_s(throughput: Throughput, band: int) -> float:
     urgent_rate = sum(throughput.admitted_rate_by_band[:band])
     floor = throughput.drain_rate_per_s * MIN_DRAIN_SHARE
     return max(throughput.drain_rate_per_s - urgent_rate, floor)
+
+
+def urgent_rate_over(throughput: Throughput, band: int, horizon_s: float) -> float:
+    """The work per second more urgent bands than `band` are expected to take over the next
+    `horizon_s`: the quick level (the larger of the fast and the slow estimate) for as long as the
+    fast one remembers, the slow one's beyond. A few urgent arrivals close together swing the fast
+    estimate several-fold; they weigh on the next fraction of a second, not on the whole of a long
+    allowance. A step to overload is believed by both at once (policies.estimators.rate_jump)."""
+    quick = sum(throughput.admitted_rate_by_band[:band])
+    sustained = throughput.sustained_rate_by_band
+    near_s = throughput.fast_memory_s
+    if sustained is None or horizon_s <= near_s:
+        return quick
+    return (quick * near_s + sum(sustained[:band]) * (horizon_s - near_s)) / horizon_s
 
 
 def band_count_variance_rate(throughput: Throughput, band: int) -> float:

@@ -187,6 +187,8 @@ class PoolEstimates:
                 service_cv=self.service_cv,
                 handover_cost=rates.handover_cost,
                 service_times=self.service_times,
+                sustained_rate_by_band=tuple(rates.admitted_slow),
+                fast_memory_s=self._fast_tau_s,
                 settled_rate_by_band=_settled(rates.settled),
             )
             self._snapshot_key = key

@@ -17,10 +17,12 @@ from policies.admission import (
     min_budget_s,
     refuse,
     service_allowance_s,
+    work_limit,
 )
 from policies.outcomes import Outcome
 from policies.retry_after import RetryAfterConfig
-from policies.wait import QueueStats, Throughput, work_to_drain
+from policies.service_times import ServiceTimes
+from policies.wait import QueueStats, Throughput, urgent_rate_over, work_to_drain
 
 RETRY = RetryAfterConfig(min_s=0.01, max_s=60.0, jitter=0.0)
 EXACT = AdmissionConfig(safety_sigmas=0.0, retry=RETRY)  # no margin: the plain mean prediction
@@ -222,3 +224,31 @@ def test_the_smallest_budget_accepted_now_grows_with_the_work_ahead_and_is_accep
     assert isinstance(
         decide(request, QueueStats(queued_by_band=(ahead, 0), free_slots=0), FLOW, 0.0, config), Admit
     )
+
+
+def test_a_cluster_of_urgent_arrivals_weighs_on_the_next_moment_not_on_a_long_allowance():
+    # 4 slots x 0.8 s, learned; urgent work at 0.9/s sustained, but two urgent arrivals a moment
+    # ago read 4/s on the fast estimate. A low request allowed 18.8 s takes the slow level for all
+    # but the fast estimate's half second.
+    times = ServiceTimes(0.8)
+    for _ in range(500):
+        times.record(0.8)
+    spike = Throughput(
+        0.8,
+        5.0,
+        admitted_rate_by_band=(4.0, 0.0),
+        offered_rate_by_band=(4.0, 0.0),
+        service_times=times,
+        sustained_rate_by_band=(0.9, 0.0),
+        fast_memory_s=0.5,
+    )
+    assert urgent_rate_over(spike, 1, 0.25) == pytest.approx(4.0)
+    assert urgent_rate_over(spike, 1, 18.8) == pytest.approx((4.0 * 0.5 + 0.9 * 18.3) / 18.8)
+    low = AdmissionRequest(band=1, max_queue_wait_s=18.8)
+    stats = QueueStats((0, 0), 0, (0.0, 0.0), started_at=(0.0, -0.2, -0.4, -0.6))
+    believed_all_along = replace(spike, sustained_rate_by_band=None)
+    config = AdmissionConfig()
+    sustained = work_limit(low, stats, spike, 0.0, 0.977, config)
+    assert sustained > work_limit(low, stats, believed_all_along, 0.0, 0.977, config) + 20
+    # Believed for the whole allowance, it would be as if urgent work took 4/s of the 5/s.
+    assert sustained >= 0.6 * (5.0 - 0.9) * 18.8

@@ -64,12 +64,13 @@ class Predictions:
         confidence: float,
     ) -> float:
         """policies.admission.work_limit, reused while it still holds (see the module)."""
-        if stats.free_slots > 0 and work_to_drain(stats, request.band, throughput.handover_cost) == 0:
+        free = stats.free_for(request.band)
+        if free > 0 and work_to_drain(stats, request.band, throughput.handover_cost) == 0:
             return max_work(request, throughput, self._config, NormalDist().inv_cdf(confidence))
         budget_s = None if request.budget_s is None else rounded_down(request.budget_s)
         rounded = replace(request, max_queue_wait_s=rounded_down(request.max_queue_wait_s), budget_s=budget_s)
         key = (request.band, rounded.max_queue_wait_s, budget_s)
-        slots = (len(stats.started_at), stats.free_slots)
+        slots = (len(stats.started_at), free)
         limit = self._limits.get(key)
         reuse_s = min(self._reuse_s, max(0.01, REUSE_SHARE * rounded.max_queue_wait_s))
         if (

@@ -61,6 +61,8 @@ class Slot:
     backend: BackendState
     cost: float = 1.0
     """The work it carries: the sum of its tickets' costs."""
+    band: int = 0
+    """The band it was granted to (whose reservations it counts against)."""
     batch: tuple[Ticket, ...] = ()
     """The tickets granted this one slot together, when it went to a batch."""
     released: bool = False

@@ -35,8 +35,14 @@ def configured_store(
     config = settings.store
     if config.kind == "memory":
         metrics.store_up.set(1)
-        weights = settings.tenant_weights()
-        return MemoryQueue(pools, bands, settings.estimation, ordering=settings.ordering, weights=weights)
+        return MemoryQueue(
+            pools,
+            bands,
+            settings.estimation,
+            ordering=settings.ordering,
+            weights=settings.tenant_weights(),
+            reserved=settings.reserved_slots(),
+        )
 
     assert config.url is not None, "validated by settings"
     timeout_s = config.timeout_ms / 1000
@@ -69,6 +75,7 @@ def configured_store(
         lease_ttl_s=config.lease_ttl_ms / 1000,
         ordering=settings.ordering,
         weights=settings.tenant_weights(),
+        reserved=settings.reserved_slots(),
         clock=clock,
         on_failure=failed,
         close_clients=True,
@@ -81,6 +88,7 @@ def configured_store(
         settings.estimation,
         ordering=settings.ordering,
         weights=settings.tenant_weights(),
+        reserved=settings.reserved_slots(),
         slot_divisor=config.replicas,
     )
     failover = FailoverQueue(

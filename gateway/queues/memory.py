@@ -19,7 +19,7 @@ from gateway.queues.memory_pool import ModelQueue
 from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import ModelPool
-from policies.balancing import free_slots, pick_backend
+from policies.balancing import pick_backend
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
 from policies.wait import QueueStats, Throughput, work_before_grant
@@ -34,11 +34,14 @@ class MemoryQueue:
         *,
         ordering: Ordering = Ordering.FIFO,
         weights: Mapping[str, float] | None = None,
+        reserved: tuple[int, ...] = (),
         slot_divisor: int = 1,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.get_running_loop,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._models = {p.name: ModelQueue(p, bands, estimation, slot_divisor, clock) for p in pools}
+        self._models = {
+            p.name: ModelQueue(p, bands, estimation, slot_divisor, clock, reserved) for p in pools
+        }
         self._sequence = itertools.count()
         self._ordering = ordering
         self._weights = dict(weights or {})
@@ -87,13 +90,13 @@ class MemoryQueue:
         counters = queue.counters
         counters.offered_work[flow.band] += cost
         ahead = sum(band.work for band in queue.bands[: flow.band + 1]) if queue.live else 0.0
-        free = free_slots(queue.capacity)
+        free = queue.usable(flow.band)
         to_drain = work_before_grant(ahead, free, queue.estimates.handover_cost)
         if to_drain > max_work:
             return Full(queue.stats())
         counters.admitted_work[flow.band] += cost
         if free > 0 and ahead == 0 and (index := pick_backend(queue.capacity)) is not None:
-            return Granted(queue.take(index, cost))
+            return Granted(queue.take(index, cost, flow.band))
         ticket = Ticket(flow, cost, self._loop_factory().create_future(), batching=batching)
         queue.insert(ticket, self._rank(queue, ticket, now + allowed_wait_s), next(self._sequence))
         return Queued(ticket)
@@ -227,7 +230,7 @@ class MemoryQueue:
             if not tickets:
                 continue
             cost = sum(t.cost for t in tickets)
-            slot = queue.take(index, cost, tuple(tickets) if len(tickets) > 1 else ())
+            slot = queue.take(index, cost, tickets[0].band, tuple(tickets) if len(tickets) > 1 else ())
             for ticket in tickets:
                 ticket.grant(slot)
             granted += 1

@@ -20,6 +20,7 @@ from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots
 from policies.fairness import tags, virtual_time_after
+from policies.reservations import usable_by_band, usable_free_slots
 from policies.wait import QueueStats
 
 _HeapEntry = tuple[float, int, Ticket]
@@ -45,9 +46,17 @@ class BandQueue:
 
 class ModelQueue:
     def __init__(
-        self, pool: ModelPool, bands: int, estimation: Estimation, divisor: int, clock: Callable[[], float]
+        self,
+        pool: ModelPool,
+        bands: int,
+        estimation: Estimation,
+        divisor: int,
+        clock: Callable[[], float],
+        reserved: tuple[int, ...] = (),
     ) -> None:
         self.pool = pool
+        self.reserved = reserved if any(reserved) else ()
+        """Per band, the slots its class keeps from the less urgent ones (policies.reservations)."""
         self.clock = clock
         self.slot_divisor = divisor
         self.limits: dict[str, int] | None = None
@@ -91,9 +100,11 @@ class ModelQueue:
         self.capacity = list(current.values())
 
     def stats(self) -> QueueStats:
+        free = free_slots(self.capacity)
         return QueueStats(
             queued_by_band=tuple(b.count for b in self.bands),
-            free_slots=free_slots(self.capacity),
+            free_slots=free,
+            free_by_band=usable_by_band(free, self.held_by_band(), self.reserved) if self.reserved else (),
             queued_work_by_band=tuple(b.work for b in self.bands),
             started_at=tuple(self.running.values()),
         )
@@ -102,11 +113,24 @@ class ModelQueue:
     def total_slots(self) -> int:
         return sum(c.max_concurrency for c in self.capacity if c.ready)
 
-    def take(self, index: int, cost: float, batch: tuple[Ticket, ...] = ()) -> Slot:
+    def usable(self, band: int) -> int:
+        """The free slots a request of `band` may take."""
+        free = free_slots(self.capacity)
+        if not self.reserved:
+            return free
+        return usable_free_slots(band, free, self.held_by_band(), self.reserved)
+
+    def held_by_band(self) -> list[int]:
+        held = [0] * len(self.bands)
+        for slot in self.running:
+            held[slot.band] += 1
+        return held
+
+    def take(self, index: int, cost: float, band: int, batch: tuple[Ticket, ...] = ()) -> Slot:
         capacity = self.capacity[index]
         capacity.inflight += 1
         capacity.backend.inflight += 1  # the gateway-wide count of slots held, for metrics
-        return self.running_since(Slot(self.pool.name, capacity.backend, cost, batch))
+        return self.running_since(Slot(self.pool.name, capacity.backend, cost, band=band, batch=batch))
 
     def running_since(self, slot: Slot) -> Slot:
         self.running[slot] = self.clock()
@@ -137,9 +161,11 @@ class ModelQueue:
     def pop_next(self) -> list[Ticket]:
         """The next tickets to get a slot, removed from the queue: the head of the flow with the
         lowest head score in the most urgent band with work, and the batch it leads, if any."""
-        for band in self.bands:
+        for index, band in enumerate(self.bands):
             if band.count == 0:
                 continue
+            if self.reserved and self.usable(index) <= 0:
+                return []  # kept for a more urgent class, and so from every less urgent one
             tenant = min(
                 (tenant for tenant, heap in band.flows.items() if self._clean_head(heap)),
                 key=lambda tenant: band.flows[tenant][0][:2],

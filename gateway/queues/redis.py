@@ -69,6 +69,7 @@ class RedisQueue:
         lease_ttl_s: float,
         ordering: Ordering = Ordering.FIFO,
         weights: Mapping[str, float] | None = None,
+        reserved: tuple[int, ...] = (),
         clock: Callable[[], float] = time.monotonic,
         redis_clock: Callable[[], float] | None = None,
         on_failure: Callable[[BaseException], None] = lambda error: None,
@@ -87,9 +88,10 @@ class RedisQueue:
         self._ttl_s = lease_ttl_s
         self._ordering = ordering
         self._weights = dict(weights or {})
+        self._reserved = reserved if any(reserved) else ()
         """Tenant -> weight in its bands' fair queuing; a tenant not named (and "") weighs 1."""
         self._clock = clock
-        self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock)
+        self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock, self._reserved)
         self._presence = Presence(
             self._run, replica_id, lease_ttl_s, expected_replicas, fallback_max_s, clock
         )
@@ -193,7 +195,7 @@ class RedisQueue:
             raise ReplicaAbsent(f"model {flow.model}: this replica's heartbeat lapsed")
         self._take_view(state, reply["view"])
         if reply["kind"] == "granted":
-            return Granted(state.hold(reply["lease"], reply["url"], cost))
+            return Granted(state.hold(reply["lease"], reply["url"], cost, flow.band))
         if reply["kind"] == "queued":
             loop = asyncio.get_running_loop()
             ticket = Ticket(flow, cost, loop.create_future(), id=reply["ticket"], batching=batching)
@@ -318,7 +320,7 @@ class RedisQueue:
             log.exception("model %s: could not deliver grant %s", state.pool.name, grant)
 
     def _take_view(self, state: ModelState, raw: dict[str, Any]) -> None:
-        view = View.parse(raw, self._clock())
+        view = View.parse(raw, self._clock(), self._reserved)
         if view.redis_now >= state.view.redis_now:
             state.view = view
             state.estimates.observe(view.counters, view.redis_now)

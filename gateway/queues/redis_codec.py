@@ -15,6 +15,7 @@ from typing import Any
 from gateway.queues.base import Batching, Flow
 from gateway.queues.estimates import StoreCounters
 from gateway.upstream.backends import ModelPool
+from policies.reservations import usable_by_band
 from policies.wait import QueueStats, work_before_grant
 
 
@@ -81,11 +82,16 @@ class View:
         return cls(seen_at, 0.0, stats, StoreCounters.empty(bands))
 
     @classmethod
-    def parse(cls, raw: dict[str, Any], seen_at: float) -> View:
+    def parse(cls, raw: dict[str, Any], seen_at: float, reserved: tuple[int, ...] = ()) -> View:
+        """The view a script returned; with `reserved` slots per band, each band's usable free slots
+        from the slots each band holds (`ib`)."""
         redis_now = float(raw["now"])
+        free = int(raw["free"])
+        held = [int(n) for n in as_list(raw.get("ib"))]
         stats = QueueStats(
             queued_by_band=tuple(int(n) for n in raw["n"]),
-            free_slots=int(raw["free"]),
+            free_slots=free,
+            free_by_band=usable_by_band(free, held, reserved) if reserved and held else (),
             queued_work_by_band=tuple(float(w) for w in raw["w"]),
             # Grant times on Redis's clock, moved to the local one: the reply left Redis about now.
             started_at=tuple(seen_at - (redis_now - float(t)) for t in raw.get("st") or ()),
@@ -106,7 +112,7 @@ class View:
         counts it: what is queued ahead plus its own hand-over (none with a slot free and nothing
         queued ahead)."""
         ahead = sum(self.stats.work(b) for b in range(band + 1))
-        return work_before_grant(ahead, self.stats.free_slots, handover_cost)
+        return work_before_grant(ahead, self.stats.free_for(band), handover_cost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +123,12 @@ class Grant:
     lease: str
     url: str
     cost: float
+    band: int
 
     @classmethod
     def parse(cls, raw: bytes | str) -> Grant:
         fields = decode(raw)
-        return cls(tuple(fields["t"]), fields["l"], fields["u"], float(fields["c"]))
+        return cls(tuple(fields["t"]), fields["l"], fields["u"], float(fields["c"]), int(fields["b"]))
 
 
 def grants(raw: Sequence[bytes | str] | dict[str, Any]) -> list[Grant]:

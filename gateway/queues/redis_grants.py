@@ -72,10 +72,10 @@ class ModelState:
         work, self.refused_locally = self.refused_locally, [0.0] * len(self.refused_locally)
         return work
 
-    def hold(self, lease: str, url: str, cost: float) -> Slot:
+    def hold(self, lease: str, url: str, cost: float, band: int) -> Slot:
         backend = self.backend(url)
         backend.inflight += 1  # this replica's share, for its metrics
-        slot = Slot(self.pool.name, backend, cost, lease=lease)
+        slot = Slot(self.pool.name, backend, cost, band=band, lease=lease)
         self.held[lease] = slot
         return slot
 
@@ -96,7 +96,7 @@ class ModelState:
 
     def deliver(self, grant: Grant, now: float) -> Slot | None:
         """Hand a grant's slot to its waiting tickets; the slot to give back when none takes it."""
-        pending = _Pending(self.hold(grant.lease, grant.url, grant.cost), now)
+        pending = _Pending(self.hold(grant.lease, grant.url, grant.cost, grant.band), now)
         batch = len(grant.tickets) > 1
         for ticket_id in grant.tickets:
             ticket = self.waiting.pop(ticket_id, None)

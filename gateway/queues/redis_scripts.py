@@ -1,8 +1,8 @@
 """The Redis store's Lua scripts, loaded once and run on one model's keys with named arguments.
 
 Every script gets the arguments all of them read (the band count, the backends, the lease TTL, how
-long a request may hold a lease, and the time a test injects); gateway.queues.redis_codec encodes
-and decodes.
+long a request may hold a lease, the slots each class reserves, and the time a test injects);
+gateway.queues.redis_codec encodes and decodes.
 """
 
 from __future__ import annotations
@@ -27,8 +27,15 @@ def script_source(name: str) -> str:
 
 class Scripts:
     def __init__(
-        self, client: Redis, bands: int, lease_ttl_s: float, redis_clock: Callable[[], float] | None
+        self,
+        client: Redis,
+        bands: int,
+        lease_ttl_s: float,
+        redis_clock: Callable[[], float] | None,
+        reserved: tuple[int, ...] = (),
     ) -> None:
+        self._reserved = list(reserved)
+        """Per band, the slots its class keeps from the less urgent ones (none: an empty list)."""
         self._registered = {name: client.register_script(script_source(name)) for name in _NAMES}
         self._bands = bands
         self._ttl_s = lease_ttl_s
@@ -41,6 +48,8 @@ class Scripts:
         args["backends"] = backends_arg(pool)
         args.setdefault("ttl", self._ttl_s)
         args["bound_s"] = lease_bound_s(pool, self._ttl_s)
+        if self._reserved:
+            args["reserved"] = self._reserved
         if self._redis_clock is not None:
             args["now"] = self._redis_clock()
         reply = await self._registered[name](keys=[tag], args=[encode(args)])

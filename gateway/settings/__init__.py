@@ -125,6 +125,10 @@ class Settings(Frozen):
         slots = sum(b.max_concurrency or 0 for m in self.models for b in m.backends)
         return slots + (self.store.pool_size if self.store.kind == "redis" else 0)
 
+    def reserved_slots(self) -> tuple[int, ...]:
+        """Per band, the slots its class reserves from the less urgent ones."""
+        return tuple(p.reserved_slots for p in self.priorities)
+
     def tenant_weights(self) -> dict[str, float]:
         """Each configured tenant's weight in fair queuing."""
         return {t.name: t.weight for t in self.tenants}

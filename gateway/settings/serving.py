@@ -46,6 +46,10 @@ class Store(Frozen):
 class PriorityClass(Frozen):
     name: Name
     max_wait_ms: PositiveMs
+    reserved_slots: int = Field(0, ge=0, le=1_000_000)
+    """Slots of each model's pool that less urgent classes never hold (policies.reservations): an
+    urgent request finds one free however the others flood. A pool with no more slots than the
+    reservations above a class serves that class nothing."""
 
 
 _HEALTH_PATHS = {"kserve": "/v2/health/ready", "triton": "/v2/models/{model}/ready", "vllm": "/health"}

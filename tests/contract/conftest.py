@@ -64,9 +64,12 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
             bands: int = 2,
             ordering: Ordering = Ordering.FIFO,
             weights: dict[str, float] | None = None,
+            reserved: tuple[int, ...] = (),
         ) -> StoreUnderTest:
             pool = make_pool(slots)
-            store = MemoryQueue([pool], bands, Estimation(), ordering=ordering, weights=weights)
+            store = MemoryQueue(
+                [pool], bands, Estimation(), ordering=ordering, weights=weights, reserved=reserved
+            )
             return StoreUnderTest(store, pool)
 
         yield memory
@@ -84,6 +87,7 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
         bands: int = 2,
         ordering: Ordering = Ordering.FIFO,
         weights: dict[str, float] | None = None,
+        reserved: tuple[int, ...] = (),
     ) -> StoreUnderTest:
         pool = make_pool(slots)
         store = RedisQueue(
@@ -97,6 +101,7 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
             lease_ttl_s=5.0,
             ordering=ordering,
             weights=weights,
+            reserved=reserved,
         )
         await store.start()
         started.append(store)

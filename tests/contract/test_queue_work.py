@@ -215,3 +215,31 @@ async def test_the_drain_rate_is_measured_in_work(make_store):
     throughput = sut.store.throughput(MODEL, now=time.monotonic())
     assert 48 < throughput.drain_rate_per_s < 88  # 4 units every 50 ms: 80 per second
     assert throughput.handover_cost > 2.5  # on its way from 1 to 4
+
+
+async def test_less_urgent_classes_never_hold_the_slots_a_class_reserves(make_store):
+    sut = await make_store(slots=(4,), reserved=(2, 0))
+    low = [await offer(sut, band=1) for _ in range(3)]
+    assert [type(o) for o in low] == [Granted, Granted, Queued]  # two slots stay free for high
+    assert sut.store.stats(MODEL).free_by_band == (2, 0)
+    high = [await offer(sut, band=0) for _ in range(3)]
+    assert [type(o) for o in high] == [Granted, Granted, Queued]  # high may use every slot
+    # A high slot that frees goes to the queued high request, a low one to the queued low one.
+    await release(sut, high[0].slot)
+    await eventually(lambda: high[2].ticket.wakeup.done())
+    assert not low[2].ticket.wakeup.done()
+    await release(sut, low[0].slot)
+    await eventually(lambda: low[2].ticket.wakeup.done())
+
+
+async def test_a_freed_slot_kept_for_an_urgent_class_is_not_handed_to_a_less_urgent_one(make_store):
+    sut = await make_store(slots=(3,), reserved=(1, 0))
+    low = [await offer(sut, band=1) for _ in range(2)]
+    high = await offer(sut, band=0)
+    queued = await offer(sut, band=1)
+    assert isinstance(queued, Queued)
+    await release(sut, high.slot)  # one slot frees: the reserved one, with low still holding 2
+    assert not queued.ticket.wakeup.done()
+    assert sut.store.stats(MODEL).free_by_band == (1, 0)
+    await release(sut, low[0].slot)
+    await eventually(lambda: queued.ticket.wakeup.done())

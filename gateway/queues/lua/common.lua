@@ -22,6 +22,8 @@
 --   <tag>:leases            zset  lease id -> expiry time (renewed while its work runs; once its
 --                                 replica is absent: the latest its work could still be running)
 --   <tag>:lease             hash  lease id -> "<backend url>|<replica>"
+--   <tag>:lease_band        hash  lease id -> the band it was granted to
+--   <tag>:held_band         hash  band -> slots its leases hold (policies.reservations)
 --   <tag>:bound             hash  lease id -> the latest the request it covers could still run
 --                                 (granted + the replica's upstream timeout + one TTL)
 --   <tag>:hold              hash  replica -> JSON {t: until when its leases stay reserved once it is
@@ -36,7 +38,7 @@
 --                                 when this state was created: missing after Redis lost it)
 --   <tag>:replicas          zset  replica -> heartbeat expiry
 --   <tag>:seq               counter for ticket and lease ids
---   <tag>:grants:<r>        list  grants for replica r: JSON {t: [ticket ids], l: lease, u: url, c: cost}
+--   <tag>:grants:<r>        list  grants for replica r: JSON {t: [ticket ids], l: lease, u: url, c: cost, b: band}
 --   <tag>:held:<r>          set   leases held by replica r
 --   <tag>:waiting:<r>       set   tickets queued by replica r
 -- Time is Redis's own (TIME), so every replica orders and expires by the same clock; a test may
@@ -98,6 +100,34 @@ local function free_slots(backends)
     end
   end
   return free
+end
+
+-- The slots each band holds, from the most urgent.
+local function held_by_band(nbands)
+  local held = {}
+  for band = 0, nbands - 1 do
+    held[#held + 1] = tonumber(redis.call('HGET', tag .. ':held_band', band) or '0')
+  end
+  return held
+end
+
+-- policies.reservations.usable_free_slots, here where it must be atomic with the grant: the free
+-- slots a request of `band` may take, less what more urgent classes reserve (A.reserved).
+local function usable_free(band, backends, nbands)
+  local usable = free_slots(backends)
+  if A.reserved == nil then return usable end
+  local held = held_by_band(nbands)
+  local pool = usable
+  for _, n in ipairs(held) do pool = pool + n end
+  for urgent = 0, band - 1 do
+    local reserved = tonumber(A.reserved[urgent + 1] or 0)
+    if reserved > 0 then
+      local held_below = 0
+      for below = urgent + 1, nbands - 1 do held_below = held_below + held[below + 1] end
+      usable = math.min(usable, pool - reserved - held_below)
+    end
+  end
+  return math.max(0, usable)
 end
 
 -- The least loaded ready backend with a free slot (policies.balancing.pick_backend): share of its
@@ -203,9 +233,12 @@ end
 
 -- A.bound_s: how long the request a lease covers may run at most (the caller's upstream timeout
 -- and a margin), so that a lease outlives no work and no work outlives its lease.
-local function grant_lease(url, replica, ttl, now)
+-- `band`: whose reservations the slot counts against (policies.reservations).
+local function grant_lease(url, replica, ttl, now, band)
   local lease = next_id()
   redis.call('HINCRBY', tag .. ':slots', url, 1)
+  redis.call('HSET', tag .. ':lease_band', lease, band)
+  redis.call('HINCRBY', tag .. ':held_band', band, 1)
   redis.call('ZADD', tag .. ':leases', now + ttl, lease)
   redis.call('HSET', tag .. ':lease', lease, url .. '|' .. replica)
   redis.call('HSET', tag .. ':bound', lease, fmt(now + A.bound_s))
@@ -226,6 +259,13 @@ local function free_lease(lease)
   local info = redis.call('HGET', tag .. ':lease', lease)
   if not info then return false end
   local url, replica = string.match(info, '^(.*)|([^|]*)$')
+  local band = redis.call('HGET', tag .. ':lease_band', lease)
+  if band then
+    redis.call('HDEL', tag .. ':lease_band', lease)
+    if tonumber(redis.call('HINCRBY', tag .. ':held_band', band, -1)) < 0 then
+      redis.call('HSET', tag .. ':held_band', band, 0)
+    end
+  end
   redis.call('HDEL', tag .. ':lease', lease)
   redis.call('HDEL', tag .. ':bound', lease)
   redis.call('ZREM', tag .. ':started', lease)
@@ -309,11 +349,13 @@ end
 -- The next tickets to get a slot: the head of the flow with the lowest head score in the most
 -- urgent band with work, and the tickets right behind it in its flow that share its batch key
 -- (same replica: the bodies are there), up to its batch cost. Returns ids, info of the head, cost.
-local function take_next(nbands)
+local function take_next(nbands, backends)
   for band = 0, nbands - 1 do
     while true do
       local first = redis.call('ZRANGE', tag .. ':flows:' .. band, 0, 0, 'WITHSCORES')
       if #first == 0 then break end
+      -- Kept for a more urgent class, and so from every less urgent one.
+      if A.reserved ~= nil and usable_free(band, backends, nbands) <= 0 then return nil end
       local tenant = first[1]
       -- Flows whose heads tie go in the order their heads were queued (as the memory store does),
       -- not by the tenants' names.
@@ -367,10 +409,10 @@ local function dispatch(nbands, backends, ttl, now, drain_sample, caller)
   while true do
     local backend = pick_backend(backends)
     if backend == nil then break end
-    local ids, info, cost = take_next(nbands)
+    local ids, info, cost = take_next(nbands, backends)
     if ids == nil then break end
-    local lease = grant_lease(backend.url, info.r, ttl, now)
-    local grant = cjson.encode({t = ids, l = lease, u = backend.url, c = cost})
+    local lease = grant_lease(backend.url, info.r, ttl, now, info.b)
+    local grant = cjson.encode({t = ids, l = lease, u = backend.url, c = cost, b = info.b})
     if info.r == caller then
       mine[#mine + 1] = grant
     else
@@ -426,7 +468,7 @@ local function view(nbands, backends, now)
     adm[#adm + 1] = stat('adm:' .. band)
   end
   return {
-    now = fmt(now), free = free_slots(backends), n = n, w = w, off = off, adm = adm,
+    now = fmt(now), free = free_slots(backends), ib = held_by_band(nbands), n = n, w = w, off = off, adm = adm,
     dw = stat('drained_work'), ds = stat('drained_s'),
     da = redis.call('HGET', tag .. ':stats', 'drained_at') or '',
     h = stat('handovers'), hw = stat('handed_work'), st = started_times(),

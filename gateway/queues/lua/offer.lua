@@ -15,7 +15,7 @@ local nbands = A.bands
 count_refused_locally(nbands)
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'off:' .. A.band, A.cost)
 local ahead = work_ahead(A.band)
-local free = free_slots(A.backends)
+local free = usable_free(A.band, A.backends, nbands)
 -- policies.wait.work_before_grant, here where it must be atomic with the insert.
 local to_drain = 0
 if ahead > 0 or free == 0 then to_drain = ahead + A.handover end
@@ -27,7 +27,7 @@ redis.call('HINCRBYFLOAT', tag .. ':stats', 'adm:' .. A.band, A.cost)
 if to_drain == 0 then
   local backend = pick_backend(A.backends)
   if backend ~= nil then
-    local lease = grant_lease(backend.url, A.replica, A.ttl, now)
+    local lease = grant_lease(backend.url, A.replica, A.ttl, now, A.band)
     return cjson.encode({kind = 'granted', lease = lease, url = backend.url, view = view(nbands, A.backends, now)})
   end
 end

@@ -25,9 +25,11 @@ if not redis.call('HGET', tag .. ':stats', 'epoch') then
 end
 redis.call('HSET', tag .. ':stats', 'replicas_expected', A.expected)
 
+-- Work the fallback started counts as the least urgent band's against reservations: its bands are
+-- not known here, and so it can only keep less urgent classes out, never an urgent one.
 local reserved = {}
 for _, share in ipairs(A.reserve) do
-  for _ = 1, share.n do reserved[#reserved + 1] = grant_lease(share.u, replica, A.ttl, now) end
+  for _ = 1, share.n do reserved[#reserved + 1] = grant_lease(share.u, replica, A.ttl, now, A.bands - 1) end
 end
 
 redis.call('ZADD', tag .. ':replicas', now + A.ttl, replica)
@@ -54,7 +56,7 @@ for lease, url in pairs(keep) do
   if url ~= true then
     -- Another replica's lease by that id: Redis lost this one's, and counts its ids anew.
     if lease_owner(lease) ~= replica then
-      renamed[#renamed + 1] = {lease, grant_lease(url, replica, A.ttl, now)}
+      renamed[#renamed + 1] = {lease, grant_lease(url, replica, A.ttl, now, A.bands - 1)}
     else
       redis.call('ZADD', tag .. ':leases', now + A.ttl, lease)
     end

@@ -1,4 +1,5 @@
-"""Tenants flooding one class share the backend by weight, through real gateways, on both stores."""
+"""A system of queues through real gateways: tenants flooding one class share the backend by
+weight, on both stores; a class's reserved slots stay free for it while another floods."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import aiohttp
 import pytest
 
+from tests.eventually import eventually
 from tests.integration.servers import gateway_config
 from tests.redis_server import RedisServer, unique_prefix
 
@@ -74,3 +76,38 @@ async def test_three_redis_replicas_keep_the_same_shares(start_sim, start_gatewa
         assert sim.stats()["peak_inflight"] <= 4
     finally:
         redis_server.stop()
+
+
+async def test_a_reserved_slot_is_free_for_an_urgent_request_while_a_batch_class_floods(
+    start_sim, start_gateway
+):
+    sim = start_sim(slots=4, base_ms=300)
+    config = gateway_config(
+        [(sim.url, 4)],
+        priorities=[
+            {"name": "high", "max_wait_ms": 5_000, "reserved_slots": 1},
+            {"name": "low", "max_wait_ms": 30_000},
+        ],
+        expected_service_ms=300,
+    )
+    gateway = start_gateway(config)
+    sim.reset()
+
+    async def infer(http, priority):
+        headers = {"X-Priority": priority}
+        async with http.post(gateway.url + PATH, json=INFER, headers=headers) as reply:
+            await reply.read()
+            assert reply.status == 200, await reply.text()
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        flood = [asyncio.ensure_future(infer(http, "low")) for _ in range(12)]
+        await eventually(lambda: gateway.metric("gateway_queue_depth", priority="low") == 9.0)
+        assert sim.stats()["inflight"] == 3  # the fourth slot is high's
+        await infer(http, "high")
+        await asyncio.gather(*flood)
+    # It found a slot free, rather than waiting in the queue for a 300 ms request to end.
+    waited = {"model": "sim", "priority": "high"}
+    assert gateway.metric("gateway_queue_wait_seconds_count", **waited) == 1
+    assert gateway.metric("gateway_queue_wait_seconds_bucket", le="0.025", **waited) == 1
+    assert gateway.metric("gateway_admission_queued_total", model="sim", priority="low") == 9
+    assert sim.stats()["peak_inflight"] == 4

@@ -75,6 +75,9 @@ class Throughput:
     same as `admitted_rate_by_band`."""
     fast_memory_s: float = 0.0
     """How far back the fast estimate remembers (its time constant)."""
+    tenant_share_by_band: tuple[dict[str, float], ...] = field(default=(), compare=False)
+    """Per band, each tenant flow's share of the work granted slots recently ("" for the unnamed
+    flow); empty where not kept."""
     settled_rate_by_band: tuple[float | None, ...] | None = None
     """Per band, the work per second that arrived while the band refused none of it, over a long
     memory: the load of settled times, expected back after an overload. None where not kept, or

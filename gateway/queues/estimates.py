@@ -46,6 +46,8 @@ class StoreCounters:
     """When the last such hand-over was counted, on the store's clock."""
     handovers: int = 0
     handed_work: float = 0.0
+    granted_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
+    """Work granted slots (at once or from the queue), per (band, tenant) flow."""
 
     @classmethod
     def empty(cls, bands: int) -> StoreCounters:
@@ -63,6 +65,8 @@ class _Rates:
     last: StoreCounters | None = None
     last_at: float | None = None
     drained_at: float = float("-inf")
+    granted_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
+    """Work per second granted to each flow (forgotten like the arrival rates)."""
     snapshot: Throughput | None = field(default=None)
 
 
@@ -163,6 +167,11 @@ class PoolEstimates:
                 counter_increase(last.drained_work, counters.drained_work), drained_s
             )
             rates.drained_at = counters.drained_at
+        for flow, total in counters.granted_by_flow.items():
+            granted = counter_increase(last.granted_by_flow.get(flow, 0.0), total)
+            rates.granted_by_flow[flow] = blend_rate(
+                rates.granted_by_flow.get(flow, 0.0), granted, elapsed_s, self._slow_tau_s
+            )
         handovers = counter_increase(last.handovers, counters.handovers)
         if handovers > 0:
             per_handover = counter_increase(last.handed_work, counters.handed_work) / handovers
@@ -190,9 +199,22 @@ class PoolEstimates:
                 sustained_rate_by_band=tuple(rates.admitted_slow),
                 fast_memory_s=self._fast_tau_s,
                 settled_rate_by_band=_settled(rates.settled),
+                tenant_share_by_band=_shares(rates.granted_by_flow, len(rates.offered)),
             )
             self._snapshot_key = key
         return rates.snapshot
+
+
+def _shares(granted: dict[tuple[int, str], float], bands: int) -> tuple[dict[str, float], ...]:
+    """Each band's recent granted work split by tenant, as shares of the band's."""
+    shares: list[dict[str, float]] = [{} for _ in range(bands)]
+    for (band, tenant), rate in granted.items():
+        shares[band][tenant] = rate
+    for by_tenant in shares:
+        total = sum(by_tenant.values())
+        for tenant, rate in by_tenant.items():
+            by_tenant[tenant] = rate / total if total > 0 else 0.0
+    return tuple(shares)
 
 
 def _settled(rates: list[ObservedRate]) -> tuple[float | None, ...]:
@@ -208,4 +230,5 @@ def _copy(counters: StoreCounters) -> StoreCounters:
         counters.drained_at,
         counters.handovers,
         counters.handed_work,
+        dict(counters.granted_by_flow),
     )

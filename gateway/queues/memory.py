@@ -96,7 +96,7 @@ class MemoryQueue:
             return Full(queue.stats())
         counters.admitted_work[flow.band] += cost
         if free > 0 and ahead == 0 and (index := pick_backend(queue.capacity)) is not None:
-            return Granted(queue.take(index, cost, flow.band))
+            return Granted(queue.take(index, cost, flow))
         ticket = Ticket(flow, cost, self._loop_factory().create_future(), batching=batching)
         queue.insert(ticket, self._rank(queue, ticket, now + allowed_wait_s), next(self._sequence))
         return Queued(ticket)
@@ -230,7 +230,7 @@ class MemoryQueue:
             if not tickets:
                 continue
             cost = sum(t.cost for t in tickets)
-            slot = queue.take(index, cost, tickets[0].band, tuple(tickets) if len(tickets) > 1 else ())
+            slot = queue.take(index, cost, tickets[0].flow, tuple(tickets) if len(tickets) > 1 else ())
             for ticket in tickets:
                 ticket.grant(slot)
             granted += 1

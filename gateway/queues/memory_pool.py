@@ -13,7 +13,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.queues.base import Batching, Slot, Ticket
+from gateway.queues.base import Batching, Flow, Slot, Ticket
 from gateway.queues.estimates import PoolEstimates, StoreCounters
 from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
@@ -126,7 +126,10 @@ class ModelQueue:
             held[slot.band] += 1
         return held
 
-    def take(self, index: int, cost: float, band: int, batch: tuple[Ticket, ...] = ()) -> Slot:
+    def take(self, index: int, cost: float, flow: Flow, batch: tuple[Ticket, ...] = ()) -> Slot:
+        key = (flow.band, flow.tenant)
+        self.counters.granted_by_flow[key] = self.counters.granted_by_flow.get(key, 0.0) + cost
+        band = flow.band
         capacity = self.capacity[index]
         capacity.inflight += 1
         capacity.backend.inflight += 1  # the gateway-wide count of slots held, for metrics

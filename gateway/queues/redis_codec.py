@@ -104,6 +104,7 @@ class View:
             drained_at=float(raw["da"]) if raw["da"] else float("-inf"),
             handovers=int(raw["h"]),
             handed_work=float(raw["hw"]),
+            granted_by_flow=_granted(as_list(raw.get("g"))),
         )
         return cls(seen_at, redis_now, stats, counters)
 
@@ -113,6 +114,15 @@ class View:
         queued ahead)."""
         ahead = sum(self.stats.work(b) for b in range(band + 1))
         return work_before_grant(ahead, self.stats.free_for(band), handover_cost)
+
+
+def _granted(flat: list[Any]) -> dict[tuple[int, str], float]:
+    """HGETALL's [field, value, ...] of "<band>:<tenant>" -> work, by (band, tenant)."""
+    granted: dict[tuple[int, str], float] = {}
+    for field_name, value in zip(flat[::2], flat[1::2], strict=True):
+        band, _, tenant = str(field_name).partition(":")
+        granted[int(band), tenant] = float(value)
+    return granted
 
 
 @dataclass(frozen=True, slots=True)

@@ -270,6 +270,12 @@ class _PoolCollector(Collector):
             "Slot hand-overs per second while requests wait (measured, or slots / service time).",
             labels=["model"],
         )
+        shares = GaugeMetricFamily(
+            "gateway_tenant_share",
+            "Each tenant's share of the work a class was granted slots over the last seconds "
+            '(forgotten like the arrival rates); tenant="-" for requests of no configured tenant.',
+            labels=["model", "priority", "tenant"],
+        )
         arrivals = GaugeMetricFamily(
             "gateway_priority_arrival_rate",
             "Requests of a class arriving per second, admitted or not (forgotten over seconds).",
@@ -284,6 +290,9 @@ class _PoolCollector(Collector):
             ):
                 depth.add_metric([pool.name, priority], queued)
                 arrivals.add_metric([pool.name, priority], offered)
+            for priority, by_tenant in zip(self._priorities, flow.tenant_share_by_band, strict=False):
+                for tenant, share in by_tenant.items():
+                    shares.add_metric([pool.name, priority, tenant or "-"], share)
             inflight.add_metric([pool.name], sum(b.inflight for b in pool.backends))
             for backend in pool.backends:
                 labels = [pool.name, backend.url]
@@ -304,7 +313,19 @@ class _PoolCollector(Collector):
                 )
             service.add_metric([pool.name], flow.service_time_s)
             drain.add_metric([pool.name], flow.drain_rate_per_s)
-        yield from (depth, inflight, ready, circuit, slots, saturated, reported, service, drain, arrivals)
+        yield from (
+            depth,
+            inflight,
+            ready,
+            circuit,
+            slots,
+            saturated,
+            reported,
+            service,
+            drain,
+            arrivals,
+            shares,
+        )
 
     def describe(self) -> Iterable[Metric]:
         return []

@@ -203,6 +203,7 @@ class StoresAgree(RuleBasedStateMachine):
         assert seen.offered_work == pytest.approx(counted.offered_work)
         assert seen.admitted_work == pytest.approx(counted.admitted_work)
         assert (seen.handovers, seen.handed_work) == (counted.handovers, pytest.approx(counted.handed_work))
+        assert seen.granted_by_flow == pytest.approx(counted.granted_by_flow)
         assert (seen.drained_work, seen.drained_s) == (
             pytest.approx(counted.drained_work),
             pytest.approx(counted.drained_s, abs=1e-5),

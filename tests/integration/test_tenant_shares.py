@@ -31,10 +31,10 @@ def weighted_config(sim, **overrides):
     )
 
 
-async def flood(gateways) -> list[str]:
+async def flood(gateways, answered: list[str] | None = None) -> list[str]:
     """Both tenants send PER_TENANT requests at once, in turns, spread over `gateways`; the order in
-    which they were answered."""
-    answered: list[str] = []
+    which they were answered (also into `answered` as they are)."""
+    answered = [] if answered is None else answered
 
     async def infer(http, gateway, tenant):
         async with http.post(gateway.url + PATH, json=INFER, headers={"X-Tenant": tenant}) as reply:
@@ -60,8 +60,14 @@ def heavier_share(answered: list[str]) -> float:
 async def test_two_tenants_weighted_3_to_1_are_served_3_to_1(start_sim, start_gateway):
     sim = start_sim(slots=4, base_ms=20)
     gateway = start_gateway(weighted_config(sim))
-    share = heavier_share(await flood([gateway]))
+    answered: list[str] = []
+    flooding = asyncio.ensure_future(flood([gateway], answered))
+    # While both are backlogged, the gateway reports what each tenant gets.
+    await eventually(lambda: len(answered) >= 150, what="the flood to be under way")
+    exported = gateway.metric("gateway_tenant_share", model="sim", priority="low", tenant="team-a")
+    share = heavier_share(await flooding)
     assert share == pytest.approx(0.75, rel=0.05)
+    assert exported == pytest.approx(0.75, abs=0.1)
 
 
 @pytest.mark.redis

@@ -24,6 +24,7 @@
 --   <tag>:lease             hash  lease id -> "<backend url>|<replica>"
 --   <tag>:lease_band        hash  lease id -> the band it was granted to
 --   <tag>:held_band         hash  band -> slots its leases hold (policies.reservations)
+--   <tag>:granted           hash  "<band>:<tenant>" -> work granted slots (the tenants' shares)
 --   <tag>:bound             hash  lease id -> the latest the request it covers could still run
 --                                 (granted + the replica's upstream timeout + one TTL)
 --   <tag>:hold              hash  replica -> JSON {t: until when its leases stay reserved once it is
@@ -234,6 +235,11 @@ end
 -- A.bound_s: how long the request a lease covers may run at most (the caller's upstream timeout
 -- and a margin), so that a lease outlives no work and no work outlives its lease.
 -- `band`: whose reservations the slot counts against (policies.reservations).
+-- Work granted slots per flow, for the tenants' shares: HINCRBYFLOAT on "<band>:<tenant>".
+local function count_granted(band, tenant, cost)
+  redis.call('HINCRBYFLOAT', tag .. ':granted', band .. ':' .. tenant, cost)
+end
+
 local function grant_lease(url, replica, ttl, now, band)
   local lease = next_id()
   redis.call('HINCRBY', tag .. ':slots', url, 1)
@@ -412,6 +418,7 @@ local function dispatch(nbands, backends, ttl, now, drain_sample, caller)
     local ids, info, cost = take_next(nbands, backends)
     if ids == nil then break end
     local lease = grant_lease(backend.url, info.r, ttl, now, info.b)
+    count_granted(info.b, info.t, cost)
     local grant = cjson.encode({t = ids, l = lease, u = backend.url, c = cost, b = info.b})
     if info.r == caller then
       mine[#mine + 1] = grant
@@ -472,5 +479,6 @@ local function view(nbands, backends, now)
     dw = stat('drained_work'), ds = stat('drained_s'),
     da = redis.call('HGET', tag .. ':stats', 'drained_at') or '',
     h = stat('handovers'), hw = stat('handed_work'), st = started_times(),
+    g = redis.call('HGETALL', tag .. ':granted'),
   }
 end

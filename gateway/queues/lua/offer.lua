@@ -28,6 +28,7 @@ if to_drain == 0 then
   local backend = pick_backend(A.backends)
   if backend ~= nil then
     local lease = grant_lease(backend.url, A.replica, A.ttl, now, A.band)
+    count_granted(A.band, A.tenant, A.cost)
     return cjson.encode({kind = 'granted', lease = lease, url = backend.url, view = view(nbands, A.backends, now)})
   end
 end

@@ -21,6 +21,7 @@ from gateway.flow.controller import AdmissionController
 from gateway.flow.drain import Drain
 from gateway.flow.queued_bytes import QueuedBytes
 from gateway.flow.readiness import Readiness
+from gateway.flow.windows import WindowClock
 from gateway.http.hot_routes import InferenceRoutes
 from gateway.http.intake import Intake
 from gateway.http.kserve import InferEndpoint, ModelPassthrough, kserve_routes
@@ -55,7 +56,8 @@ def build_runtime(
     pools = {model.name: ModelPool.from_settings(model) for model in settings.models}
     pool_list = list(pools.values())
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
-    store = configured_store(settings, pool_list, metrics, clock=clock)
+    windows = WindowClock(settings)
+    store = configured_store(settings, pool_list, metrics, clock=clock, weight_of=windows.weight)
     metrics.watch_pools(pool_list, [p.name for p in settings.priorities], store, clock)
     supervisor = supervisor if supervisor is not None else Supervisor()
     signals = SignalBoard(
@@ -75,6 +77,7 @@ def build_runtime(
         queued_bytes=queued_bytes,
         rates_seen_s=settings.estimation.rate_window_s,
         settled_seen_s=settings.estimation.settled_window_s,
+        windows=windows,
         clock=clock,
         jitter=jitter,
     )

@@ -15,6 +15,8 @@ class Outcome(StrEnum):
     DEADLINE_UNMEETABLE = "deadline_unmeetable"
     DEADLINE_EXPIRED_IN_QUEUE = "deadline_expired_in_queue"
     CLUSTER_BACKLOGGED = "cluster_backlogged"
+    OUTSIDE_WINDOW = "outside_window"
+    """The class or tenant is served only within a time window, which is closed now."""
     # The pool cannot serve at all: 503 with Retry-After.
     NO_BACKEND = "no_backend"
     DRAINING = "draining"
@@ -39,6 +41,7 @@ SHED_OUTCOMES = frozenset(
         Outcome.DEADLINE_UNMEETABLE,
         Outcome.DEADLINE_EXPIRED_IN_QUEUE,
         Outcome.CLUSTER_BACKLOGGED,
+        Outcome.OUTSIDE_WINDOW,
     }
 )
 

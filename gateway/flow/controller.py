@@ -21,6 +21,7 @@ from gateway.flow.calibration import Calibrations
 from gateway.flow.predictions import Predictions
 from gateway.flow.queued_bytes import QueuedBytes
 from gateway.flow.retry_spreads import ReturnSchedules
+from gateway.flow.windows import WindowClock
 from gateway.queues.base import Batching, Flow, Full, Granted, Queued, RequestQueue, Slot, Ticket, Unavailable
 from gateway.settings import PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
@@ -82,6 +83,7 @@ class AdmissionController:
         queued_bytes: QueuedBytes | None = None,
         rates_seen_s: float = 2.0,
         settled_seen_s: float = 30.0,
+        windows: WindowClock | None = None,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
     ) -> None:
@@ -101,6 +103,7 @@ class AdmissionController:
         """How far back the arrival-rate estimates remember (settings.estimation.rate_window_s)."""
         self._settled_seen_s = settled_seen_s
         """And the settled-times rate (settings.estimation.settled_window_s)."""
+        self._windows = windows if windows is not None and windows.restricts else None
         self._calibrations = Calibrations(
             self._class_names, admission.calibration, admission.safety_sigmas, metrics
         )
@@ -123,6 +126,8 @@ class AdmissionController:
         it leaves the queue.
         """
         model, band = flow.model, flow.band
+        if self._windows is not None and (closed_s := self._windows.closed_for_s(band, flow.tenant)):
+            return self._refusal(model, band, Outcome.OUTSIDE_WINDOW, closed_s)
         arrived_at = self._clock()
         request = AdmissionRequest(band, self._max_wait_s[band], budget_s, cost)
         throughput = self._store.throughput(model, arrived_at)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -191,3 +191,11 @@ class RequestQueue(Protocol):
     def backends_changed(self, model: str) -> None:
         """Readiness changed: dispatch into newly ready slots, fail waiters when none is left."""
         ...
+
+
+def weight_lookup(weights: Mapping[str, float] | Callable[[str], float] | None) -> Callable[[str], float]:
+    """A tenant's weight by name: from a table (1 for a name not in it), or the given function."""
+    if callable(weights):
+        return weights
+    table = dict(weights or {})
+    return lambda tenant: table.get(tenant, 1.0)

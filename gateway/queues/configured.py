@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from gateway.queues.base import RequestQueue
+from gateway.queues.base import RequestQueue, weight_lookup
 from gateway.queues.failover import FailoverQueue
 from gateway.queues.memory import MemoryQueue
 from gateway.queues.redis import LISTEN_WAKE_S, RedisQueue
@@ -30,8 +30,12 @@ def configured_store(
     metrics: GatewayMetrics,
     *,
     clock: Callable[[], float] = time.monotonic,
+    weight_of: Callable[[str], float] | None = None,
 ) -> RequestQueue:
+    """The store the settings name; `weight_of` gives a tenant's weight at enqueue (its configured
+    weight when not given)."""
     bands = len(settings.priorities)
+    weights = weight_of if weight_of is not None else weight_lookup(settings.tenant_weights())
     config = settings.store
     if config.kind == "memory":
         metrics.store_up.set(1)
@@ -40,7 +44,7 @@ def configured_store(
             bands,
             settings.estimation,
             ordering=settings.ordering,
-            weights=settings.tenant_weights(),
+            weights=weights,
             reserved=settings.reserved_slots(),
         )
 
@@ -74,7 +78,7 @@ def configured_store(
         replica_id=replica_name(),
         lease_ttl_s=config.lease_ttl_ms / 1000,
         ordering=settings.ordering,
-        weights=settings.tenant_weights(),
+        weights=weights,
         reserved=settings.reserved_slots(),
         clock=clock,
         on_failure=failed,
@@ -87,7 +91,7 @@ def configured_store(
         bands,
         settings.estimation,
         ordering=settings.ordering,
-        weights=settings.tenant_weights(),
+        weights=weights,
         reserved=settings.reserved_slots(),
         slot_divisor=config.replicas,
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket
 from gateway.queues.memory_pool import ModelQueue
@@ -33,7 +33,7 @@ class MemoryQueue:
         estimation: Estimation,
         *,
         ordering: Ordering = Ordering.FIFO,
-        weights: Mapping[str, float] | None = None,
+        weights: Callable[[str], float] = lambda tenant: 1.0,
         reserved: tuple[int, ...] = (),
         slot_divisor: int = 1,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.get_running_loop,
@@ -44,8 +44,8 @@ class MemoryQueue:
         }
         self._sequence = itertools.count()
         self._ordering = ordering
-        self._weights = dict(weights or {})
-        """Tenant -> weight in its bands' fair queuing; a tenant not named (and "") weighs 1."""
+        self._weight_of = weights
+        """A tenant's weight in its bands' fair queuing now; a tenant not named (and "") weighs 1."""
         self._loop_factory = loop_factory
 
     async def start(self) -> None:
@@ -106,7 +106,7 @@ class MemoryQueue:
         fair queuing, first come, first served within its flow (policies.ordering, policies.fairness)."""
         if self._ordering is Ordering.EDF:
             return leave_by
-        weight = self._weights.get(ticket.flow.tenant, 1.0)
+        weight = self._weight_of(ticket.flow.tenant)
         return queue.bands[ticket.band].fair_start(ticket.flow.tenant, ticket.cost, weight)
 
     def adopt(self, ticket: Ticket, now: float) -> None:

@@ -26,7 +26,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from anyio.abc import TaskStatus
@@ -68,7 +68,7 @@ class RedisQueue:
         replica_id: str,
         lease_ttl_s: float,
         ordering: Ordering = Ordering.FIFO,
-        weights: Mapping[str, float] | None = None,
+        weights: Callable[[str], float] = lambda tenant: 1.0,
         reserved: tuple[int, ...] = (),
         clock: Callable[[], float] = time.monotonic,
         redis_clock: Callable[[], float] | None = None,
@@ -87,9 +87,9 @@ class RedisQueue:
         self._replica = replica_id
         self._ttl_s = lease_ttl_s
         self._ordering = ordering
-        self._weights = dict(weights or {})
+        self._weight_of = weights
+        """A tenant's weight in its bands' fair queuing now; a tenant not named (and "") weighs 1."""
         self._reserved = reserved if any(reserved) else ()
-        """Tenant -> weight in its bands' fair queuing; a tenant not named (and "") weighs 1."""
         self._clock = clock
         self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock, self._reserved)
         self._presence = Presence(
@@ -186,7 +186,7 @@ class RedisQueue:
             # (under overload most arrivals end here), and count the arrival with the next script.
             state.refused_locally[flow.band] += cost
             return Full(view.stats)
-        edf, weight = self._ordering is Ordering.EDF, self._weights.get(flow.tenant, 1.0)
+        edf, weight = self._ordering is Ordering.EDF, self._weight_of(flow.tenant)
         args = OfferArgs(
             self._replica, flow, cost, max_work, handover, edf, weight, allowed_wait_s, self._ttl_s
         )

@@ -27,6 +27,7 @@ from gateway.settings.serving import (
     Tenant,
 )
 from gateway.settings.tuning import Admission, Autoscaling, Estimation, Health, Kueue, RetryAfter, Signals
+from gateway.settings.windows import TimeWindow
 from policies.admission import AdmissionConfig
 from policies.calibration import CalibrationConfig
 from policies.ordering import Ordering
@@ -54,6 +55,7 @@ __all__ = [
     "Signals",
     "Store",
     "Tenant",
+    "TimeWindow",
     "key_digest",
     "load_settings",
     "parse_settings",
@@ -70,6 +72,8 @@ class Settings(Frozen):
     ordering: Ordering = Ordering.FIFO
     models: list[Model] = Field(min_length=1)
     tenants: list[Tenant] = Field(default_factory=list)
+    windows: list[TimeWindow] = Field(default_factory=list)
+    """Named weekly windows of local time that classes and tenants refer to (only_in, weight_in)."""
     limits: Limits = Limits()
     admission: Admission = Admission()
     retry_after: RetryAfter = RetryAfter()
@@ -97,6 +101,14 @@ class Settings(Frozen):
             raise ValueError("admin_listen must use another port than listen")
         if self.default_priority not in class_names:
             raise ValueError(f"default_priority {self.default_priority!r} is not one of {class_names}")
+        _unique("windows", [w.name for w in self.windows])
+        window_names = {w.name for w in self.windows}
+        named = [(f"class {p.name!r}", p.only_in) for p in self.priorities]
+        named += [(f"tenant {t.name!r}", t.only_in) for t in self.tenants]
+        named += [(f"tenant {t.name!r}", name) for t in self.tenants for name in t.weight_in]
+        for owner, window in named:
+            if window is not None and window not in window_names:
+                raise ValueError(f"{owner}: no window named {window!r} (windows: {sorted(window_names)})")
         for tenant in self.tenants:
             if tenant.max_priority is not None and tenant.max_priority not in class_names:
                 problem = f"max_priority {tenant.max_priority!r} is not one of {class_names}"

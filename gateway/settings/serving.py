@@ -46,6 +46,9 @@ class Store(Frozen):
 class PriorityClass(Frozen):
     name: Name
     max_wait_ms: PositiveMs
+    only_in: str | None = None
+    """The name of a window (`windows`) outside which this class is refused (429 outside_window,
+    Retry-After: until it opens)."""
     reserved_slots: int = Field(0, ge=0, le=1_000_000)
     """Slots of each model's pool that less urgent classes never hold (policies.reservations): an
     urgent request finds one free however the others flood. A pool with no more slots than the
@@ -148,6 +151,10 @@ class Tenant(Frozen):
     weight: float = Field(1.0, gt=0, le=1e6)
     """Its share of a band's service against the other tenants with work queued there (fair
     queuing on cost); the unnamed flow of requests from no configured tenant weighs 1."""
+    weight_in: dict[str, Annotated[float, Field(gt=0, le=1e6)]] = Field(default_factory=dict)
+    """Window name -> its weight while that window is open (the largest of those open)."""
+    only_in: str | None = None
+    """The name of a window outside which this tenant's requests are refused."""
 
 
 class Limits(Frozen):

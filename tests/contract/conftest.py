@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from gateway.queues.base import RequestQueue
+from gateway.queues.base import RequestQueue, weight_lookup
 from gateway.queues.memory import MemoryQueue
 from gateway.queues.redis import RedisQueue
 from gateway.settings import Estimation
@@ -68,7 +68,12 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
         ) -> StoreUnderTest:
             pool = make_pool(slots)
             store = MemoryQueue(
-                [pool], bands, Estimation(), ordering=ordering, weights=weights, reserved=reserved
+                [pool],
+                bands,
+                Estimation(),
+                ordering=ordering,
+                weights=weight_lookup(weights),
+                reserved=reserved,
             )
             return StoreUnderTest(store, pool)
 
@@ -100,7 +105,7 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
             replica_id="r1",
             lease_ttl_s=5.0,
             ordering=ordering,
-            weights=weights,
+            weights=weight_lookup(weights),
             reserved=reserved,
         )
         await store.start()

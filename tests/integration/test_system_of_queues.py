@@ -1,9 +1,11 @@
 """A system of queues through real gateways: tenants flooding one class share the backend by
-weight, on both stores; a class's reserved slots stay free for it while another floods."""
+weight, on both stores; a class's reserved slots stay free for it while another floods; a class
+kept to a time window is refused outside it."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import pytest
@@ -117,3 +119,31 @@ async def test_a_reserved_slot_is_free_for_an_urgent_request_while_a_batch_class
     assert gateway.metric("gateway_queue_wait_seconds_bucket", le="0.025", **waited) == 1
     assert gateway.metric("gateway_admission_queued_total", model="sim", priority="low") == 9
     assert sim.stats()["peak_inflight"] == 4
+
+
+async def test_a_class_outside_its_window_is_refused_with_the_time_until_it_opens(start_sim, start_gateway):
+    sim = start_sim(slots=2, base_ms=5)
+    opens = datetime.now(UTC) + timedelta(hours=2)
+    window = {"name": "later", "from": f"{opens:%H:%M}", "to": f"{opens + timedelta(hours=1):%H:%M}"}
+    config = gateway_config(
+        [(sim.url, 2)],
+        priorities=[
+            {"name": "high", "max_wait_ms": 250},
+            {"name": "low", "max_wait_ms": 1000, "only_in": "later"},
+        ],
+        windows=[window],
+    )
+    gateway = start_gateway(config)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gateway.url + PATH, json=INFER, headers={"X-Priority": "low"}) as reply:
+            body = await reply.json()
+            assert reply.status == 429, body
+            advice_s = float(reply.headers["retry-after-ms"]) / 1000
+        async with http.post(gateway.url + PATH, json=INFER, headers={"X-Priority": "high"}) as reply:
+            assert reply.status == 200
+    assert body["reason"] == "outside_window"
+    # Until the window opens: two hours less the seconds into this minute.
+    assert 2 * 3600 - 61 <= advice_s <= 2 * 3600
+    assert (
+        gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="outside_window") == 1
+    )

@@ -1,0 +1,59 @@
+"""The configured time windows, read on the wall clock: which classes and tenants are open now, and
+which weight a tenant has (policies.windows decides; this turns instants into local times)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+from gateway.settings import Settings
+from policies.windows import MINUTES_PER_DAY, Window, minutes_until_open
+
+
+class WindowClock:
+    """The windows of `settings`, on `clock` (epoch seconds)."""
+
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._windows = {w.name: (w.policy(), ZoneInfo(w.tz)) for w in settings.windows}
+        self._class_window = [p.only_in for p in settings.priorities]
+        self._tenant_window = {t.name: t.only_in for t in settings.tenants if t.only_in}
+        self._weights = {t.name: t.weight for t in settings.tenants}
+        self._weight_in = {t.name: dict(t.weight_in) for t in settings.tenants if t.weight_in}
+
+    @property
+    def restricts(self) -> bool:
+        """Whether any class or tenant is kept to a window (else `closed_for_s` is always None)."""
+        return any(self._class_window) or bool(self._tenant_window)
+
+    def closed_for_s(self, band: int, tenant: str) -> float | None:
+        """Seconds until the windows of the class and of the tenant are both open; None when they
+        are (or neither has one)."""
+        names = (self._class_window[band], self._tenant_window.get(tenant))
+        longest = max((self._until_open(name) or 0.0 for name in names), default=0.0)
+        return longest or None
+
+    def weight(self, tenant: str) -> float:
+        """The tenant's weight now: the largest of its windows' weights that are open, else its own
+        (1 for a tenant not configured, and for the unnamed flow)."""
+        base = self._weights.get(tenant, 1.0)
+        boosted = [w for name, w in self._weight_in.get(tenant, {}).items() if not self._until_open(name)]
+        return max(boosted, default=base)
+
+    def _until_open(self, name: str | None) -> float | None:
+        if name is None:
+            return None
+        window, zone = self._windows[name]
+        return seconds_until_open(window, datetime.fromtimestamp(self._clock(), zone))
+
+
+def seconds_until_open(window: Window, local: datetime) -> float:
+    """Seconds from the local time `local` until `window` opens (0: it is open), to the second."""
+    minute = local.hour * 60 + local.minute
+    minutes = minutes_until_open(window, local.weekday(), minute)
+    if minutes == 0:
+        return 0.0
+    into_minute_s = local.second + local.microsecond / 1e6
+    return min(minutes * 60.0 - into_minute_s, 7 * MINUTES_PER_DAY * 60.0)

@@ -63,6 +63,8 @@ class Slot:
     """The work it carries: the sum of its tickets' costs."""
     band: int = 0
     """The band it was granted to (whose reservations it counts against)."""
+    tenant: str = ""
+    """The tenant whose flow it was granted to (whose quota it counts against)."""
     batch: tuple[Ticket, ...] = ()
     """The tickets granted this one slot together, when it went to a batch."""
     released: bool = False

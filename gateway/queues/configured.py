@@ -46,6 +46,7 @@ def configured_store(
             ordering=settings.ordering,
             weights=weights,
             reserved=settings.reserved_slots(),
+            quotas=settings.quotas(),
         )
 
     assert config.url is not None, "validated by settings"
@@ -80,6 +81,7 @@ def configured_store(
         ordering=settings.ordering,
         weights=weights,
         reserved=settings.reserved_slots(),
+        quotas=settings.quotas(),
         clock=clock,
         on_failure=failed,
         close_clients=True,
@@ -93,6 +95,7 @@ def configured_store(
         ordering=settings.ordering,
         weights=weights,
         reserved=settings.reserved_slots(),
+        quotas=settings.quotas(),
         slot_divisor=config.replicas,
     )
     failover = FailoverQueue(

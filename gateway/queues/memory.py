@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket
 from gateway.queues.memory_pool import ModelQueue
@@ -22,6 +22,7 @@ from gateway.upstream.backends import ModelPool
 from policies.balancing import pick_backend
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
+from policies.quotas import Quota
 from policies.wait import QueueStats, Throughput, work_before_grant
 
 
@@ -35,12 +36,13 @@ class MemoryQueue:
         ordering: Ordering = Ordering.FIFO,
         weights: Callable[[str], float] = lambda tenant: 1.0,
         reserved: tuple[int, ...] = (),
+        quotas: Mapping[str, Quota] | None = None,
         slot_divisor: int = 1,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.get_running_loop,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._models = {
-            p.name: ModelQueue(p, bands, estimation, slot_divisor, clock, reserved) for p in pools
+            p.name: ModelQueue(p, bands, estimation, slot_divisor, clock, reserved, quotas) for p in pools
         }
         self._sequence = itertools.count()
         self._ordering = ordering
@@ -95,10 +97,17 @@ class MemoryQueue:
         if to_drain > max_work:
             return Full(queue.stats())
         counters.admitted_work[flow.band] += cost
-        if free > 0 and ahead == 0 and (index := pick_backend(queue.capacity)) is not None:
+        if (
+            free > 0
+            and ahead == 0
+            and queue.may_start(flow.tenant, cost)
+            and (index := pick_backend(queue.capacity)) is not None
+        ):
             return Granted(queue.take(index, cost, flow))
         ticket = Ticket(flow, cost, self._loop_factory().create_future(), batching=batching)
         queue.insert(ticket, self._rank(queue, ticket, now + allowed_wait_s), next(self._sequence))
+        if queue.quotas and free > 0:  # the heads may be held back by quotas where it is not
+            self._dispatch(queue, now=None)
         return Queued(ticket)
 
     def _rank(self, queue: ModelQueue, ticket: Ticket, leave_by: float) -> float:

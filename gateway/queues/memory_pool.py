@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.queues.base import Batching, Flow, Slot, Ticket
@@ -20,6 +20,7 @@ from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots
 from policies.fairness import tags, virtual_time_after
+from policies.quotas import Quota, may_start, under_quota
 from policies.reservations import usable_by_band, usable_free_slots
 from policies.wait import QueueStats
 
@@ -53,8 +54,11 @@ class ModelQueue:
         divisor: int,
         clock: Callable[[], float],
         reserved: tuple[int, ...] = (),
+        quotas: Mapping[str, Quota] | None = None,
     ) -> None:
         self.pool = pool
+        self.quotas = dict(quotas or {})
+        """Tenant -> its quota of work in flight in this pool (policies.quotas)."""
         self.reserved = reserved if any(reserved) else ()
         """Per band, the slots its class keeps from the less urgent ones (policies.reservations)."""
         self.clock = clock
@@ -120,6 +124,29 @@ class ModelQueue:
             return free
         return usable_free_slots(band, free, self.held_by_band(), self.reserved)
 
+    def may_start(self, tenant: str, cost: float) -> bool:
+        """Whether the tenant's quota, or what it may borrow, lets a request of `cost` start now."""
+        if not self.quotas:
+            return True
+        inflight = self.inflight_by_tenant()
+        return may_start(tenant, cost, inflight, self.quotas, self.total_slots, self._owner_waiting(inflight))
+
+    def inflight_by_tenant(self) -> dict[str, float]:
+        inflight: dict[str, float] = {}
+        for slot in self.running:
+            inflight[slot.tenant] = inflight.get(slot.tenant, 0.0) + slot.cost
+        return inflight
+
+    def _owner_waiting(self, inflight: dict[str, float]) -> bool:
+        """Whether a tenant whose queued head would run within its quota waits (then no new
+        borrowing starts: the slots that free go back to their owners)."""
+        return any(
+            under_quota(tenant, heap[0][2].cost, inflight, self.quotas)
+            for band in self.bands
+            for tenant, heap in band.flows.items()
+            if tenant in self.quotas and self._clean_head(heap)
+        )
+
     def held_by_band(self) -> list[int]:
         held = [0] * len(self.bands)
         for slot in self.running:
@@ -133,7 +160,8 @@ class ModelQueue:
         capacity = self.capacity[index]
         capacity.inflight += 1
         capacity.backend.inflight += 1  # the gateway-wide count of slots held, for metrics
-        return self.running_since(Slot(self.pool.name, capacity.backend, cost, band=band, batch=batch))
+        slot = Slot(self.pool.name, capacity.backend, cost, band=band, tenant=flow.tenant, batch=batch)
+        return self.running_since(slot)
 
     def running_since(self, slot: Slot) -> Slot:
         self.running[slot] = self.clock()
@@ -169,10 +197,13 @@ class ModelQueue:
                 continue
             if self.reserved and self.usable(index) <= 0:
                 return []  # kept for a more urgent class, and so from every less urgent one
-            tenant = min(
-                (tenant for tenant, heap in band.flows.items() if self._clean_head(heap)),
-                key=lambda tenant: band.flows[tenant][0][:2],
-            )
+            ready = [tenant for tenant, heap in band.flows.items() if self._clean_head(heap)]
+            if self.quotas:  # the first flow by head score whose tenant may start now
+                ready.sort(key=lambda tenant: band.flows[tenant][0][:2])
+                ready = [t for t in ready if self.may_start(t, band.flows[t][0][2].cost)][:1]
+                if not ready:
+                    continue  # held back by quotas: a less urgent band may take the slot
+            tenant = min(ready, key=lambda tenant: band.flows[tenant][0][:2])
             heap = band.flows[tenant]
             rank, _, leader = heapq.heappop(heap)
             band.virtual_time = virtual_time_after(band.virtual_time, rank)

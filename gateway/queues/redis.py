@@ -26,7 +26,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from anyio.abc import TaskStatus
@@ -44,6 +44,7 @@ from gateway.supervision import Loop, Supervisor
 from gateway.upstream.backends import ModelPool
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
+from policies.quotas import Quota
 from policies.wait import QueueStats, Throughput
 
 log = logging.getLogger("gateway.redis")
@@ -70,6 +71,7 @@ class RedisQueue:
         ordering: Ordering = Ordering.FIFO,
         weights: Callable[[str], float] = lambda tenant: 1.0,
         reserved: tuple[int, ...] = (),
+        quotas: Mapping[str, Quota] | None = None,
         clock: Callable[[], float] = time.monotonic,
         redis_clock: Callable[[], float] | None = None,
         on_failure: Callable[[BaseException], None] = lambda error: None,
@@ -91,7 +93,7 @@ class RedisQueue:
         """A tenant's weight in its bands' fair queuing now; a tenant not named (and "") weighs 1."""
         self._reserved = reserved if any(reserved) else ()
         self._clock = clock
-        self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock, self._reserved)
+        self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock, self._reserved, quotas)
         self._presence = Presence(
             self._run, replica_id, lease_ttl_s, expected_replicas, fallback_max_s, clock
         )

@@ -1,13 +1,15 @@
 """The Redis store's Lua scripts, loaded once and run on one model's keys with named arguments.
 
 Every script gets the arguments all of them read (the band count, the backends, the lease TTL, how
-long a request may hold a lease, the slots each class reserves, and the time a test injects);
+long a request may hold a lease, the slots each class reserves, the tenants' quotas, and the time
+a test injects);
 gateway.queues.redis_codec encodes and decodes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from importlib.resources import files
 from typing import Any
 
@@ -16,6 +18,7 @@ from redis.asyncio import Redis
 from gateway.queues.redis_codec import backends_arg, decode, encode
 from gateway.queues.redis_presence import lease_bound_s
 from gateway.upstream.backends import ModelPool
+from policies.quotas import Quota
 
 _NAMES = ("offer", "release", "withdraw", "heartbeat", "reap", "ready", "snapshot", "rejoin")
 
@@ -33,7 +36,15 @@ class Scripts:
         lease_ttl_s: float,
         redis_clock: Callable[[], float] | None,
         reserved: tuple[int, ...] = (),
+        quotas: Mapping[str, Quota] | None = None,
     ) -> None:
+        self._quotas = {
+            tenant: {"n": q.nominal}
+            | ({"b": q.borrowing_limit} if math.isfinite(q.borrowing_limit) else {})
+            | ({"l": q.lending_limit} if math.isfinite(q.lending_limit) else {})
+            for tenant, q in (quotas or {}).items()
+        }
+        """Tenant -> its quota as the scripts read it (policies.quotas; no key: no limit)."""
         self._reserved = list(reserved)
         """Per band, the slots its class keeps from the less urgent ones (none: an empty list)."""
         self._registered = {name: client.register_script(script_source(name)) for name in _NAMES}
@@ -50,6 +61,8 @@ class Scripts:
         args["bound_s"] = lease_bound_s(pool, self._ttl_s)
         if self._reserved:
             args["reserved"] = self._reserved
+        if self._quotas:
+            args["quotas"] = self._quotas
         if self._redis_clock is not None:
             args["now"] = self._redis_clock()
         reply = await self._registered[name](keys=[tag], args=[encode(args)])

@@ -7,6 +7,7 @@ importable from here.
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from policies.admission import AdmissionConfig
 from policies.calibration import CalibrationConfig
 from policies.ordering import Ordering
 from policies.queued_bytes import ByteLimits
+from policies.quotas import Quota
 
 __all__ = [
     "Admission",
@@ -110,6 +112,9 @@ class Settings(Frozen):
             if window is not None and window not in window_names:
                 raise ValueError(f"{owner}: no window named {window!r} (windows: {sorted(window_names)})")
         for tenant in self.tenants:
+            limits = tenant.borrowing_limit is not None or tenant.lending_limit is not None
+            if limits and tenant.quota is None:
+                raise ValueError(f"tenant {tenant.name!r}: borrowing and lending limits need a quota")
             if tenant.max_priority is not None and tenant.max_priority not in class_names:
                 problem = f"max_priority {tenant.max_priority!r} is not one of {class_names}"
                 raise ValueError(f"tenant {tenant.name!r}: {problem}")
@@ -140,6 +145,18 @@ class Settings(Frozen):
     def reserved_slots(self) -> tuple[int, ...]:
         """Per band, the slots its class reserves from the less urgent ones."""
         return tuple(p.reserved_slots for p in self.priorities)
+
+    def quotas(self) -> dict[str, Quota]:
+        """The tenants' quotas (policies.quotas), of those that have one."""
+        return {
+            t.name: Quota(
+                t.quota,
+                math.inf if t.borrowing_limit is None else t.borrowing_limit,
+                math.inf if t.lending_limit is None else t.lending_limit,
+            )
+            for t in self.tenants
+            if t.quota is not None
+        }
 
     def tenant_weights(self) -> dict[str, float]:
         """Each configured tenant's weight in fair queuing."""

@@ -155,6 +155,13 @@ class Tenant(Frozen):
     """Window name -> its weight while that window is open (the largest of those open)."""
     only_in: str | None = None
     """The name of a window outside which this tenant's requests are refused."""
+    quota: float | None = Field(None, ge=0)
+    """Work in flight per model pool that is this tenant's own (1 per request until requests are
+    priced); none: it owns nothing and runs on what others lend and no quota covers."""
+    borrowing_limit: float | None = Field(None, ge=0)
+    """The most work beyond its quota it may borrow (none: as much as is lendable)."""
+    lending_limit: float | None = Field(None, ge=0)
+    """The most of its unused quota others may borrow (none: all of it)."""
 
 
 class Limits(Frozen):

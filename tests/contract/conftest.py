@@ -15,6 +15,7 @@ from gateway.queues.redis import RedisQueue
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.ordering import Ordering
+from policies.quotas import Quota
 from tests.redis_server import redis_url_or_skip, unique_prefix
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
             ordering: Ordering = Ordering.FIFO,
             weights: dict[str, float] | None = None,
             reserved: tuple[int, ...] = (),
+            quotas: dict[str, Quota] | None = None,
         ) -> StoreUnderTest:
             pool = make_pool(slots)
             store = MemoryQueue(
@@ -74,6 +76,7 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
                 ordering=ordering,
                 weights=weight_lookup(weights),
                 reserved=reserved,
+                quotas=quotas,
             )
             return StoreUnderTest(store, pool)
 
@@ -93,6 +96,7 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
         ordering: Ordering = Ordering.FIFO,
         weights: dict[str, float] | None = None,
         reserved: tuple[int, ...] = (),
+        quotas: dict[str, Quota] | None = None,
     ) -> StoreUnderTest:
         pool = make_pool(slots)
         store = RedisQueue(
@@ -107,6 +111,7 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
             ordering=ordering,
             weights=weight_lookup(weights),
             reserved=reserved,
+            quotas=quotas,
         )
         await store.start()
         started.append(store)

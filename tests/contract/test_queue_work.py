@@ -9,6 +9,7 @@ import pytest
 from gateway.queues.base import Batching, Flow, Full, Granted, Queued, Slot
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
+from policies.quotas import Quota
 from tests.contract.conftest import MODEL
 from tests.eventually import eventually
 
@@ -243,3 +244,37 @@ async def test_a_freed_slot_kept_for_an_urgent_class_is_not_handed_to_a_less_urg
     assert sut.store.stats(MODEL).free_by_band == (1, 0)
     await release(sut, low[0].slot)
     await eventually(lambda: queued.ticket.wakeup.done())
+
+
+async def test_a_tenant_borrows_the_quota_another_leaves_unused_and_gives_it_back_as_it_finishes(make_store):
+    sut = await make_store(slots=(4,), quotas={"a": Quota(2), "b": Quota(2)})
+    mine = [await offer(sut, tenant="a") for _ in range(6)]
+    assert [type(o) for o in mine] == [Granted] * 4 + [Queued] * 2  # b's two are lent while idle
+    theirs = [await offer(sut, tenant="b") for _ in range(2)]
+    assert all(isinstance(o, Queued) for o in theirs)
+    # The owner is back: each slot a frees goes to b until b runs its quota, not to a's queue.
+    await release(sut, mine[0].slot)
+    await eventually(lambda: theirs[0].ticket.wakeup.done())
+    await release(sut, mine[1].slot)
+    await eventually(lambda: theirs[1].ticket.wakeup.done())
+    assert not mine[4].ticket.wakeup.done()
+    # Both at their quotas: a's queue waits for a's own slots.
+    await release(sut, mine[2].slot)
+    await eventually(lambda: mine[4].ticket.wakeup.done())
+
+
+async def test_a_hard_quota_keeps_a_tenant_to_its_own_share_though_slots_are_free(make_store):
+    sut = await make_store(slots=(4,), quotas={"a": Quota(1, borrowing_limit=0)})
+    first, second = [await offer(sut, tenant="a") for _ in range(2)]
+    assert isinstance(first, Granted) and isinstance(second, Queued)
+    # No quota: b runs on what no quota covers, at once though a's request is queued ahead of it.
+    other = await offer(sut, tenant="b")
+    await eventually(lambda: isinstance(other, Granted) or other.ticket.wakeup.done())
+    await release(sut, first.slot)
+    await eventually(lambda: second.ticket.wakeup.done())
+
+
+async def test_a_lending_limit_caps_what_others_borrow_of_a_quota(make_store):
+    sut = await make_store(slots=(4,), quotas={"a": Quota(1), "b": Quota(3, lending_limit=1)})
+    offers = [await offer(sut, tenant="a") for _ in range(3)]
+    assert [type(o) for o in offers] == [Granted, Granted, Queued]  # its own 1, and 1 of b's 3

@@ -147,3 +147,24 @@ async def test_a_class_outside_its_window_is_refused_with_the_time_until_it_open
     assert (
         gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="outside_window") == 1
     )
+
+
+@pytest.mark.parametrize(("borrowing_limit", "peak"), [(None, 4), (0, 2)])
+async def test_a_tenant_over_its_quota_borrows_idle_capacity_unless_its_quota_is_hard(
+    start_sim, start_gateway, borrowing_limit, peak
+):
+    sim = start_sim(slots=4, base_ms=200)
+    mine = {"name": "team-a", "quota": 2, "borrowing_limit": borrowing_limit}
+    tenants = [{k: v for k, v in mine.items() if v is not None}, {"name": "team-b", "quota": 2}]
+    gateway = start_gateway(gateway_config([(sim.url, 4)], expected_service_ms=200, tenants=tenants))
+    sim.reset()
+
+    async def infer(http):
+        async with http.post(gateway.url + PATH, json=INFER, headers={"X-Tenant": "team-a"}) as reply:
+            await reply.read()
+            assert reply.status == 200
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await asyncio.gather(*(infer(http) for _ in range(4)))
+    # The backend's own count: team-b's idle quota lent to team-a, or not.
+    assert sim.stats()["peak_inflight"] == peak

@@ -24,6 +24,8 @@
 --   <tag>:lease             hash  lease id -> "<backend url>|<replica>"
 --   <tag>:lease_band        hash  lease id -> the band it was granted to
 --   <tag>:held_band         hash  band -> slots its leases hold (policies.reservations)
+--   <tag>:lease_tenant      hash  lease id -> JSON {t: tenant, c: cost}
+--   <tag>:tenant_held       hash  tenant -> work its leases hold (policies.quotas)
 --   <tag>:granted           hash  "<band>:<tenant>" -> work granted slots (the tenants' shares)
 --   <tag>:bound             hash  lease id -> the latest the request it covers could still run
 --                                 (granted + the replica's upstream timeout + one TTL)
@@ -240,11 +242,13 @@ local function count_granted(band, tenant, cost)
   redis.call('HINCRBYFLOAT', tag .. ':granted', band .. ':' .. tenant, cost)
 end
 
-local function grant_lease(url, replica, ttl, now, band)
+local function grant_lease(url, replica, ttl, now, band, tenant, cost)
   local lease = next_id()
   redis.call('HINCRBY', tag .. ':slots', url, 1)
   redis.call('HSET', tag .. ':lease_band', lease, band)
   redis.call('HINCRBY', tag .. ':held_band', band, 1)
+  redis.call('HSET', tag .. ':lease_tenant', lease, cjson.encode({t = tenant, c = cost}))
+  redis.call('HINCRBYFLOAT', tag .. ':tenant_held', tenant, cost)
   redis.call('ZADD', tag .. ':leases', now + ttl, lease)
   redis.call('HSET', tag .. ':lease', lease, url .. '|' .. replica)
   redis.call('HSET', tag .. ':bound', lease, fmt(now + A.bound_s))
@@ -265,6 +269,14 @@ local function free_lease(lease)
   local info = redis.call('HGET', tag .. ':lease', lease)
   if not info then return false end
   local url, replica = string.match(info, '^(.*)|([^|]*)$')
+  local owner = redis.call('HGET', tag .. ':lease_tenant', lease)
+  if owner then
+    owner = cjson.decode(owner)
+    redis.call('HDEL', tag .. ':lease_tenant', lease)
+    if tonumber(redis.call('HINCRBYFLOAT', tag .. ':tenant_held', owner.t, -owner.c)) < 1e-9 then
+      redis.call('HDEL', tag .. ':tenant_held', owner.t)
+    end
+  end
   local band = redis.call('HGET', tag .. ':lease_band', lease)
   if band then
     redis.call('HDEL', tag .. ':lease_band', lease)
@@ -352,6 +364,82 @@ local function reap_absent(now)
   return #lapsed
 end
 
+-- policies.quotas.may_start, here where it must be atomic with the grant. A.quotas: tenant ->
+-- {n = nominal, b = borrowing limit, l = lending limit} (b, l absent: no limit).
+local function tenant_inflight()
+  local flat = redis.call('HGETALL', tag .. ':tenant_held')
+  local inflight = {}
+  for i = 1, #flat, 2 do inflight[flat[i]] = tonumber(flat[i + 1]) end
+  return inflight
+end
+
+local function borrowed_of(tenant, running)
+  local quota = A.quotas[tenant]
+  return math.max(0, running - (quota and quota.n or 0))
+end
+
+local function head_cost(band, tenant)
+  local head = redis.call('ZRANGE', flow_key(band, tenant), 0, 0)
+  if #head == 0 then return nil end
+  return ticket_info(head[1]).c
+end
+
+-- A tenant whose queued head would run within its quota waits: no new borrowing starts.
+local function owner_waiting(nbands, inflight)
+  for band = 0, nbands - 1 do
+    for _, tenant in ipairs(redis.call('ZRANGE', tag .. ':flows:' .. band, 0, -1)) do
+      local quota = A.quotas[tenant]
+      if quota then
+        local cost = head_cost(band, tenant)
+        if cost and (inflight[tenant] or 0) + cost <= quota.n then return true end
+      end
+    end
+  end
+  return false
+end
+
+local function may_start(tenant, cost, backends, nbands)
+  if A.quotas == nil then return true end
+  local inflight = tenant_inflight()
+  local quota = A.quotas[tenant]
+  local running = inflight[tenant] or 0
+  if quota and running + cost <= quota.n then return true end
+  if owner_waiting(nbands, inflight) then return false end
+  inflight[tenant] = running + cost
+  if quota and quota.b and borrowed_of(tenant, inflight[tenant]) > quota.b then return false end
+  local capacity = free_slots(backends)
+  for _, n in ipairs(held_by_band(nbands)) do capacity = capacity + n end
+  local owned, unused = 0, 0
+  for owner, q in pairs(A.quotas) do
+    owned = owned + q.n
+    unused = unused + math.min(q.l or math.huge, math.max(0, q.n - (inflight[owner] or 0)))
+  end
+  local total = 0
+  for name, work in pairs(inflight) do total = total + borrowed_of(name, work) end
+  return total <= math.max(0, capacity - owned) + unused
+end
+
+-- With quotas, the band's flow that goes next: the first by head score (ties: the earlier head)
+-- whose tenant may start now; nil when none may.
+local function startable_flow(band, backends, nbands)
+  local flows = redis.call('ZRANGE', tag .. ':flows:' .. band, 0, -1, 'WITHSCORES')
+  local candidates = {}
+  for i = 1, #flows, 2 do
+    local head = redis.call('ZRANGE', flow_key(band, flows[i]), 0, 0)
+    if #head > 0 then
+      candidates[#candidates + 1] = {t = flows[i], s = tonumber(flows[i + 1]), h = head[1]}
+    end
+  end
+  table.sort(candidates, function(x, y)
+    if x.s ~= y.s then return x.s < y.s end
+    return x.h < y.h
+  end)
+  for _, candidate in ipairs(candidates) do
+    if may_start(candidate.t, ticket_info(candidate.h).c, backends, nbands) then return candidate.t end
+  end
+  return nil
+end
+
 -- The next tickets to get a slot: the head of the flow with the lowest head score in the most
 -- urgent band with work, and the tickets right behind it in its flow that share its batch key
 -- (same replica: the bodies are there), up to its batch cost. Returns ids, info of the head, cost.
@@ -363,9 +451,16 @@ local function take_next(nbands, backends)
       -- Kept for a more urgent class, and so from every less urgent one.
       if A.reserved ~= nil and usable_free(band, backends, nbands) <= 0 then return nil end
       local tenant = first[1]
+      local held_back = false
+      if A.quotas ~= nil then
+        tenant = startable_flow(band, backends, nbands)
+        held_back = tenant == nil
+      end
       -- Flows whose heads tie go in the order their heads were queued (as the memory store does),
       -- not by the tenants' names.
-      local tied = redis.call('ZRANGEBYSCORE', tag .. ':flows:' .. band, first[2], first[2])
+      local tied = {}
+      if A.quotas == nil then tied = redis.call('ZRANGEBYSCORE', tag .. ':flows:' .. band, first[2], first[2]) end
+      if held_back then break end  -- held back by quotas: a less urgent band may take the slot
       if #tied > 1 then
         local earliest = nil
         for _, candidate in ipairs(tied) do
@@ -417,7 +512,7 @@ local function dispatch(nbands, backends, ttl, now, drain_sample, caller)
     if backend == nil then break end
     local ids, info, cost = take_next(nbands, backends)
     if ids == nil then break end
-    local lease = grant_lease(backend.url, info.r, ttl, now, info.b)
+    local lease = grant_lease(backend.url, info.r, ttl, now, info.b, info.t, cost)
     count_granted(info.b, info.t, cost)
     local grant = cjson.encode({t = ids, l = lease, u = backend.url, c = cost, b = info.b})
     if info.r == caller then

@@ -1,7 +1,7 @@
 -- Admission check and insert in one step: grant a free slot, queue, or refuse.
 -- A: replica, band, tenant, cost, max_work, handover (the replica's estimate of the work a
 --    hand-over takes), bands, edf, weight (the tenant's, in fair queuing), allowed_s, ttl, refused,
---    backends, bound_s, batch ({key, max} or absent), now (tests).
+--    backends, bound_s, reserved, quotas, batch ({key, max} or absent), now (tests).
 -- The check (gateway/queues/base.RequestQueue.offer): refuse when the work queued ahead of it in
 -- its band and the more urgent ones, plus one hand-over of its own, exceeds max_work (none with
 -- a slot free and nothing ahead); a negative limit refuses even then.
@@ -24,10 +24,10 @@ if to_drain > A.max_work then
 end
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'adm:' .. A.band, A.cost)
 
-if to_drain == 0 then
+if to_drain == 0 and may_start(A.tenant, A.cost, A.backends, nbands) then
   local backend = pick_backend(A.backends)
   if backend ~= nil then
-    local lease = grant_lease(backend.url, A.replica, A.ttl, now, A.band)
+    local lease = grant_lease(backend.url, A.replica, A.ttl, now, A.band, A.tenant, A.cost)
     count_granted(A.band, A.tenant, A.cost)
     return cjson.encode({kind = 'granted', lease = lease, url = backend.url, view = view(nbands, A.backends, now)})
   end
@@ -41,4 +41,6 @@ if A.batch then
   info.m = A.batch.max
 end
 enqueue(id, info, score)
+-- The heads may be held back by quotas where this one is not: its grant goes onto its list.
+if A.quotas ~= nil and free > 0 then dispatch(nbands, A.backends, A.ttl, now, false, nil) end
 return cjson.encode({kind = 'queued', ticket = id, view = view(nbands, A.backends, now)})

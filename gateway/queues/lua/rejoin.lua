@@ -25,11 +25,12 @@ if not redis.call('HGET', tag .. ':stats', 'epoch') then
 end
 redis.call('HSET', tag .. ':stats', 'replicas_expected', A.expected)
 
--- Work the fallback started counts as the least urgent band's against reservations: its bands are
--- not known here, and so it can only keep less urgent classes out, never an urgent one.
+-- Work the fallback started counts as the least urgent band's against reservations and as the
+-- unnamed flow's against quotas: neither is known here, and so it can only keep less urgent
+-- classes and borrowers out, never an urgent class or an owner.
 local reserved = {}
 for _, share in ipairs(A.reserve) do
-  for _ = 1, share.n do reserved[#reserved + 1] = grant_lease(share.u, replica, A.ttl, now, A.bands - 1) end
+  for _ = 1, share.n do reserved[#reserved + 1] = grant_lease(share.u, replica, A.ttl, now, A.bands - 1, '', 1) end
 end
 
 redis.call('ZADD', tag .. ':replicas', now + A.ttl, replica)
@@ -56,7 +57,7 @@ for lease, url in pairs(keep) do
   if url ~= true then
     -- Another replica's lease by that id: Redis lost this one's, and counts its ids anew.
     if lease_owner(lease) ~= replica then
-      renamed[#renamed + 1] = {lease, grant_lease(url, replica, A.ttl, now, A.bands - 1)}
+      renamed[#renamed + 1] = {lease, grant_lease(url, replica, A.ttl, now, A.bands - 1, '', 1)}
     else
       redis.call('ZADD', tag .. ':leases', now + A.ttl, lease)
     end

@@ -77,13 +77,15 @@ def error_response(
     *,
     detail: str | None = None,
     retry_after_s: float | None = None,
+    rule: str | None = None,
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """Status, headers and JSON body for a request that ends with `outcome`."""
+    """Status, headers and JSON body for a request that ends with `outcome`; `rule` names the
+    setting or header that caused a refusal (a configured name, never request input)."""
     if detail is None:
-        status, body = _plain_error_body(outcome, style)
+        status, body = _plain_error_body(outcome, style, rule)
     else:
         # Not cached: a detail carries request input, and a cache keyed by it is memory anyone can fill.
-        status, body = _error_body(outcome, style, echoed(detail))
+        status, body = _error_body(outcome, style, echoed(detail), rule)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if retry_after_s is not None:
         seconds, millis = header_values(retry_after_s)
@@ -93,19 +95,25 @@ def error_response(
     return status, headers, body
 
 
-@functools.lru_cache(maxsize=2 * len(ERRORS))
-def _plain_error_body(outcome: Outcome, style: ErrorStyle) -> tuple[int, bytes]:
-    # Cached: under overload the same few refusals are rendered thousands of times a second.
-    return _error_body(outcome, style, None)
+@functools.lru_cache(maxsize=1024)
+def _plain_error_body(outcome: Outcome, style: ErrorStyle, rule: str | None) -> tuple[int, bytes]:
+    # Cached: under overload the same few refusals are rendered thousands of times a second. The
+    # rules are configured names, a closed set.
+    return _error_body(outcome, style, None, rule)
 
 
-def _error_body(outcome: Outcome, style: ErrorStyle, detail: str | None) -> tuple[int, bytes]:
+def _error_body(
+    outcome: Outcome, style: ErrorStyle, detail: str | None, rule: str | None
+) -> tuple[int, bytes]:
     spec = ERRORS[outcome]
     message = f"{spec.message}: {detail}" if detail else spec.message
     if style is ErrorStyle.OPENAI:
-        payload: dict[str, object] = {
-            "error": {"message": message, "type": spec.openai_type, "code": outcome.value}
-        }
+        error: dict[str, object] = {"message": message, "type": spec.openai_type, "code": outcome.value}
+        if rule is not None:
+            error["param"] = rule
+        payload: dict[str, object] = {"error": error}
     else:
         payload = {"error": message, "reason": outcome.value}
+        if rule is not None:
+            payload["rule"] = rule
     return spec.status, json.dumps(payload).encode()

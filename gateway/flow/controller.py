@@ -40,6 +40,8 @@ from policies.shedding import BacklogLimits, ClusterBacklog, backlog_retry_after
 from policies.wait import QueueStats, Throughput
 
 _DEFAULT_ADMISSION = AdmissionConfig()
+BUDGET_RULE = "X-Request-Timeout-Ms"
+"""The rule a refusal names when the client's own budget was what could not be met."""
 
 
 @dataclass(slots=True, eq=False)
@@ -53,6 +55,8 @@ class Refusal:
     outcome: Outcome
     retry_after_s: float | None = None
     detail: str | None = None
+    rule: str | None = None
+    """The setting or header that caused the refusal (gateway.errors shows it)."""
 
 
 class SignalView(Protocol):
@@ -126,8 +130,9 @@ class AdmissionController:
         it leaves the queue.
         """
         model, band = flow.model, flow.band
-        if self._windows is not None and (closed_s := self._windows.closed_for_s(band, flow.tenant)):
-            return self._refusal(model, band, Outcome.OUTSIDE_WINDOW, closed_s)
+        if self._windows is not None and (closed := self._windows.closed_for(band, flow.tenant)):
+            closed_s, window = closed
+            return self._refusal(model, band, Outcome.OUTSIDE_WINDOW, closed_s, f"windows[{window}]")
         arrived_at = self._clock()
         request = AdmissionRequest(band, self._max_wait_s[band], budget_s, cost)
         throughput = self._store.throughput(model, arrived_at)
@@ -178,7 +183,8 @@ class AdmissionController:
             return Lease(offer.slot, 0.0)
         if isinstance(offer, Full):
             reject = self._advise(model, request, replace(offer.stats, external_waiting=external), throughput)
-            return self._refusal(model, band, reject.reason, reject.retry_after_s)
+            rule = self._bound(request, reject.reason, allowed_s)
+            return self._refusal(model, band, reject.reason, reject.retry_after_s, rule)
         if isinstance(offer, Unavailable):
             return Refusal(Outcome.STORE_UNAVAILABLE, offer.retry_after_s)
 
@@ -195,7 +201,9 @@ class AdmissionController:
         if result is Outcome.DEADLINE_EXPIRED_IN_QUEUE:
             flow = self._store.throughput(model, self._clock())
             reject = self._advise(model, request, self._store.stats(model), flow, reason=result)
-            return self._refusal(model, band, result, reject.retry_after_s)
+            return self._refusal(
+                model, band, result, reject.retry_after_s, self._bound(request, result, allowed_s)
+            )
         return Refusal(result)
 
     async def _slot_now(
@@ -233,7 +241,8 @@ class AdmissionController:
         """No Retry-After: the budget is too small for any load; the body says what would do now."""
         stats = self._store.stats(model)
         need_s = min_budget_s(stats, throughput, request.band, self._admission.safety_sigmas)
-        return Refusal(Outcome.BUDGET_TOO_SMALL, None, f"at least {math.ceil(need_s * 1000)} ms would do now")
+        detail = f"at least {math.ceil(need_s * 1000)} ms would do now"
+        return Refusal(Outcome.BUDGET_TOO_SMALL, None, detail, BUDGET_RULE)
 
     def _too_many_bytes(
         self, model: str, request: AdmissionRequest, throughput: Throughput, excess: int
@@ -244,7 +253,7 @@ class AdmissionController:
         held = self._queued_bytes.held.get(model, 0)
         excess_s = bytes_excess_wait_s(excess, held, queued_work, throughput.drain_rate_per_s)
         advice = self._book_return(model, request, excess_s, throughput)
-        return self._refusal(model, request.band, Outcome.QUEUE_FULL, advice)
+        return self._refusal(model, request.band, Outcome.QUEUE_FULL, advice, "limits.max_queued_bytes")
 
     def _shed(
         self, model: str, request: AdmissionRequest, throughput: Throughput, external: float
@@ -259,7 +268,7 @@ class AdmissionController:
         stats = replace(self._store.stats(model), external_waiting=external)
         advice = self._advise(model, request, stats, throughput).retry_after_s
         advice = backlog_retry_after_s(advice, backlog, self._admission.retry.max_s)
-        return self._refusal(model, request.band, Outcome.CLUSTER_BACKLOGGED, advice)
+        return self._refusal(model, request.band, Outcome.CLUSTER_BACKLOGGED, advice, "kueue")
 
     def _advise(
         self,
@@ -292,9 +301,18 @@ class AdmissionController:
         now, jitter_u = self._clock(), self._jitter()
         return schedules.advise(request.band, request.cost, excess_wait_s, flow, now, jitter_u)
 
-    def _refusal(self, model: str, band: int, outcome: Outcome, retry_after_s: float) -> Refusal:
+    def _bound(self, request: AdmissionRequest, outcome: Outcome, allowed_s: float) -> str:
+        """Which limit refused the request: its budget (less the service time), or its class's
+        longest wait, whichever was the tighter (`allowed_s`)."""
+        if outcome is Outcome.DEADLINE_UNMEETABLE or allowed_s < request.max_queue_wait_s:
+            return BUDGET_RULE
+        return f"priorities[{self._class_names[request.band]}].max_wait_ms"
+
+    def _refusal(
+        self, model: str, band: int, outcome: Outcome, retry_after_s: float, rule: str | None = None
+    ) -> Refusal:
         self._metrics.observe_retry_after(model, self._class_names[band], retry_after_s)
-        return Refusal(outcome, retry_after_s)
+        return Refusal(outcome, retry_after_s, rule=rule)
 
     async def _wait(
         self,

@@ -25,15 +25,19 @@ class WindowClock:
 
     @property
     def restricts(self) -> bool:
-        """Whether any class or tenant is kept to a window (else `closed_for_s` is always None)."""
+        """Whether any class or tenant is kept to a window (else `closed_for` is always None)."""
         return any(self._class_window) or bool(self._tenant_window)
 
-    def closed_for_s(self, band: int, tenant: str) -> float | None:
-        """Seconds until the windows of the class and of the tenant are both open; None when they
-        are (or neither has one)."""
-        names = (self._class_window[band], self._tenant_window.get(tenant))
-        longest = max((self._until_open(name) or 0.0 for name in names), default=0.0)
-        return longest or None
+    def closed_for(self, band: int, tenant: str) -> tuple[float, str] | None:
+        """Seconds until the windows of the class and of the tenant are both open, and the window
+        that opens last; None when they are (or neither has one)."""
+        waits = [
+            (self._until_open(n) or 0.0, n)
+            for n in (self._class_window[band], self._tenant_window.get(tenant))
+            if n
+        ]
+        longest = max(waits, default=(0.0, ""))
+        return longest if longest[0] > 0 else None
 
     def weight(self, tenant: str) -> float:
         """The tenant's weight now: the largest of its windows' weights that are open, else its own

@@ -40,11 +40,14 @@ async def send_error(
     *,
     detail: str | None = None,
     retry_after_s: float | None = None,
+    rule: str | None = None,
 ) -> None:
     """Answer with `outcome`'s error (nothing, when the client is gone)."""
     if outcome is Outcome.CLIENT_DISCONNECTED:
         return  # nobody to answer
-    status, headers, body = error_response(outcome, style, detail=detail, retry_after_s=retry_after_s)
+    status, headers, body = error_response(
+        outcome, style, detail=detail, retry_after_s=retry_after_s, rule=rule
+    )
     if drain.draining:
         headers.append((b"connection", b"close"))
     await send_response(send, status, headers, body)
@@ -82,6 +85,7 @@ class Relay:
             self._drain,
             detail=refusal.detail,
             retry_after_s=refusal.retry_after_s,
+            rule=refusal.rule,
         )
 
     async def answer(self, lease: Lease) -> Outcome:

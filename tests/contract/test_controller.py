@@ -51,6 +51,7 @@ async def test_queued_request_leaves_when_its_wait_limit_passes(make_store):
     refusal = await controller.acquire(Flow(MODEL, 0), 1.0, 0.12, never)
     assert isinstance(refusal, Refusal)
     assert refusal.outcome is Outcome.DEADLINE_EXPIRED_IN_QUEUE
+    assert refusal.rule == "X-Request-Timeout-Ms"  # 0.08 s of it, within the class's 0.1 s
     assert refusal.retry_after_s is not None and refusal.retry_after_s > 0
     assert sut.store.stats(MODEL).queued_by_band == (0, 0)
     await controller.release(held)
@@ -109,6 +110,7 @@ async def test_overload_is_refused_at_arrival_with_a_computed_retry_after(make_s
     await eventually(lambda: queued(sut) == (2, 0))
     refusal = await controller.acquire(Flow(MODEL, 0), 1.0, None, never)
     assert isinstance(refusal, Refusal) and refusal.outcome is Outcome.QUEUE_FULL
+    assert refusal.rule == "priorities[high].max_wait_ms"
     # It would wait 3/25 s, 0.02 s too long; advice is never below one slot turnover, 1/25 s, and
     # falls within the return's own slot of the band's schedule: its cost over the spare drain
     # rate, at least a fifth of the drain (policies.return_schedule).

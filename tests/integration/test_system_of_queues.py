@@ -141,7 +141,7 @@ async def test_a_class_outside_its_window_is_refused_with_the_time_until_it_open
             advice_s = float(reply.headers["retry-after-ms"]) / 1000
         async with http.post(gateway.url + PATH, json=INFER, headers={"X-Priority": "high"}) as reply:
             assert reply.status == 200
-    assert body["reason"] == "outside_window"
+    assert (body["reason"], body["rule"]) == ("outside_window", "windows[later]")
     # Until the window opens: two hours less the seconds into this minute.
     assert 2 * 3600 - 61 <= advice_s <= 2 * 3600
     assert (

@@ -27,20 +27,20 @@ def clock_at(*local: int) -> WindowClock:
 
 
 def test_a_class_kept_to_a_window_is_refused_until_it_opens():
-    assert clock_at(2026, 12, 1, 1, 30).closed_for_s(1, "") == pytest.approx(30 * 60)
-    assert clock_at(2026, 12, 1, 2, 0).closed_for_s(1, "") is None
-    assert clock_at(2026, 12, 1, 4, 0).closed_for_s(1, "") == pytest.approx(22 * 3600)
-    assert clock_at(2026, 12, 1, 1, 30).closed_for_s(0, "") is None  # high has no window
+    assert clock_at(2026, 12, 1, 1, 30).closed_for(1, "") == (pytest.approx(30 * 60), "nightly")
+    assert clock_at(2026, 12, 1, 2, 0).closed_for(1, "") is None
+    assert clock_at(2026, 12, 1, 4, 0).closed_for(1, "") == (pytest.approx(22 * 3600), "nightly")
+    assert clock_at(2026, 12, 1, 1, 30).closed_for(0, "") is None  # high has no window
 
 
 def test_windows_are_local_time_across_a_change_of_the_clocks():
     # 29 March 2026: Amsterdam's clocks go from 02:00 to 03:00, so 01:30 is 30 real minutes
     # before 03:00, and the window (02:00-04:00 local) is open from 03:00 that night.
-    assert clock_at(2026, 3, 29, 3, 0).closed_for_s(1, "") is None
-    assert clock_at(2026, 3, 29, 4, 0).closed_for_s(1, "") == pytest.approx(22 * 3600)
+    assert clock_at(2026, 3, 29, 3, 0).closed_for(1, "") is None
+    assert clock_at(2026, 3, 29, 4, 0).closed_for(1, "") == (pytest.approx(22 * 3600), "nightly")
     # In summer time the same window is 00:00-02:00 UTC, not 01:00-03:00.
     summer = datetime(2026, 7, 1, 0, 30, tzinfo=ZoneInfo("UTC")).timestamp()
-    assert WindowClock(parse_settings(BASE), clock=lambda: summer).closed_for_s(1, "") is None
+    assert WindowClock(parse_settings(BASE), clock=lambda: summer).closed_for(1, "") is None
 
 
 def test_a_tenant_has_its_window_weight_while_the_window_is_open():

@@ -38,6 +38,7 @@ ERRORS: dict[Outcome, ErrorSpec] = {
     Outcome.DEADLINE_UNMEETABLE: ErrorSpec(429, _RATE, "the request cannot be served within its deadline"),
     Outcome.DEADLINE_EXPIRED_IN_QUEUE: ErrorSpec(429, _RATE, "the deadline ran out while queued"),
     Outcome.CLUSTER_BACKLOGGED: ErrorSpec(429, _RATE, "the cluster is backlogged; this class is shed"),
+    Outcome.DISPLACED: ErrorSpec(429, _RATE, "a more urgent request took its place in the full queue"),
     Outcome.OUTSIDE_WINDOW: ErrorSpec(429, _RATE, "served only within its time window, which is closed now"),
     Outcome.NO_BACKEND: ErrorSpec(503, _SERVER, "no backend of this model is ready"),
     Outcome.DRAINING: ErrorSpec(503, _SERVER, "the gateway is shutting down"),

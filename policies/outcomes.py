@@ -17,6 +17,8 @@ class Outcome(StrEnum):
     CLUSTER_BACKLOGGED = "cluster_backlogged"
     OUTSIDE_WINDOW = "outside_window"
     """The class or tenant is served only within a time window, which is closed now."""
+    DISPLACED = "displaced"
+    """It waited in a queue at its cap, and a more urgent request took its place."""
     # The pool cannot serve at all: 503 with Retry-After.
     NO_BACKEND = "no_backend"
     DRAINING = "draining"
@@ -42,6 +44,7 @@ SHED_OUTCOMES = frozenset(
         Outcome.DEADLINE_EXPIRED_IN_QUEUE,
         Outcome.CLUSTER_BACKLOGGED,
         Outcome.OUTSIDE_WINDOW,
+        Outcome.DISPLACED,
     }
 )
 

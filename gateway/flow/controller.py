@@ -182,8 +182,13 @@ class AdmissionController:
             self._metrics.observe_queue_wait(model, self._class_names[band], 0.0)
             return Lease(offer.slot, 0.0)
         if isinstance(offer, Full):
-            reject = self._advise(model, request, replace(offer.stats, external_waiting=external), throughput)
-            rule = self._bound(request, reject.reason, allowed_s)
+            stats = replace(offer.stats, external_waiting=external)
+            if offer.at_cap:
+                reject = self._advise(model, request, stats, throughput, reason=Outcome.QUEUE_FULL)
+                rule = f"models[{model}].max_queued_work"
+            else:
+                reject = self._advise(model, request, stats, throughput)
+                rule = self._bound(request, reject.reason, allowed_s)
             return self._refusal(model, band, reject.reason, reject.retry_after_s, rule)
         if isinstance(offer, Unavailable):
             return Refusal(Outcome.STORE_UNAVAILABLE, offer.retry_after_s)
@@ -198,12 +203,14 @@ class AdmissionController:
         if isinstance(result, Slot):
             self._metrics.observe_queue_wait(model, self._class_names[band], waited_s)
             return Lease(result, waited_s)
-        if result is Outcome.DEADLINE_EXPIRED_IN_QUEUE:
+        if result is Outcome.DEADLINE_EXPIRED_IN_QUEUE or result is Outcome.DISPLACED:
             flow = self._store.throughput(model, self._clock())
             reject = self._advise(model, request, self._store.stats(model), flow, reason=result)
-            return self._refusal(
-                model, band, result, reject.retry_after_s, self._bound(request, result, allowed_s)
-            )
+            if result is Outcome.DISPLACED:
+                rule = f"models[{model}].max_queued_work"
+            else:
+                rule = self._bound(request, result, allowed_s)
+            return self._refusal(model, band, result, reject.retry_after_s, rule)
         return Refusal(result)
 
     async def _slot_now(

@@ -123,9 +123,11 @@ class Queued:
 
 @dataclass(frozen=True, slots=True)
 class Full:
-    """The admission limit was exceeded; `stats` is the state the check saw."""
+    """The admission limit was exceeded; `stats` is the state the check saw. `at_cap`: the model's
+    queue was at its cap (`max_queued_work`) with nothing less urgent to displace."""
 
     stats: QueueStats
+    at_cap: bool = False
 
 
 @dataclass(frozen=True, slots=True)

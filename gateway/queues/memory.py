@@ -96,13 +96,11 @@ class MemoryQueue:
         to_drain = work_before_grant(ahead, free, queue.estimates.handover_cost)
         if to_drain > max_work:
             return Full(queue.stats())
+        immediate = free > 0 and ahead == 0 and queue.may_start(flow.tenant, cost)
+        if not immediate and not queue.room_for(flow.band, cost):
+            return Full(queue.stats(), at_cap=True)
         counters.admitted_work[flow.band] += cost
-        if (
-            free > 0
-            and ahead == 0
-            and queue.may_start(flow.tenant, cost)
-            and (index := pick_backend(queue.capacity)) is not None
-        ):
+        if immediate and (index := pick_backend(queue.capacity)) is not None:
             return Granted(queue.take(index, cost, flow))
         ticket = Ticket(flow, cost, self._loop_factory().create_future(), batching=batching)
         queue.insert(ticket, self._rank(queue, ticket, now + allowed_wait_s), next(self._sequence))

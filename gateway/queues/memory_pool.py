@@ -20,6 +20,7 @@ from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots
 from policies.fairness import tags, virtual_time_after
+from policies.outcomes import Outcome
 from policies.quotas import Quota, may_start, under_quota
 from policies.reservations import usable_by_band, usable_free_slots
 from policies.wait import QueueStats
@@ -146,6 +147,29 @@ class ModelQueue:
             for tenant, heap in band.flows.items()
             if tenant in self.quotas and self._clean_head(heap)
         )
+
+    def room_for(self, band: int, cost: float) -> bool:
+        """Whether `cost` more work of `band` fits under the model's queue cap, displacing (429
+        displaced) the newest requests of the least urgent bands below it if that makes it fit;
+        nothing is displaced when even that would not."""
+        cap = self.pool.max_queued_work
+        excess = sum(b.work for b in self.bands) + cost - cap if cap is not None else 0.0
+        if excess <= 0:
+            return True
+        victims: list[Ticket] = []
+        for index in range(len(self.bands) - 1, band, -1):
+            live = [e for heap in self.bands[index].flows.values() for e in heap if e[2] in self.live]
+            for _, _, ticket in sorted(live, key=lambda entry: entry[:2], reverse=True):
+                if excess <= 0:
+                    break
+                victims.append(ticket)
+                excess -= ticket.cost
+        if excess > 0:
+            return False
+        for ticket in victims:
+            self.remove(ticket)
+            ticket.interrupt(Outcome.DISPLACED)
+        return True
 
     def held_by_band(self) -> list[int]:
         held = [0] * len(self.bands)

@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
 from gateway.queues.estimates import PoolEstimates
-from gateway.queues.redis_codec import Grant, OfferArgs, View, grants, ready_arg
+from gateway.queues.redis_codec import Displaced, Grant, OfferArgs, View, grants, ready_arg
 from gateway.queues.redis_grants import ModelState, listen
 from gateway.queues.redis_presence import Holding, Presence, ReplicaAbsent
 from gateway.queues.redis_scripts import Scripts
@@ -203,7 +203,7 @@ class RedisQueue:
             ticket = Ticket(flow, cost, loop.create_future(), id=reply["ticket"], batching=batching)
             state.claim(ticket)
             return Queued(ticket)
-        return Full(state.view.stats)
+        return Full(state.view.stats, at_cap=bool(reply.get("cap")))
 
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
         state = self._models[ticket.model]
@@ -315,8 +315,11 @@ class RedisQueue:
         for grant in grants(reply["mine"]):
             self._deliver(state, grant)
 
-    def _deliver(self, state: ModelState, grant: Grant) -> None:
+    def _deliver(self, state: ModelState, grant: Grant | Displaced) -> None:
         try:
+            if isinstance(grant, Displaced):
+                state.displace(grant.ticket)
+                return
             self._give_back(state.deliver(grant, self._clock()))
         except Exception:  # one broken grant must not stop the others (their slots would leak)
             log.exception("model %s: could not deliver grant %s", state.pool.name, grant)

@@ -137,8 +137,24 @@ class Grant:
 
     @classmethod
     def parse(cls, raw: bytes | str) -> Grant:
-        fields = decode(raw)
+        return cls.of(decode(raw))
+
+    @classmethod
+    def of(cls, fields: dict[str, Any]) -> Grant:
         return cls(tuple(fields["t"]), fields["l"], fields["u"], float(fields["c"]), int(fields["b"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Displaced:
+    """A queued ticket of this replica's that a more urgent arrival displaced at the queue's cap."""
+
+    ticket: str
+
+
+def message(raw: bytes | str) -> Grant | Displaced:
+    """What a replica's list carries: a grant, or a displaced ticket."""
+    fields = decode(raw)
+    return Displaced(fields["d"]) if "d" in fields else Grant.of(fields)
 
 
 def grants(raw: Sequence[bytes | str] | dict[str, Any]) -> list[Grant]:

@@ -21,8 +21,9 @@ from redis.exceptions import RedisError
 
 from gateway.queues.base import Slot, Ticket
 from gateway.queues.estimates import PoolEstimates
-from gateway.queues.redis_codec import Grant, View
+from gateway.queues.redis_codec import Displaced, Grant, View, message
 from gateway.upstream.backends import BackendState, ModelPool
+from policies.outcomes import Outcome
 
 # An offer's reply comes within a command timeout, or never: a grant unclaimed this long is freed.
 UNCLAIMED_AFTER_S = 10.0
@@ -54,6 +55,7 @@ class ModelState:
         """Work refused from a fresh view without a round trip, counted with the next script."""
         self._pending: dict[str, _Pending] = {}
         self._withdrawn: dict[str, float] = {}
+        self._displaced_early: set[str] = set()
         """Tickets withdrawn after Redis had granted them: their grants are on the way."""
 
     def backend(self, url: str) -> BackendState:
@@ -108,8 +110,20 @@ class ModelState:
                 self._pending[ticket_id] = pending
         return self._unused(pending)
 
+    def displace(self, ticket_id: str) -> None:
+        """A more urgent arrival took the ticket's place (Redis already dropped it)."""
+        ticket = self.waiting.pop(ticket_id, None)
+        if ticket is None:
+            self._displaced_early.add(ticket_id)  # before its offer's reply was read
+        else:
+            ticket.interrupt(Outcome.DISPLACED)
+
     def claim(self, ticket: Ticket) -> None:
         """The offer that queued `ticket` replied: it waits, or takes the grant that came first."""
+        if ticket.id in self._displaced_early:
+            self._displaced_early.discard(ticket.id)
+            ticket.interrupt(Outcome.DISPLACED)
+            return
         pending = self._pending.pop(ticket.id, None)
         if pending is None:
             self.waiting[ticket.id] = ticket
@@ -156,7 +170,7 @@ async def listen(
     listener: Redis,
     key: str,
     wake_s: float,
-    deliver: Callable[[Grant], None],
+    deliver: Callable[[Grant | Displaced], None],
     on_failure: Callable[[BaseException], None],
     stopping: Callable[[], bool],
 ) -> None:
@@ -170,4 +184,4 @@ async def listen(
             await asyncio.sleep(wake_s)
             continue
         for raw in popped[1] if popped else ():
-            deliver(Grant.parse(raw))
+            deliver(message(raw))

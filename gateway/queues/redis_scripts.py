@@ -59,6 +59,8 @@ class Scripts:
         args["backends"] = backends_arg(pool)
         args.setdefault("ttl", self._ttl_s)
         args["bound_s"] = lease_bound_s(pool, self._ttl_s)
+        if pool.max_queued_work is not None:
+            args["cap"] = pool.max_queued_work
         if self._reserved:
             args["reserved"] = self._reserved
         if self._quotas:

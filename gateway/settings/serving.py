@@ -136,6 +136,10 @@ class Model(Frozen):
     expected_service_ms: PositiveMs = 100.0
     """The service time assumed until one is measured."""
     upstream_timeout_ms: PositiveMs = 300_000.0
+    max_queued_work: float | None = Field(None, gt=0)
+    """The most work (requests, until they are priced) queued for this model: beyond it a more
+    urgent arrival takes the place of the least urgent, newest queued request (429 displaced);
+    with none less urgent it is refused queue_full. None: no cap but the classes' waits."""
     max_queued_bytes: int | None = Field(None, ge=1)
     """The most request-body bytes one replica holds queued for this model (limits.max_queued_bytes
     bounds all models together)."""

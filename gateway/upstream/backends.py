@@ -88,6 +88,8 @@ class ModelPool:
     backends: list[BackendState] = field(default_factory=list)
     expected_service_s: float = 0.1
     upstream_timeout_s: float = 300.0
+    max_queued_work: float | None = None
+    """The most work queued for the model; a more urgent arrival displaces less urgent work."""
 
     @property
     def any_ready(self) -> bool:
@@ -110,4 +112,5 @@ class ModelPool:
             backends=[BackendState.from_settings(model, b) for b in model.backends if b.discover == "none"],
             expected_service_s=model.expected_service_ms / 1000,
             upstream_timeout_s=model.upstream_timeout_ms / 1000,
+            max_queued_work=model.max_queued_work,
         )

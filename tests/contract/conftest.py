@@ -42,7 +42,7 @@ class StoreUnderTest:
             await self.store.settle()
 
 
-def make_pool(slots: tuple[int, ...]) -> ModelPool:
+def make_pool(slots: tuple[int, ...], max_queued_work: float | None = None) -> ModelPool:
     return ModelPool(
         name=MODEL,
         backends=[
@@ -50,6 +50,7 @@ def make_pool(slots: tuple[int, ...]) -> ModelPool:
             for i, n in enumerate(slots)
         ],
         expected_service_s=0.04,
+        max_queued_work=max_queued_work,
     )
 
 
@@ -67,8 +68,9 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
             weights: dict[str, float] | None = None,
             reserved: tuple[int, ...] = (),
             quotas: dict[str, Quota] | None = None,
+            cap: float | None = None,
         ) -> StoreUnderTest:
-            pool = make_pool(slots)
+            pool = make_pool(slots, cap)
             store = MemoryQueue(
                 [pool],
                 bands,
@@ -97,8 +99,9 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
         weights: dict[str, float] | None = None,
         reserved: tuple[int, ...] = (),
         quotas: dict[str, Quota] | None = None,
+        cap: float | None = None,
     ) -> StoreUnderTest:
-        pool = make_pool(slots)
+        pool = make_pool(slots, cap)
         store = RedisQueue(
             client,
             listener,

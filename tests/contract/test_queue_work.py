@@ -278,3 +278,27 @@ async def test_a_lending_limit_caps_what_others_borrow_of_a_quota(make_store):
     sut = await make_store(slots=(4,), quotas={"a": Quota(1), "b": Quota(3, lending_limit=1)})
     offers = [await offer(sut, tenant="a") for _ in range(3)]
     assert [type(o) for o in offers] == [Granted, Granted, Queued]  # its own 1, and 1 of b's 3
+
+
+async def test_at_its_cap_the_queue_displaces_the_newest_least_urgent_work_for_more_urgent(make_store):
+    sut = await make_store(slots=(1,), bands=3, cap=3.0)
+    await take_the_slot(sut)
+    middle = (await offer(sut, band=1)).ticket
+    lows = [(await offer(sut, band=2)).ticket for _ in range(2)]
+    urgent = await offer(sut, band=0)
+    assert isinstance(urgent, Queued)
+    # The newest low request left at once, told so; the older one and the middle one stay.
+    await eventually(lambda: lows[1].wakeup.done())
+    assert lows[1].wakeup.result() is Outcome.DISPLACED
+    assert not lows[0].wakeup.done() and not middle.wakeup.done()
+    assert sut.store.stats(MODEL).queued_by_band == (1, 1, 1)
+
+
+async def test_at_its_cap_a_request_with_nothing_less_urgent_to_displace_is_refused(make_store):
+    sut = await make_store(slots=(1,), bands=2, cap=2.0)
+    await take_the_slot(sut)
+    queued = [(await offer(sut, band=0)).ticket for _ in range(2)]
+    refused = await offer(sut, band=1)
+    assert isinstance(refused, Full) and refused.at_cap
+    assert isinstance(await offer(sut, band=0), Full)  # nothing below high to displace either
+    assert not any(t.wakeup.done() for t in queued)

@@ -168,3 +168,32 @@ async def test_a_tenant_over_its_quota_borrows_idle_capacity_unless_its_quota_is
         await asyncio.gather(*(infer(http) for _ in range(4)))
     # The backend's own count: team-b's idle quota lent to team-a, or not.
     assert sim.stats()["peak_inflight"] == peak
+
+
+async def test_at_the_cap_an_urgent_arrival_displaces_a_queued_batch_request_which_is_told_at_once(
+    start_sim, start_gateway
+):
+    sim = start_sim(slots=1, base_ms=400)
+    classes = [{"name": "high", "max_wait_ms": 10_000}, {"name": "low", "max_wait_ms": 10_000}]
+    config = gateway_config([(sim.url, 1)], priorities=classes, expected_service_ms=400)
+    config["models"][0]["max_queued_work"] = 2
+    gateway = start_gateway(config)
+
+    async def infer(http, priority):
+        async with http.post(gateway.url + PATH, json=INFER, headers={"X-Priority": priority}) as reply:
+            return reply.status, await reply.json(), reply.headers.get("retry-after-ms")
+
+    async with aiohttp.ClientSession() as http:
+        running = asyncio.ensure_future(infer(http, "low"))
+        await eventually(lambda: sim.stats()["inflight"] == 1, what="the slot to be taken")
+        lows = []
+        for expected in (1.0, 2.0):
+            lows.append(asyncio.ensure_future(infer(http, "low")))
+            await eventually(lambda e=expected: gateway.metric("gateway_queue_depth", priority="low") == e)
+        urgent = asyncio.ensure_future(infer(http, "high"))
+        status, body, advice = await lows[1]  # the newest low request, answered at once
+        assert (status, body["reason"], body["rule"]) == (429, "displaced", "models[sim].max_queued_work")
+        assert advice is not None and float(advice) > 0
+        assert not urgent.done() and not lows[0].done()
+        results = await asyncio.gather(running, lows[0], urgent)
+    assert [status for status, _, _ in results] == [200, 200, 200]

@@ -41,7 +41,8 @@
 --                                 when this state was created: missing after Redis lost it)
 --   <tag>:replicas          zset  replica -> heartbeat expiry
 --   <tag>:seq               counter for ticket and lease ids
---   <tag>:grants:<r>        list  grants for replica r: JSON {t: [ticket ids], l: lease, u: url, c: cost, b: band}
+--   <tag>:grants:<r>        list  grants for replica r: JSON {t: [ticket ids], l: lease, u: url, c: cost, b: band},
+--                                 or a displaced ticket: {d: ticket id}
 --   <tag>:held:<r>          set   leases held by replica r
 --   <tag>:waiting:<r>       set   tickets queued by replica r
 -- Time is Redis's own (TIME), so every replica orders and expires by the same clock; a test may
@@ -316,7 +317,8 @@ end
 local function undelivered(replica)
   local leases = {}
   for _, raw in ipairs(redis.call('LRANGE', tag .. ':grants:' .. replica, 0, -1)) do
-    leases[cjson.decode(raw).l] = true
+    local entry = cjson.decode(raw)
+    if entry.l then leases[entry.l] = true end  -- not a displaced ticket's {d = id}
   end
   return leases
 end
@@ -362,6 +364,42 @@ local function reap_absent(now)
   local lapsed = redis.call('ZRANGEBYSCORE', tag .. ':replicas', '-inf', now)
   for _, replica in ipairs(lapsed) do reserve_absent(replica, now) end
   return #lapsed
+end
+
+-- Room for `cost` more work of `band` under the model's queue cap (A.cap), displacing the newest
+-- queued work of the least urgent bands below it if that makes it fit (as the memory store's
+-- ModelQueue.room_for does); nothing is displaced when even that would not. Each victim's replica
+-- is told through its list: {d = ticket id}.
+local function room_for(band, cost, nbands)
+  local queued = 0
+  for b = 0, nbands - 1 do queued = queued + tonumber(redis.call('HGET', tag .. ':queued', 'w' .. b) or '0') end
+  local excess = queued + cost - A.cap
+  if excess <= 0 then return true end
+  local victims = {}
+  for b = nbands - 1, band + 1, -1 do
+    local entries = {}
+    for _, tenant in ipairs(redis.call('ZRANGE', tag .. ':flows:' .. b, 0, -1)) do
+      local items = redis.call('ZRANGE', flow_key(b, tenant), 0, -1, 'WITHSCORES')
+      for i = 1, #items, 2 do entries[#entries + 1] = {id = items[i], s = tonumber(items[i + 1])} end
+    end
+    table.sort(entries, function(x, y)
+      if x.s ~= y.s then return x.s > y.s end
+      return x.id > y.id
+    end)
+    for _, entry in ipairs(entries) do
+      if excess <= 0 then break end
+      local info = ticket_info(entry.id)
+      victims[#victims + 1] = {entry.id, info.r}
+      excess = excess - info.c
+    end
+    if excess <= 0 then break end
+  end
+  if excess > 0 then return false end
+  for _, victim in ipairs(victims) do
+    unqueue(victim[1])
+    redis.call('RPUSH', tag .. ':grants:' .. victim[2], cjson.encode({d = victim[1]}))
+  end
+  return true
 end
 
 -- policies.quotas.may_start, here where it must be atomic with the grant. A.quotas: tenant ->

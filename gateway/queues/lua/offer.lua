@@ -6,6 +6,8 @@
 -- its band and the more urgent ones, plus one hand-over of its own, exceeds max_work (none with
 -- a slot free and nothing ahead); a negative limit refuses even then.
 -- A replica whose heartbeat lapsed takes nothing: it must rejoin first (rejoin.lua).
+-- At the model's queue cap (A.cap) it displaces the newest queued work of less urgent bands, each
+-- victim told through its replica's list ({d = ticket id}), or is refused with cap = true.
 -- Returns {kind = 'granted', lease, url, view} | {kind = 'queued', ticket, view} | {kind = 'full', view}
 --       | {kind = 'absent'}.
 local now = now_s()
@@ -22,9 +24,13 @@ if ahead > 0 or free == 0 then to_drain = ahead + A.handover end
 if to_drain > A.max_work then
   return cjson.encode({kind = 'full', view = view(nbands, A.backends, now)})
 end
+local immediate = to_drain == 0 and may_start(A.tenant, A.cost, A.backends, nbands)
+if not immediate and A.cap ~= nil and not room_for(A.band, A.cost, nbands) then
+  return cjson.encode({kind = 'full', cap = true, view = view(nbands, A.backends, now)})
+end
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'adm:' .. A.band, A.cost)
 
-if to_drain == 0 and may_start(A.tenant, A.cost, A.backends, nbands) then
+if immediate then
   local backend = pick_backend(A.backends)
   if backend ~= nil then
     local lease = grant_lease(backend.url, A.replica, A.ttl, now, A.band, A.tenant, A.cost)

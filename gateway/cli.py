@@ -1,4 +1,4 @@
-"""`inference-gateway serve | sim | demo | plan`: the command line."""
+"""`inference-gateway serve | sim | demo | plan | simulate`: the command line."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from gateway.serving import CannotListen, bind, run, url_of
 from gateway.settings import ConfigError, Settings, parse_settings
 from gateway.sim.engine import SERVICE_DISTRIBUTIONS
 from gateway.sim.server import SimOptions, build_sim
+from gateway.simulate.command import add_parser as add_simulate
 
 log = logging.getLogger("gateway")
 
@@ -79,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(command=_demo)
 
     plan.register(commands)
+    add_simulate(commands)
     return parser
 
 

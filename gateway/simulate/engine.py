@@ -1,0 +1,384 @@
+"""The event loop of `inference-gateway simulate`: slots, priority bands and tenant flows on simulated time.
+
+It decides nothing itself; the gateway's policies do, called where the memory store calls them
+(gateway/queues/memory.py, memory_pool.py):
+- An arrival that finds a slot it may use free (`policies.reservations.usable_free_slots` when
+  classes reserve slots) and nothing queued in its own or a more urgent band is handed one at once,
+  untagged, as the store grants it.
+- Otherwise it is tagged by `policies.fairness.tags` and queued in its tenant's flow, a heap on
+  (start tag, arrival number) as in the memory store.
+- A slot that frees goes to the band `policies.dispatch.next_band` picks from the live count of
+  each band (strict priority), unless a more urgent class's reservation keeps it from that band,
+  and so from every less urgent one; within the band, to the flow whose head has the lowest key,
+  and the band's virtual time moves by `policies.fairness.virtual_time_after`.
+- With `Admission` and a class `max_wait_s`, `policies.admission.decide` refuses at arrival, and a
+  queued request leaves the queue when its allowance (`allowed_wait_s`) runs out; it stays in its
+  heap until it reaches the top (lazy deletion, as in the memory store) but no longer counts.
+  Without them the queue is unbounded, as queueing theory assumes.
+
+Events at the same instant run completions first, then expiries, then arrivals. A slot is held for
+the request's `service_s`. Requests numbered `warmup` and later are measured; hand-overs are
+counted from the arrival of the first measured request until the horizon `until_s` (or the last
+event). The loop is a plain heapq loop over tuples: no asyncio, no object per event.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from array import array
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from gateway.simulate.workload import Arrival
+from policies.admission import AdmissionConfig, AdmissionRequest, Reject, allowed_wait_s, decide
+from policies.dispatch import next_band
+from policies.fairness import tags, virtual_time_after
+from policies.reservations import usable_by_band, usable_free_slots
+from policies.wait import QueueStats, Throughput, drain_rate_from_slots
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """One priority class's rules."""
+
+    max_wait_s: float | None = None
+    """Its bound on time in the queue; None: unbounded (and no admission for it)."""
+    deadline_s: float | None = None
+    """The client's whole budget (wait plus service): goodput counts what finishes within it, and
+    with admission it is the request's budget."""
+    reserved_slots: int = 0
+    """Slots less urgent classes never hold (policies.reservations)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What admission reads: the pool's speeds (known exactly here, measured in the gateway)."""
+
+    throughput: Throughput
+    config: AdmissionConfig = field(default_factory=AdmissionConfig)
+
+    @classmethod
+    def known(
+        cls,
+        slots: int,
+        service_mean_s: float,
+        service_cv: float,
+        offered_work_per_s: tuple[float, ...],
+        handover_cost: float = 1.0,
+    ) -> Admission:
+        """The speeds a perfectly measured pool shows: the service times' mean and cv, the drain of
+        `slots`, and every band admitted at its offered rate (an upper bound when some are refused)."""
+        throughput = Throughput(
+            service_time_s=service_mean_s,
+            drain_rate_per_s=drain_rate_from_slots(slots, service_mean_s, handover_cost),
+            admitted_rate_by_band=offered_work_per_s,
+            offered_rate_by_band=offered_work_per_s,
+            service_spread_s=service_cv * service_mean_s,
+            service_cv=service_cv,
+            handover_cost=handover_cost,
+        )
+        return cls(throughput)
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """The simulated pool and what is measured of it."""
+
+    slots: int
+    bands: tuple[Band, ...] = (Band(),)
+    weights: Mapping[str, float] = field(default_factory=dict)
+    """Tenant -> fair-share weight (> 0); a tenant not named has weight 1."""
+    warmup: int = 0
+    """Requests at the start left out of the statistics (the queue starts empty)."""
+    until_s: float | None = None
+    """Stop at this simulated time; what is still queued then is left unserved."""
+    admission: Admission | None = None
+
+    def __post_init__(self) -> None:
+        if self.slots < 1:
+            raise ValueError(f"need at least one slot, got {self.slots}")
+        if not self.bands:
+            raise ValueError("need at least one band")
+
+
+class Handover(NamedTuple):
+    """A slot handed to a request, as `simulate`'s observer sees it."""
+
+    at_s: float
+    band: int
+    tenant: str
+    cost: float
+    waited_s: float
+    queued_by_band: tuple[int, ...]
+    """What still waits in each band right after this hand-over."""
+
+
+@dataclass(slots=True)
+class FlowTally:
+    """One (band, tenant) flow over the measured part of a run."""
+
+    arrived: int = 0
+    refused: int = 0
+    expired: int = 0
+    late: int = 0
+    """Served, but done after the band's deadline."""
+    handed_work: float = 0.0
+    """Cost handed slots within the measured window."""
+    busy_s: float = 0.0
+    """Slot time handed within the measured window."""
+    service_s: float = 0.0
+    """Total service time of the measured requests served."""
+    service_squares_s2: float = 0.0
+    """Their sum of squared service times (with `service_s`, the served workload's moments)."""
+    waits_s: array[float] = field(default_factory=lambda: array("d"))
+    """Queue waits of the measured requests served, in hand-over order."""
+
+    @property
+    def served(self) -> int:
+        """Measured requests handed a slot."""
+        return len(self.waits_s)
+
+    @property
+    def on_time(self) -> int:
+        """Measured requests served and done within the band's deadline (all served without one)."""
+        return len(self.waits_s) - self.late
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What a run measured, per flow, and over which window."""
+
+    tallies: Mapping[tuple[int, str], FlowTally]
+    """(band, tenant) -> its tally, for every flow that sent a request."""
+    requests: int
+    measured_from_s: float
+    """When the first measured request arrived."""
+    last_arrival_s: float
+    measured_to_s: float
+    left_queued: int
+    """Requests still waiting when the run stopped."""
+
+
+Observer = Callable[[Handover], None]
+Progress = Callable[[int], None]
+_NO_MORE = Arrival(math.inf, 0, "", 0.0, 0.0)  # what follows the last arrival
+# A queued request: (start tag, arrival number, arrived at, cost, service_s, its flow, measured).
+# A plain tuple: the heap orders it by its first two fields, which never tie.
+_Entry = tuple[float, int, float, float, float, "_Flow", bool]
+
+
+@dataclass(slots=True, eq=False)
+class _Flow:
+    """One (band, tenant) flow's queue and fair-queuing state."""
+
+    band: int
+    tenant: str
+    weight: float
+    tally: FlowTally
+    finish: float = 0.0
+    """Its finish tag (policies.fairness)."""
+    heap: list[_Entry] = field(default_factory=list)
+
+
+def simulate(
+    arrivals: Iterable[Arrival],
+    setup: Setup,
+    *,
+    seed: int = 0,
+    on_handover: Observer | None = None,
+    progress: Progress | None = None,
+    progress_every: int = 0,
+) -> Run:
+    """Run `arrivals` (in time order) through the pool of `setup`; `progress(n)` is called after
+    every `progress_every` arrivals; `seed` draws admission's Retry-After jitter."""
+    nbands = len(setup.bands)
+    warmup, weights = setup.warmup, setup.weights
+    until = math.inf if setup.until_s is None else setup.until_s
+    limited = [setup.admission is not None and band.max_wait_s is not None for band in setup.bands]
+    deadlines = [math.inf if band.deadline_s is None else band.deadline_s for band in setup.bands]
+    reserved = (
+        [band.reserved_slots for band in setup.bands] if any(b.reserved_slots for b in setup.bands) else []
+    )
+    jitter = random.Random(seed).random
+    report_at = progress_every if progress is not None and progress_every > 0 else -1
+
+    free = setup.slots
+    held = [0] * nbands  # slots in use per band, which reservations bound
+    done: list[tuple[float, int]] = []  # (finish time, band) of the slots in use
+    depth = [0] * nbands  # live requests per band: what next_band reads
+    work = [0.0] * nbands
+    known: list[dict[str, _Flow]] = [{} for _ in range(nbands)]
+    active: list[dict[str, _Flow]] = [{} for _ in range(nbands)]  # the flows with a heap to pop
+    vtime = [0.0] * nbands
+    expiries: list[tuple[float, int]] = []
+    waiting: dict[int, _Entry] = {}  # arrival number -> entry, for those that can still expire
+    gone: set[int] = set()  # expired, still in a heap
+    queued = 0
+    measured_from = math.inf
+    last_arrival = now = 0.0
+    push, pop, inf = heapq.heappush, heapq.heappop, math.inf
+
+    stream = iter(arrivals)
+    upcoming = next(stream, _NO_MORE)
+    index = 0
+    while True:
+        granted: _Entry | None = None
+        next_at = upcoming[0]
+        next_done = done[0][0] if done else inf
+        next_expiry = expiries[0][0] if expiries else inf
+        if next_done <= next_at and next_done <= next_expiry:
+            if next_done > until or not done:  # not done: nothing is left at all
+                break
+            now, band = pop(done)
+            free += 1
+            held[band] -= 1
+        elif next_expiry <= next_at:
+            if next_expiry > until:
+                break
+            now, seq = pop(expiries)
+            expired = waiting.pop(seq, None)
+            if expired is not None:
+                gone.add(seq)
+                flow = expired[5]
+                depth[flow.band] -= 1
+                work[flow.band] = work[flow.band] - expired[3] if depth[flow.band] else 0.0
+                queued -= 1
+                if expired[6]:
+                    flow.tally.expired += 1
+        else:
+            if next_at > until or upcoming is _NO_MORE:
+                break
+            now, band, tenant, cost, service = upcoming
+            upcoming = next(stream, _NO_MORE)
+            last_arrival = now
+            measured = index >= warmup
+            if index == warmup:
+                measured_from = now
+            index += 1
+            if index == report_at:
+                assert progress is not None
+                progress(index)
+                report_at += progress_every
+            flow = known[band].get(tenant) or _new_flow(known[band], band, tenant, weights)
+            if measured:
+                flow.tally.arrived += 1
+            usable = usable_free_slots(band, free, held, reserved) if reserved else free
+            expire_at = inf
+            if limited[band]:
+                expire_at = _admitted_until(now, band, cost, setup, depth, free, held, work, jitter)
+                if expire_at < now:
+                    if measured:
+                        flow.tally.refused += 1
+                    continue
+            if usable and (not queued or not any(depth[: band + 1])):
+                granted = (0.0, index, now, cost, service, flow, measured)  # untagged, as the store
+            else:
+                tagged = tags(vtime[band], flow.finish, cost, flow.weight)
+                flow.finish = tagged.finish
+                entry = (tagged.start, index, now, cost, service, flow, measured)
+                if not flow.heap:
+                    active[band][tenant] = flow
+                push(flow.heap, entry)
+                depth[band] += 1
+                work[band] += cost
+                queued += 1
+                if expire_at < inf:
+                    waiting[index] = entry
+                    push(expiries, (expire_at, index))
+        # Hand slots over: to the arrival granted at once, or, while slots are free, to the queue.
+        while granted is not None or (free and queued):
+            if granted is None:
+                chosen = next_band(depth)
+                assert chosen is not None
+                band = chosen
+                if reserved and usable_free_slots(band, free, held, reserved) <= 0:
+                    break  # kept for a more urgent class, and so from every less urgent one
+                band_flows = active[band]
+                if len(band_flows) == 1 and not gone:
+                    flow = next(iter(band_flows.values()))
+                else:
+                    flow = _lowest_head(band_flows, gone)
+                start, seq, at, cost, service, _, measured = pop(flow.heap)
+                if not flow.heap:
+                    del band_flows[flow.tenant]
+                depth[band] -= 1
+                work[band] = work[band] - cost if depth[band] else 0.0  # no float residue when empty
+                queued -= 1
+                if waiting:
+                    waiting.pop(seq, None)
+                vtime[band] = virtual_time_after(vtime[band], start)
+            else:
+                _, seq, at, cost, service, flow, measured = granted
+                band, granted = flow.band, None
+            free -= 1
+            held[band] += 1
+            push(done, (now + service, band))
+            tally = flow.tally
+            waited = now - at
+            if measured:
+                tally.waits_s.append(waited)
+                tally.service_s += service
+                tally.service_squares_s2 += service * service
+                if waited + service > deadlines[band]:
+                    tally.late += 1
+            if now >= measured_from:
+                tally.handed_work += cost
+                tally.busy_s += service
+            if on_handover is not None:
+                on_handover(Handover(now, band, flow.tenant, cost, waited, tuple(depth)))
+    end = until if until < math.inf else now
+    tallies = {(band, tenant): flow.tally for band in range(nbands) for tenant, flow in known[band].items()}
+    return Run(tallies, index, min(measured_from, end), last_arrival, end, queued)
+
+
+def _new_flow(flows: dict[str, _Flow], band: int, tenant: str, weights: Mapping[str, float]) -> _Flow:
+    flow = flows[tenant] = _Flow(band, tenant, weights.get(tenant, 1.0), FlowTally())
+    return flow
+
+
+def _admitted_until(
+    now: float,
+    band: int,
+    cost: float,
+    setup: Setup,
+    depth: list[int],
+    free: int,
+    held: list[int],
+    work: list[float],
+    jitter: Callable[[], float],
+) -> float:
+    """When an arrival admitted now must leave the queue; -inf when admission refuses it."""
+    assert setup.admission is not None
+    rules = setup.bands[band]
+    assert rules.max_wait_s is not None
+    throughput, config = setup.admission.throughput, setup.admission.config
+    request = AdmissionRequest(band, rules.max_wait_s, rules.deadline_s, cost)
+    reserved = [b.reserved_slots for b in setup.bands]
+    stats = QueueStats(
+        queued_by_band=tuple(depth),
+        free_slots=free,
+        queued_work_by_band=tuple(work),
+        free_by_band=usable_by_band(free, held, reserved) if any(reserved) else (),
+    )
+    if isinstance(decide(request, stats, throughput, jitter(), config), Reject):
+        return -math.inf
+    return now + allowed_wait_s(request, throughput)
+
+
+def _lowest_head(band_flows: dict[str, _Flow], gone: set[int]) -> _Flow:
+    """The flow whose live head has the lowest (start tag, arrival number); expired heads are
+    dropped on the way, and flows left empty taken off the band's active ones."""
+    best: _Flow | None = None
+    for tenant, flow in list(band_flows.items()):
+        heap = flow.heap
+        while heap and heap[0][1] in gone:
+            gone.discard(heapq.heappop(heap)[1])
+        if not heap:
+            del band_flows[tenant]
+        elif best is None or heap[0][:2] < best.heap[0][:2]:
+            best = flow
+    assert best is not None
+    return best

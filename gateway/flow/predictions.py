@@ -9,6 +9,10 @@ a request's admission, so it is not done for every request:
   1/64 step of its binary order, which can only tighten it) while the pool holds as many busy and
   free slots as when it was read, for at most a sixteenth of the allowed wait (10 ms at least,
   `reuse_s` at most): the requests in flight have aged by little against the time that matters;
+- the calibrated confidence moves a little with every queued request that leaves the queue (under
+  overload hundreds of times a second), so it is read on a grid: its miss probability rounded down
+  to an eighth of a binary order (about 9%), which can only tighten it, and a limit is reused
+  while the rounded confidence stays the same;
 - the predicted wait, exported beside the actual one, is computed for at most one admitted request
   per band every `sample_s`.
 """
@@ -25,6 +29,15 @@ from policies.wait import QueueStats, Throughput, work_to_drain
 REUSE_S = 0.05
 REUSE_SHARE = 1 / 16
 SAMPLE_S = 1.0
+
+
+def rounded_up_confidence(confidence: float) -> float:
+    """`confidence` with its miss probability 1 - confidence rounded down to an eighth of its
+    binary order: never below `confidence`, and the same for small moves of it."""
+    miss = 1.0 - confidence
+    if not 0.0 < miss < 1.0:
+        return confidence
+    return 1.0 - 2.0 ** (math.floor(8 * math.log2(miss)) / 8)
 
 
 def rounded_down(seconds: float) -> float:
@@ -64,6 +77,7 @@ class Predictions:
         confidence: float,
     ) -> float:
         """policies.admission.work_limit, reused while it still holds (see the module)."""
+        confidence = rounded_up_confidence(confidence)
         free = stats.free_for(request.band)
         if free > 0 and work_to_drain(stats, request.band, throughput.handover_cost) == 0:
             return max_work(request, throughput, self._config, NormalDist().inv_cdf(confidence))

@@ -5,7 +5,8 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.flow.predictions import Predictions, rounded_down
+from gateway.flow import predictions as predictions_module
+from gateway.flow.predictions import Predictions, rounded_down, rounded_up_confidence
 from policies.admission import AdmissionConfig, AdmissionRequest, confident_wait_s, work_limit
 from policies.service_times import ServiceTimes
 from policies.wait import QueueStats, Throughput
@@ -70,3 +71,29 @@ def test_the_predicted_wait_counts_free_slots_once():
     request waits for the busy one, 0.4 s."""
     stats = QueueStats((1,), 1, (1.0,), started_at=(0.0,))
     assert abs(confident_wait_s(stats, learned(0.4), 0, 0.0, 0.977) - 0.4) < 0.05
+
+
+@given(st.floats(0.5, 0.99999))
+def test_the_confidence_is_read_on_a_grid_that_only_tightens(confidence):
+    rounded = rounded_up_confidence(confidence)
+    assert confidence <= rounded < 1
+    assert (1 - rounded) >= (1 - confidence) * 2 ** (-1 / 8) * (1 - 1e-12)
+
+
+def test_a_limit_is_reused_while_the_calibrated_confidence_moves_within_its_grid_step(monkeypatch):
+    flow = learned(0.4)
+    predictions = Predictions(1, CONFIG, reuse_s=0.05)
+    stats = busy(-0.1)
+    calls = []
+    original = predictions_module.work_limit
+
+    def counting(*args):
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(predictions_module, "work_limit", counting)
+    predictions.work_limit(REQUEST, stats, flow, 0.0, 0.9770)
+    predictions.work_limit(REQUEST, stats, flow, 0.001, 0.9771)  # a settled request moved it
+    assert len(calls) == 1
+    predictions.work_limit(REQUEST, stats, flow, 0.002, 0.9900)  # a step of the grid: read again
+    assert len(calls) == 2

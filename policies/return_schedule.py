@@ -29,6 +29,7 @@ counting the refused clients told to come back before it. The rules this module 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from policies.estimators import ObservedRate, ewma_in_time
@@ -142,9 +143,6 @@ class Spare:
     settled_per_s: float
     until: float
 
-    def at(self, when: float) -> float:
-        return self.now_per_s if when < self.until else self.settled_per_s
-
 
 def earliest_return_s(
     excess_wait_s: float, throughput: Throughput, band: int, config: RetryAfterConfig
@@ -219,15 +217,23 @@ def _fill(
     """Book `cost` work of returns into `booked` from `start` on, slice by slice, each at its
     spare rate; when the first of them opens and when the last closes (None: no room before the
     last slice ends)."""
-    first = max(0, int((start - schedule.origin_s) // schedule.slice_s))
+    origin, width = schedule.origin_s, schedule.slice_s
+    first = max(0, int((start - origin) // width))
+    # Slices before `switch` start before the overload is expected to end, at the spare of now.
+    switch = max(first, min(len(booked), math.ceil((spare.until - origin) / width)))
+    full_near, full_far = width * spare.now_per_s, width * spare.settled_per_s
     opens_at: float | None = None
     remaining = cost
     for index in range(first, len(booked)):
-        slice_start = schedule.origin_s + index * schedule.slice_s
-        rate = spare.at(slice_start)
+        near = index < switch
+        # Under a long overload most slices are full: skip them before any arithmetic.
+        if index > first and booked[index] >= (full_near if near else full_far):
+            continue
+        rate = spare.now_per_s if near else spare.settled_per_s
+        slice_start = origin + index * width
         # Returns already booked are taken to fill the slice from its first usable moment on.
         free_from = max(slice_start, start) + booked[index] / rate
-        room = (slice_start + schedule.slice_s - free_from) * rate
+        room = (slice_start + width - free_from) * rate
         if room <= 0:
             continue
         if opens_at is None:
@@ -239,7 +245,7 @@ def _fill(
             return opens_at, free_from + taken / rate
     if opens_at is not None:
         booked[-1] += remaining
-        return opens_at, schedule.origin_s + len(booked) * schedule.slice_s
+        return opens_at, origin + len(booked) * width
     return None
 
 

@@ -209,12 +209,16 @@ async def test_the_drain_rate_is_measured_in_work(make_store):
     sut = await make_store(slots=(1,))
     slot = await take_the_slot(sut)
     tickets = [(await offer(sut, cost=4.0)).ticket for _ in range(8)]
+    started = time.monotonic()
     for ticket in tickets:
-        await asyncio.sleep(0.05)  # the behaviour under test: one hand-over every 50 ms
+        await asyncio.sleep(0.05)  # the behaviour under test: one hand-over every 50 ms or so
         await sut.store.release(slot, now=time.monotonic())
         slot = await asyncio.wait_for(ticket.wakeup, 2)
+    # 4 units per hand-over, at the pace the hand-overs really had (a loaded machine stretches
+    # the sleeps): 80 per second when they keep to 50 ms.
+    paced = 4.0 * len(tickets) / (time.monotonic() - started)
     throughput = sut.store.throughput(MODEL, now=time.monotonic())
-    assert 48 < throughput.drain_rate_per_s < 88  # 4 units every 50 ms: 80 per second
+    assert 0.6 * paced < throughput.drain_rate_per_s < 1.1 * paced
     assert throughput.handover_cost > 2.5  # on its way from 1 to 4
 
 

@@ -58,7 +58,7 @@ def build_runtime(
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
     windows = WindowClock(settings)
     store = configured_store(settings, pool_list, metrics, clock=clock, weight_of=windows.weight)
-    metrics.watch_pools(pool_list, [p.name for p in settings.priorities], store, clock)
+    metrics.watch_pools(pool_list, [p.name for p in settings.priorities], store, clock, settings.quotas())
     supervisor = supervisor if supervisor is not None else Supervisor()
     signals = SignalBoard(
         pool_list, settings.signals, settings.kueue, metrics, supervisor=supervisor, clock=clock

@@ -13,6 +13,7 @@ estimate never says "never" while the urgent bands are merely busy.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from policies.service_times import ServiceTimes
@@ -36,6 +37,8 @@ class QueueStats:
     started_at: tuple[float, ...] = ()
     """When each slot in use was handed to its request, on the caller's clock (the ages of the
     work in flight, from which its residual times follow)."""
+    inflight_by_tenant: Mapping[str, float] = field(default_factory=dict, compare=False)
+    """Work each tenant has in flight, where the store counts it (with quotas)."""
     free_by_band: tuple[int, ...] = ()
     """The free slots each band may take, where more urgent classes reserve some
     (policies.reservations); every band may take `free_slots` when not given."""

@@ -110,6 +110,7 @@ class ModelQueue:
             queued_by_band=tuple(b.count for b in self.bands),
             free_slots=free,
             free_by_band=usable_by_band(free, self.held_by_band(), self.reserved) if self.reserved else (),
+            inflight_by_tenant=self.inflight_by_tenant() if self.quotas else {},
             queued_work_by_band=tuple(b.work for b in self.bands),
             started_at=tuple(self.running.values()),
         )

@@ -92,6 +92,7 @@ class View:
             queued_by_band=tuple(int(n) for n in raw["n"]),
             free_slots=free,
             free_by_band=usable_by_band(free, held, reserved) if reserved and held else (),
+            inflight_by_tenant=_pairs(as_list(raw.get("th"))),
             queued_work_by_band=tuple(float(w) for w in raw["w"]),
             # Grant times on Redis's clock, moved to the local one: the reply left Redis about now.
             started_at=tuple(seen_at - (redis_now - float(t)) for t in raw.get("st") or ()),
@@ -114,6 +115,11 @@ class View:
         queued ahead)."""
         ahead = sum(self.stats.work(b) for b in range(band + 1))
         return work_before_grant(ahead, self.stats.free_for(band), handover_cost)
+
+
+def _pairs(flat: list[Any]) -> dict[str, float]:
+    """HGETALL's [field, value, ...] as a dict of numbers."""
+    return {str(k): float(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
 
 
 def _granted(flat: list[Any]) -> dict[tuple[int, str], float]:

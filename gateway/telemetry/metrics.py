@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from gateway.upstream.backends import ModelPool
 from policies.circuit import CircuitState
 from policies.outcomes import Outcome
+from policies.quotas import Quota, borrowed
 from policies.saturation import saturation
 from policies.wait import QueueStats, Throughput
 
@@ -147,9 +148,10 @@ class GatewayMetrics:
         priorities: Sequence[str],
         store: QueueView,
         clock: Callable[[], float],
+        quotas: Mapping[str, Quota] | None = None,
     ) -> None:
         """Export queue depth, slots in use and the pool's measured speeds, read at each scrape."""
-        self.registry.register(_PoolCollector(pools, priorities, store, clock))
+        self.registry.register(_PoolCollector(pools, priorities, store, clock, dict(quotas or {})))
 
     def watch_queued_bytes(self, models: Sequence[str], held: Mapping[str, int]) -> None:
         """Export the request-body bytes this replica holds for queued requests, read at each scrape."""
@@ -222,7 +224,9 @@ class _PoolCollector(Collector):
         priorities: Sequence[str],
         store: QueueView,
         clock: Callable[[], float],
+        quotas: dict[str, Quota],
     ) -> None:
+        self._quotas = quotas
         self._pools = pools
         self._priorities = priorities
         self._store = store
@@ -276,6 +280,11 @@ class _PoolCollector(Collector):
             '(forgotten like the arrival rates); tenant="-" for requests of no configured tenant.',
             labels=["model", "priority", "tenant"],
         )
+        borrowed_work = GaugeMetricFamily(
+            "gateway_tenant_borrowed_work",
+            "Work a tenant with a quota runs beyond it, on capacity others lend (policies.quotas).",
+            labels=["model", "tenant"],
+        )
         arrivals = GaugeMetricFamily(
             "gateway_priority_arrival_rate",
             "Requests of a class arriving per second, admitted or not (forgotten over seconds).",
@@ -290,6 +299,10 @@ class _PoolCollector(Collector):
             ):
                 depth.add_metric([pool.name, priority], queued)
                 arrivals.add_metric([pool.name, priority], offered)
+            for tenant in self._quotas:
+                borrowed_work.add_metric(
+                    [pool.name, tenant], borrowed(tenant, stats.inflight_by_tenant, self._quotas)
+                )
             for priority, by_tenant in zip(self._priorities, flow.tenant_share_by_band, strict=False):
                 for tenant, share in by_tenant.items():
                     shares.add_metric([pool.name, priority, tenant or "-"], share)
@@ -325,6 +338,7 @@ class _PoolCollector(Collector):
             drain,
             arrivals,
             shares,
+            borrowed_work,
         )
 
     def describe(self) -> Iterable[Metric]:

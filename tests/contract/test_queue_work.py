@@ -254,6 +254,8 @@ async def test_a_tenant_borrows_the_quota_another_leaves_unused_and_gives_it_bac
     sut = await make_store(slots=(4,), quotas={"a": Quota(2), "b": Quota(2)})
     mine = [await offer(sut, tenant="a") for _ in range(6)]
     assert [type(o) for o in mine] == [Granted] * 4 + [Queued] * 2  # b's two are lent while idle
+    await sut.settle()
+    assert sut.store.stats(MODEL).inflight_by_tenant == {"a": 4.0}
     theirs = [await offer(sut, tenant="b") for _ in range(2)]
     assert all(isinstance(o, Queued) for o in theirs)
     # The owner is back: each slot a frees goes to b until b runs its quota, not to a's queue.

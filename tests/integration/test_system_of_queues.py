@@ -165,9 +165,13 @@ async def test_a_tenant_over_its_quota_borrows_idle_capacity_unless_its_quota_is
             assert reply.status == 200
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        await asyncio.gather(*(infer(http) for _ in range(4)))
+        sent = asyncio.gather(*(infer(http) for _ in range(4)))
+        await eventually(lambda: sim.stats()["inflight"] == peak, what="team-a's requests to run")
+        borrowed = gateway.metric("gateway_tenant_borrowed_work", model="sim", tenant="team-a")
+        await sent
     # The backend's own count: team-b's idle quota lent to team-a, or not.
     assert sim.stats()["peak_inflight"] == peak
+    assert borrowed == peak - 2
 
 
 async def test_at_the_cap_an_urgent_arrival_displaces_a_queued_batch_request_which_is_told_at_once(

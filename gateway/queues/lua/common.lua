@@ -613,5 +613,6 @@ local function view(nbands, backends, now)
     da = redis.call('HGET', tag .. ':stats', 'drained_at') or '',
     h = stat('handovers'), hw = stat('handed_work'), st = started_times(),
     g = redis.call('HGETALL', tag .. ':granted'),
+    th = redis.call('HGETALL', tag .. ':tenant_held'),
   }
 end

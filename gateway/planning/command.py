@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gateway.arguments import count, number
 from gateway.planning import plan as plan_module
 from gateway.planning.plan import MAX_REPLICAS, build_plan
 from gateway.planning.report import plan_json, render
@@ -37,32 +36,36 @@ def register(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     given = plan.add_argument_group("workload: rates, or --trace")
-    given.add_argument("--arrival-rate", type=_number(0.0), help="requests per time unit, over all replicas")
+    given.add_argument("--arrival-rate", type=number(0.0), help="requests per time unit, over all replicas")
     service = given.add_mutually_exclusive_group()
     service.add_argument(
-        "--service-time", type=_number(0.0, strict=True), help="mean time a request holds a slot"
+        "--service-time", type=number(0.0, strict=True), help="mean time a request holds a slot"
     )
     service.add_argument(
-        "--service-rate", type=_number(0.0, strict=True), help="requests per time unit per slot"
+        "--service-rate", type=number(0.0, strict=True), help="requests per time unit per slot"
     )
-    given.add_argument("--cv", type=_number(0.0), help="service time's std deviation / mean (default 1)")
+    given.add_argument("--cv", type=number(0.0), help="service time's std deviation / mean (default 1)")
     given.add_argument("--trace", type=Path, help="CSV with columns arrival_s, service_s in seconds")
     goal = plan.add_argument_group("targets")
-    goal.add_argument("--target-wait", type=_number(0.0, strict=True), help="largest mean queue wait")
-    goal.add_argument("--target-p-wait", type=_number(0.0, 1.0, strict=True), help="largest P(wait), 0 to 1")
+    goal.add_argument("--target-wait", type=number(0.0, strict=True), help="largest mean queue wait")
+    goal.add_argument("--target-p-wait", type=number(0.0, 1.0, strict=True), help="largest P(wait), 0 to 1")
     goal.add_argument(
-        "--ceiling", type=_number(0.0, 1.0, strict=True), default=0.8, help="utilization ceiling"
+        "--ceiling", type=number(0.0, 1.0, strict=True), default=0.8, help="utilization ceiling"
     )
     plan.add_argument(
-        "--slots-per-replica", type=_count(1), default=1, help="concurrent requests per replica"
+        "--slots-per-replica", type=count(1, MAX_REPLICAS), default=1, help="concurrent requests per replica"
     )
-    plan.add_argument("--replicas", type=_count(1), help="replicas running now (default: the recommendation)")
     plan.add_argument(
-        "--growth", type=_number(0.0, 1000.0, strict=True), default=1.5, help="capacity factor in (b)"
+        "--replicas", type=count(1, MAX_REPLICAS), help="replicas running now (default: the recommendation)"
     )
-    plan.add_argument("--burst-replicas", type=_count(0), default=50, help="burst size in (c), in replicas")
     plan.add_argument(
-        "--percentile", type=_number(0.0, 99.999, strict=True), default=95.0, help="wait percentile shown"
+        "--growth", type=number(0.0, 1000.0, strict=True), default=1.5, help="capacity factor in (b)"
+    )
+    plan.add_argument(
+        "--burst-replicas", type=count(0, MAX_REPLICAS), default=50, help="burst size in (c), in replicas"
+    )
+    plan.add_argument(
+        "--percentile", type=number(0.0, 99.999, strict=True), default=95.0, help="wait percentile shown"
     )
     plan.add_argument("--time-unit", choices=list(UNIT_S), default="s", help="unit of every time and rate")
     plan.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -110,30 +113,3 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, TraceWorkload | None]
         raise PlanInputError("give --service-time or --service-rate with --arrival-rate")
     service_time = args.service_time if args.service_time is not None else 1.0 / args.service_rate
     return Workload(args.arrival_rate, service_time, 1.0 if args.cv is None else args.cv), None
-
-
-def _number(low: float, high: float = math.inf, *, strict: bool = False) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not (math.isfinite(value) and (value > low if strict else value >= low) and value <= high):
-            bound = f"{'>' if strict else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
-            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
-        return value
-
-    return parse
-
-
-def _count(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-        if not low <= value <= MAX_REPLICAS:
-            raise argparse.ArgumentTypeError(f"must be between {low} and {MAX_REPLICAS}, got {text}")
-        return value
-
-    return parse

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import sys
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.arguments import count, number
 from gateway.simulate.engine import Admission, Band, Progress, Setup, simulate
 from gateway.simulate.report import render, summarize, summary_json
 from gateway.simulate.workload import (
@@ -66,21 +66,21 @@ def add_parser(commands: Any) -> None:
     )
     given = parser.add_argument_group("arrivals: Poisson (--rate, --requests) or --trace")
     given.add_argument(
-        "--rate", type=_number(0.0, strict=True), help="Poisson arrivals per second, all classes"
+        "--rate", type=number(0.0, strict=True), help="Poisson arrivals per second, all classes"
     )
-    given.add_argument("--requests", type=_count(1), default=100_000, help="Poisson arrivals to simulate")
+    given.add_argument("--requests", type=count(1), default=100_000, help="Poisson arrivals to simulate")
     given.add_argument("--trace", type=Path, help="CSV: at_s [, class, tenant, cost, service_s]")
     service = parser.add_argument_group("service times (drawn where the trace gives none)")
     service.add_argument("--service", choices=SERVICE_KINDS, default="exponential", help="distribution")
-    service.add_argument("--service-ms", type=_number(0.0, strict=True), default=100.0, help="mean")
-    service.add_argument("--cv", type=_number(0.0), help="lognormal's std deviation / mean (default 1)")
+    service.add_argument("--service-ms", type=number(0.0, strict=True), default=100.0, help="mean")
+    service.add_argument("--cv", type=number(0.0), help="lognormal's std deviation / mean (default 1)")
     service.add_argument(
         "--service-per-cost",
         action="store_true",
         help="the drawn time is per work unit (cost k: k times as long)",
     )
     pool = parser.add_argument_group("pool, classes and tenants")
-    pool.add_argument("--slots", type=_count(1), default=1, help="execution slots")
+    pool.add_argument("--slots", type=count(1), default=1, help="execution slots")
     pool.add_argument(
         "--class",
         dest="classes",
@@ -91,7 +91,7 @@ def add_parser(commands: Any) -> None:
                 "share": _SHARE,
                 "max_wait_ms": _POSITIVE,
                 "deadline_ms": _POSITIVE,
-                "reserved_slots": _count(0),
+                "reserved_slots": count(0),
             },
         ),
         metavar="NAME[,share=S][,max_wait_ms=M][,deadline_ms=D][,reserved_slots=R]",
@@ -107,9 +107,9 @@ def add_parser(commands: Any) -> None:
     )
     run_group = parser.add_argument_group("run")
     run_group.add_argument(
-        "--warmup", type=_count(0), default=0, help="first requests left out of the figures"
+        "--warmup", type=count(0), default=0, help="first requests left out of the figures"
     )
-    run_group.add_argument("--until-s", type=_number(0.0, strict=True), help="stop at this simulated time")
+    run_group.add_argument("--until-s", type=number(0.0, strict=True), help="stop at this simulated time")
     run_group.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
     run_group.add_argument(
         "--progress",
@@ -227,33 +227,5 @@ def _spec(kind: type[Any], fields: dict[str, Callable[[str], Any]]) -> Callable[
     return parse
 
 
-def _number(low: float, high: float = math.inf, *, strict: bool = False) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not (math.isfinite(value) and (value > low if strict else value >= low) and value <= high):
-            raise argparse.ArgumentTypeError(
-                f"must be a finite number {'>' if strict else '>='} {low:g}, got {text}"
-            )
-        return value
-
-    return parse
-
-
-def _count(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {text}")
-        return value
-
-    return parse
-
-
-_POSITIVE = _number(0.0, strict=True)
-_SHARE = _number(0.0)
+_POSITIVE = number(0.0, strict=True)
+_SHARE = number(0.0)

@@ -51,8 +51,9 @@ class TraceWorkload:
     """Standard deviation of the gaps between arrivals over their mean: about 1 for Poisson arrivals."""
 
 
-def read_trace(path: Path, unit_s: float = 1.0) -> TraceWorkload:
-    """The workload estimated from the trace at `path`, in units of `unit_s` seconds."""
+def csv_rows(path: Path) -> csv.DictReader[str]:
+    """The rows of the CSV trace at `path`, blank lines and `#` comments left out; a file that
+    cannot be read is a TraceError naming it."""
     try:
         with path.open(newline="") as file:
             lines = [line for line in file if line.strip() and not line.lstrip().startswith("#")]
@@ -60,7 +61,12 @@ def read_trace(path: Path, unit_s: float = 1.0) -> TraceWorkload:
         raise TraceError(f"trace {path}: cannot read it: {error.strerror}") from None
     except UnicodeDecodeError:
         raise TraceError(f"trace {path}: not a text file") from None
-    reader = csv.DictReader(lines)
+    return csv.DictReader(lines)
+
+
+def read_trace(path: Path, unit_s: float = 1.0) -> TraceWorkload:
+    """The workload estimated from the trace at `path`, in units of `unit_s` seconds."""
+    reader = csv_rows(path)
     missing = [column for column in COLUMNS if column not in (reader.fieldnames or ())]
     if missing:
         raise TraceError(f"trace {path}: the header lacks column(s) {', '.join(missing)}")

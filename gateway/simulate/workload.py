@@ -16,7 +16,6 @@ Rules this module keeps:
 from __future__ import annotations
 
 import bisect
-import csv
 import heapq
 import itertools
 import math
@@ -26,14 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from gateway.planning.trace import TraceError, csv_rows
+
 ServiceKind = Literal["exponential", "fixed", "lognormal"]
 SERVICE_KINDS: tuple[ServiceKind, ...] = ("exponential", "fixed", "lognormal")
 DEFAULT_TENANT = "default"
 TRACE_COLUMNS = ("at_s", "class", "tenant", "cost", "service_s")
-
-
-class TraceError(Exception):
-    """The trace cannot be simulated; the message names the file and the row."""
 
 
 class Arrival(NamedTuple):
@@ -161,14 +158,7 @@ def read_trace(
 ) -> list[Arrival]:
     """The arrivals of the trace at `path` (see the module), in time order; bands index
     `class_names`, the most urgent first."""
-    try:
-        with path.open(newline="") as file:
-            lines = [line for line in file if line.strip() and not line.lstrip().startswith("#")]
-    except OSError as error:
-        raise TraceError(f"trace {path}: cannot read it: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise TraceError(f"trace {path}: not a text file") from None
-    reader = csv.DictReader(lines)
+    reader = csv_rows(path)
     if "at_s" not in (reader.fieldnames or ()):
         raise TraceError(
             f"trace {path}: the header lacks the column at_s (optional: class, tenant, cost, service_s)"

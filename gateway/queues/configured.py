@@ -7,6 +7,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Sequence
+from typing import TypedDict
 
 from redis.asyncio import BlockingConnectionPool, Redis
 
@@ -17,11 +18,22 @@ from gateway.queues.redis import LISTEN_WAKE_S, RedisQueue
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import ModelPool
+from policies.ordering import Ordering
+from policies.quotas import Quota
 
 
 def replica_name() -> str:
     """Unique per process: host, pid and a random tag (a restarted pod must not reuse leases)."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class StorePolicy(TypedDict):
+    """What every store orders and grants by, whichever store it is."""
+
+    ordering: Ordering
+    weights: Callable[[str], float]
+    reserved: tuple[int, ...]
+    quotas: dict[str, Quota]
 
 
 def configured_store(
@@ -36,18 +48,16 @@ def configured_store(
     weight when not given)."""
     bands = len(settings.priorities)
     weights = weight_of if weight_of is not None else weight_lookup(settings.tenant_weights())
+    policy = StorePolicy(
+        ordering=settings.ordering,
+        weights=weights,
+        reserved=settings.reserved_slots(),
+        quotas=settings.quotas(),
+    )
     config = settings.store
     if config.kind == "memory":
         metrics.store_up.set(1)
-        return MemoryQueue(
-            pools,
-            bands,
-            settings.estimation,
-            ordering=settings.ordering,
-            weights=weights,
-            reserved=settings.reserved_slots(),
-            quotas=settings.quotas(),
-        )
+        return MemoryQueue(pools, bands, settings.estimation, **policy)
 
     assert config.url is not None, "validated by settings"
     timeout_s = config.timeout_ms / 1000
@@ -78,26 +88,14 @@ def configured_store(
         key_prefix=config.key_prefix,
         replica_id=replica_name(),
         lease_ttl_s=config.lease_ttl_ms / 1000,
-        ordering=settings.ordering,
-        weights=weights,
-        reserved=settings.reserved_slots(),
-        quotas=settings.quotas(),
         clock=clock,
         on_failure=failed,
         close_clients=True,
         expected_replicas=config.replicas,
         fallback_max_s=config.fallback_max_ms / 1000 if config.on_store_failure == "local" else 0.0,
+        **policy,
     )
-    local = MemoryQueue(
-        pools,
-        bands,
-        settings.estimation,
-        ordering=settings.ordering,
-        weights=weights,
-        reserved=settings.reserved_slots(),
-        quotas=settings.quotas(),
-        slot_divisor=config.replicas,
-    )
+    local = MemoryQueue(pools, bands, settings.estimation, slot_divisor=config.replicas, **policy)
     failover = FailoverQueue(
         shared,
         local,

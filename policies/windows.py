@@ -63,8 +63,3 @@ def minutes_until_open(window: Window, weekday: int, minute: int) -> int:
             if start > now:
                 soonest = min(soonest, start - now)
     return soonest
-
-
-def any_open(windows: tuple[Window, ...], weekday: int, minute: int) -> bool:
-    """True when one of `windows` is open (none given: always)."""
-    return not windows or any(is_open(window, weekday, minute) for window in windows)

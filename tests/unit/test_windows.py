@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.windows import MINUTES_PER_DAY, Window, any_open, is_open, minutes_until_open
+from policies.windows import MINUTES_PER_DAY, Window, is_open, minutes_until_open
 
 NIGHTLY = Window(frozenset(range(7)), 2 * 60, 4 * 60)  # 02:00-04:00 every day
 LATE_WEEKDAYS = Window(frozenset(range(5)), 22 * 60, 2 * 60)  # 22:00-02:00, opening Mon-Fri
@@ -36,10 +36,6 @@ def test_equal_from_and_to_is_the_whole_day():
     assert is_open(whole, 2, 0) is False  # Wednesday's day starts at 09:00
     assert is_open(whole, 2, 9 * 60) and is_open(whole, 3, 8 * 60 + 59)
     assert not is_open(whole, 3, 9 * 60)
-
-
-def test_no_windows_means_always_open():
-    assert any_open((), 3, 17)
 
 
 def test_a_window_needs_days_and_times_of_a_day():

@@ -67,6 +67,8 @@ class AdmissionRequest:
     """The client's whole remaining budget (queue wait plus service), if it sent one."""
     cost: float = 1.0
     """Its work units."""
+    tenant: str | None = None
+    """Its flow's tenant, where its band is fair-queued: it waits for its turn (policies.fairness)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +213,7 @@ def decide(
     config: AdmissionConfig,
 ) -> Admit | Reject:
     """Admit when the cautious wait fits the allowance, else Reject with a computed Retry-After."""
-    work = work_to_drain(stats, request.band, throughput.handover_cost)
+    work = work_to_drain(stats, request.band, throughput.handover_cost, request.tenant)
     limit = max_work(request, throughput, config)
     if limit >= 0 and work <= limit:
         return Admit(predicted_wait_s=work / band_drain_rate_per_s(throughput, request.band))
@@ -232,7 +234,7 @@ def refuse(
     `reason` overrides the one derived from the limits (a request that expired in the queue).
     """
     drain = band_drain_rate_per_s(throughput, request.band)
-    work = work_to_drain(stats, request.band, throughput.handover_cost)
+    work = work_to_drain(stats, request.band, throughput.handover_cost, request.tenant)
     allowed = allowed_wait_s(request, throughput)
     if reason is None:
         budget_binds = allowed < request.max_queue_wait_s

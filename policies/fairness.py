@@ -24,11 +24,16 @@ v is the start tag of the last request handed a slot. The rules this keeps:
 The tag is a plain number, the request's ordering score, so that a heap in memory and a sorted set
 in Redis order requests the same way (the Redis store computes the same two lines in its offer
 script, atomically).
+
+Admission reads the same clock (`work_ahead_in_turn`): a request waits for the work handed out
+before its turn, not for everything its band holds. A light tenant's request behind a heavy
+tenant's backlog is served within its share, and is admitted on that.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +62,44 @@ def virtual_time_after(virtual_time: float, handed_start: float) -> float:
     does not rewind the clock for those enqueued after.
     """
     return max(virtual_time, handed_start)
+
+
+@dataclass(frozen=True, slots=True)
+class FairTurns:
+    """One band's fair-queuing state, as admission reads it."""
+
+    virtual_time: float
+    finish: Mapping[str, float] = field(default_factory=dict)
+    """Each flow's finish tag."""
+    queued: Mapping[str, float] = field(default_factory=dict)
+    """Each backlogged flow's queued work."""
+    weights: Mapping[str, float] = field(default_factory=dict)
+    """The weight of each backlogged flow (1 where not named)."""
+
+
+def work_ahead_in_turn(
+    virtual_time: float,
+    own_finish: float,
+    own_queued: float,
+    others: Iterable[tuple[float, float]],
+    slack: float,
+) -> float:
+    """The band's queued work handed slots before a request joining a flow whose finish tag is
+    `own_finish` and which has `own_queued` work queued; `others` are the other backlogged flows'
+    (queued work, weight).
+
+    The request starts at S = max(v, own_finish). A flow g's queued requests carry tags from v on,
+    spaced by cost / w_g, so those with tags below S carry at most (S - v) * w_g of work, and one
+    more request that straddles S: `slack`, the largest (or, as the stores pass it, the mean)
+    request cost. With every queued tag at v or later (true of SFQ: the band hands out the lowest
+    tag first), this is never less than the work with a lower tag when `slack` is the largest cost.
+    """
+    span = max(0.0, max(virtual_time, own_finish) - virtual_time)
+    return own_queued + sum(min(work, span * weight + slack) for work, weight in others)
+
+
+def turn_ahead(turns: FairTurns, tenant: str, slack: float) -> float:
+    """`work_ahead_in_turn` for a request of `tenant` in the band `turns` describes."""
+    others = ((work, turns.weights.get(name, 1.0)) for name, work in turns.queued.items() if name != tenant)
+    own_finish = turns.finish.get(tenant, turns.virtual_time)
+    return work_ahead_in_turn(turns.virtual_time, own_finish, turns.queued.get(tenant, 0.0), others, slack)

@@ -5,7 +5,8 @@ tokens where requests differ in size): queues hold work, the pool drains work pe
 arrival rates are work per second. With every cost 1 work is a count of requests.
 
 A request of band b waits until the work queued ahead of it (in bands 0..b, most urgent first) has
-been handed slots, and then for one hand-over of its own. Slots hand work over at the pool's drain
+been handed slots (of its own band, what comes before its flow's turn: policies.fairness), and
+then for one hand-over of its own. Slots hand work over at the pool's drain
 rate, but work of more urgent bands that arrives meanwhile jumps ahead, so band b only sees what
 the urgent bands leave over: mu_b = mu - sum(admitted rate of bands < b), floored so that an
 estimate never says "never" while the urgent bands are merely busy.
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from policies.fairness import FairTurns, turn_ahead
 from policies.service_times import ServiceTimes
 
 # The least share of the drain rate a band is assumed to keep, so that noisy rate estimates of the
@@ -42,6 +44,9 @@ class QueueStats:
     free_by_band: tuple[int, ...] = ()
     """The free slots each band may take, where more urgent classes reserve some
     (policies.reservations); every band may take `free_slots` when not given."""
+    fair_turns: tuple[FairTurns | None, ...] = field(default=(), compare=False)
+    """Per band, its fair-queuing state while flows wait in it (None where none does; empty under
+    EDF ordering): a request waits for its flow's turn, not for the whole band."""
 
     def free_for(self, band: int) -> int:
         """The free slots a request of `band` may take."""
@@ -49,6 +54,16 @@ class QueueStats:
 
     def work(self, band: int) -> float:
         return (self.queued_work_by_band or self.queued_by_band)[band]
+
+    def work_ahead(self, band: int, tenant: str | None = None, slack: float = 1.0) -> float:
+        """The queued work handed slots before a new request of `band`: the more urgent bands',
+        and its own band's up to its turn (policies.fairness) when its `tenant` is given and the
+        band is fair-queued, else all of it. `slack`: the work of one request."""
+        urgent = sum(self.work(b) for b in range(band))
+        turns = self.fair_turns[band] if self.fair_turns else None
+        if tenant is None or turns is None:
+            return urgent + self.work(band)
+        return urgent + turn_ahead(turns, tenant, slack)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +102,13 @@ class Throughput:
     for a band not yet seen settled."""
 
 
-def work_to_drain(stats: QueueStats, band: int, handover_cost: float = 1.0) -> float:
-    """The work that must be handed slots before a new request of `band` gets one, its own
-    hand-over included (0: a slot is free). Each free slot takes one hand-over's work at once."""
-    ahead = sum(stats.work(b) for b in range(band + 1)) + stats.external_waiting
+def work_to_drain(
+    stats: QueueStats, band: int, handover_cost: float = 1.0, tenant: str | None = None
+) -> float:
+    """The work that must be handed slots before a new request of `band` (of `tenant`'s flow, when
+    given) gets one, its own hand-over included (0: a slot is free). Each free slot takes one
+    hand-over's work at once."""
+    ahead = stats.work_ahead(band, tenant, handover_cost) + stats.external_waiting
     return max(0.0, ahead + handover_cost * (1 - stats.free_for(band)))
 
 

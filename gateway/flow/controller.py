@@ -134,7 +134,7 @@ class AdmissionController:
             closed_s, window = closed
             return self._refusal(model, band, Outcome.OUTSIDE_WINDOW, closed_s, f"windows[{window}]")
         arrived_at = self._clock()
-        request = AdmissionRequest(band, self._max_wait_s[band], budget_s, cost)
+        request = AdmissionRequest(band, self._max_wait_s[band], budget_s, cost, flow.tenant)
         throughput = self._store.throughput(model, arrived_at)
         # Work the backends hold for other clients is ahead of every band: it comes off the
         # limit the store checks atomically.

@@ -41,8 +41,10 @@ class MemoryQueue:
         loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.get_running_loop,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        fair = weights if ordering is Ordering.FIFO else None
         self._models = {
-            p.name: ModelQueue(p, bands, estimation, slot_divisor, clock, reserved, quotas) for p in pools
+            p.name: ModelQueue(p, bands, estimation, slot_divisor, clock, reserved, quotas, fair)
+            for p in pools
         }
         self._sequence = itertools.count()
         self._ordering = ordering
@@ -91,9 +93,10 @@ class MemoryQueue:
         queue.estimates.observe(queue.counters, now)  # closes the counting interval before this one
         counters = queue.counters
         counters.offered_work[flow.band] += cost
-        ahead = sum(band.work for band in queue.bands[: flow.band + 1]) if queue.live else 0.0
+        handover = queue.estimates.handover_cost
+        ahead = queue.work_ahead(flow.band, flow.tenant, handover) if queue.live else 0.0
         free = queue.usable(flow.band)
-        to_drain = work_before_grant(ahead, free, queue.estimates.handover_cost)
+        to_drain = work_before_grant(ahead, free, handover)
         if to_drain > max_work:
             return Full(queue.stats())
         immediate = free > 0 and ahead == 0 and queue.may_start(flow.tenant, cost)

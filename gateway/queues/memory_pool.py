@@ -19,7 +19,7 @@ from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots
-from policies.fairness import tags, virtual_time_after
+from policies.fairness import FairTurns, tags, virtual_time_after, work_ahead_in_turn
 from policies.outcomes import Outcome
 from policies.quotas import Quota, may_start, under_quota
 from policies.reservations import usable_by_band, usable_free_slots
@@ -36,6 +36,8 @@ class BandQueue:
     flows: dict[str, list[_HeapEntry]] = field(default_factory=dict)
     count: int = 0
     work: float = 0.0
+    queued: dict[str, float] = field(default_factory=dict)
+    """Each backlogged flow's live work."""
     virtual_time: float = 0.0
     finish: dict[str, float] = field(default_factory=dict)
 
@@ -44,6 +46,20 @@ class BandQueue:
         tagged = tags(self.virtual_time, self.finish.get(tenant, 0.0), cost, weight)
         self.finish[tenant] = tagged.finish
         return tagged.start
+
+    def work_ahead(self, tenant: str, weight_of: Callable[[str], float], slack: float) -> float:
+        """policies.fairness.work_ahead_in_turn for a request of `tenant` joining now."""
+        if not self.queued:
+            return 0.0
+        others = ((work, weight_of(name)) for name, work in self.queued.items() if name != tenant)
+        own_finish = self.finish.get(tenant, self.virtual_time)
+        return work_ahead_in_turn(self.virtual_time, own_finish, self.queued.get(tenant, 0.0), others, slack)
+
+    def turns(self, weight_of: Callable[[str], float]) -> FairTurns | None:
+        if not self.queued:
+            return None
+        weights = {name: weight_of(name) for name in self.queued}
+        return FairTurns(self.virtual_time, dict(self.finish), dict(self.queued), weights)
 
 
 class ModelQueue:
@@ -56,8 +72,11 @@ class ModelQueue:
         clock: Callable[[], float],
         reserved: tuple[int, ...] = (),
         quotas: Mapping[str, Quota] | None = None,
+        weights: Callable[[str], float] | None = None,
     ) -> None:
         self.pool = pool
+        self.weight_of = weights
+        """A tenant's weight in its band's fair queuing; None when bands are not fair-queued (EDF)."""
         self.quotas = dict(quotas or {})
         """Tenant -> its quota of work in flight in this pool (policies.quotas)."""
         self.reserved = reserved if any(reserved) else ()
@@ -113,7 +132,15 @@ class ModelQueue:
             inflight_by_tenant=self.inflight_by_tenant() if self.quotas else {},
             queued_work_by_band=tuple(b.work for b in self.bands),
             started_at=tuple(self.running.values()),
+            fair_turns=tuple(b.turns(weight) for b in self.bands) if (weight := self.weight_of) else (),
         )
+
+    def work_ahead(self, band: int, tenant: str, slack: float) -> float:
+        """The queued work handed slots before a new request of `band` and `tenant`, as
+        QueueStats.work_ahead counts it."""
+        urgent = sum(b.work for b in self.bands[:band])
+        own, weight_of = self.bands[band], self.weight_of
+        return urgent + (own.work if weight_of is None else own.work_ahead(tenant, weight_of, slack))
 
     @property
     def total_slots(self) -> int:
@@ -194,9 +221,11 @@ class ModelQueue:
 
     def insert(self, ticket: Ticket, rank: float, sequence: int) -> None:
         band = self.bands[ticket.band]
-        heapq.heappush(band.flows.setdefault(ticket.flow.tenant, []), (rank, sequence, ticket))
+        tenant = ticket.flow.tenant
+        heapq.heappush(band.flows.setdefault(tenant, []), (rank, sequence, ticket))
         band.count += 1
         band.work += ticket.cost
+        band.queued[tenant] = band.queued.get(tenant, 0.0) + ticket.cost
         self.live.add(ticket)
 
     def remove(self, ticket: Ticket) -> bool:
@@ -206,6 +235,10 @@ class ModelQueue:
         band = self.bands[ticket.band]
         band.count -= 1
         band.work = band.work - ticket.cost if band.count else 0.0  # no float residue when empty
+        tenant = ticket.flow.tenant
+        left = band.queued.pop(tenant, 0.0) - ticket.cost
+        if left > 1e-9 * max(1.0, ticket.cost) and band.count:
+            band.queued[tenant] = left
         if not self.live:
             self.backlogged_handover_at = None
         heap = band.flows.get(ticket.flow.tenant)

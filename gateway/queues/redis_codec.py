@@ -15,6 +15,7 @@ from typing import Any
 from gateway.queues.base import Batching, Flow
 from gateway.queues.estimates import StoreCounters
 from gateway.upstream.backends import ModelPool
+from policies.fairness import FairTurns
 from policies.reservations import usable_by_band
 from policies.wait import QueueStats, work_before_grant
 
@@ -96,6 +97,7 @@ class View:
             queued_work_by_band=tuple(float(w) for w in raw["w"]),
             # Grant times on Redis's clock, moved to the local one: the reply left Redis about now.
             started_at=tuple(seen_at - (redis_now - float(t)) for t in raw.get("st") or ()),
+            fair_turns=tuple(_fair_turns(band) for band in as_list(raw.get("ft"))),
         )
         counters = StoreCounters(
             offered_work=[float(x) for x in raw["off"]],
@@ -109,12 +111,22 @@ class View:
         )
         return cls(seen_at, redis_now, stats, counters)
 
-    def work_to_drain(self, band: int, handover_cost: float) -> float:
-        """The work to drain before a new request of `band` gets a slot, as the offer script
-        counts it: what is queued ahead plus its own hand-over (none with a slot free and nothing
-        queued ahead)."""
-        ahead = sum(self.stats.work(b) for b in range(band + 1))
+    def work_to_drain(self, band: int, handover_cost: float, tenant: str) -> float:
+        """The work to drain before a new request of `band` and `tenant` gets a slot, as the offer
+        script counts it: what is queued ahead up to its turn plus its own hand-over (none with a
+        slot free and nothing queued ahead)."""
+        ahead = self.stats.work_ahead(band, tenant, handover_cost)
         return work_before_grant(ahead, self.stats.free_for(band), handover_cost)
+
+
+def _fair_turns(raw: Any) -> FairTurns | None:
+    """A band's fair-queuing state as the view script sends it: 0, or [virtual time, finish tags,
+    queued work, weights] with each table as HGETALL's flat list."""
+    if not raw:
+        return None
+    virtual_time, finish, queued, weights = as_list(raw)
+    tables = (_pairs(as_list(table)) for table in (finish, queued, weights))
+    return FairTurns(float(virtual_time), *tables)
 
 
 def _pairs(flat: list[Any]) -> dict[str, float]:

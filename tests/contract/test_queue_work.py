@@ -122,6 +122,36 @@ async def test_a_flow_back_from_idleness_starts_at_the_bands_virtual_time(make_s
     assert [t.flow.tenant for t in later] == ["back", "busy", "back", "busy"]
 
 
+async def test_a_light_flow_is_admitted_on_its_turn_not_on_the_backlog_of_a_heavy_one(make_store):
+    sut = await make_store(slots=(1,), weights={"heavy": 1.0, "light": 3.0})
+    await take_the_slot(sut)
+    for _ in range(40):
+        assert isinstance(await offer(sut, tenant="heavy"), Queued)
+    # The heavy flow's next request waits behind its 40; the light one's goes next in the band
+    # (one request of slack for the heavy head that may tie with it), so a limit that refuses the
+    # first admits the second.
+    assert isinstance(await offer(sut, tenant="heavy", max_work=10.0), Full)
+    light = [await offer(sut, tenant="light", max_work=10.0) for _ in range(3)]
+    assert all(isinstance(o, Queued) for o in light)
+    # With weight 3 its fourth request is a turn (1/3 of a heavy request per light one) further on:
+    # 3 of its own ahead, 1 of the heavy flow, 1 of slack, and its own hand-over.
+    assert isinstance(await offer(sut, tenant="light", max_work=5.9), Full)
+    assert isinstance(await offer(sut, tenant="light", max_work=6.0), Queued)
+    # The statistics tell the same turn (what admission's predictions read).
+    stats = sut.store.stats(MODEL)
+    assert stats.work_ahead(1, "light", 1.0) == pytest.approx(4 + 4 / 3 + 1)
+    assert stats.work_ahead(1, "heavy", 1.0) == pytest.approx(44)
+    assert stats.work_ahead(1) == pytest.approx(44)
+
+
+async def test_under_edf_the_whole_band_is_ahead_of_every_tenant(make_store):
+    sut = await make_store(slots=(1,), ordering=Ordering.EDF)
+    await take_the_slot(sut)
+    for _ in range(20):
+        await offer(sut, tenant="heavy")
+    assert isinstance(await offer(sut, tenant="light", max_work=10.0), Full)
+
+
 async def test_a_more_urgent_flow_of_any_tenant_goes_first(make_store):
     sut = await make_store(slots=(1,))
     slot = await take_the_slot(sut)

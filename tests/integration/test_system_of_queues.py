@@ -24,10 +24,12 @@ WINDOW = slice(40, 240)
 
 
 def weighted_config(sim, **overrides):
+    overrides.setdefault(
+        "priorities", [{"name": "high", "max_wait_ms": 30_000}, {"name": "low", "max_wait_ms": 30_000}]
+    )
+    overrides.setdefault("expected_service_ms", 20)
     return gateway_config(
         [(sim.url, 4)],
-        priorities=[{"name": "high", "max_wait_ms": 30_000}, {"name": "low", "max_wait_ms": 30_000}],
-        expected_service_ms=20,
         tenants=[{"name": "team-a", "weight": 3}, {"name": "team-b", "weight": 1}],
         **overrides,
     )
@@ -84,6 +86,55 @@ async def test_three_redis_replicas_keep_the_same_shares(start_sim, start_gatewa
         assert sim.stats()["peak_inflight"] <= 4
     finally:
         redis_server.stop()
+
+
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_a_light_tenant_is_admitted_on_its_turn_while_a_heavy_one_floods(
+    start_sim, start_gateway, store
+):
+    # 4 slots of 40 ms drain 100 requests a second: a 500 ms queue wait holds about 50 of them,
+    # which the heavy tenant's 80 clients keep full (each back as soon as it is answered, or after
+    # the Retry-After it is given, up to 50 ms). The light tenant's request is served on its turn
+    # in the band's fair queuing, a request or so ahead, and is admitted on that.
+    redis_server = RedisServer() if store == "redis" else None
+    try:
+        sim = start_sim(slots=4, base_ms=40)
+        overrides = {}
+        if redis_server is not None:
+            overrides["store"] = {"kind": "redis", "url": redis_server.url, "key_prefix": unique_prefix()}
+        classes = [{"name": "low", "max_wait_ms": 500}]
+        gateway = start_gateway(weighted_config(sim, priorities=classes, expected_service_ms=40, **overrides))
+        heavy_statuses: list[int] = []
+        flooding = True
+
+        async def post(http, tenant):
+            async with http.post(gateway.url + PATH, json=INFER, headers={"X-Tenant": tenant}) as reply:
+                await reply.read()
+                return reply.status, float(reply.headers.get("retry-after-ms", 0))
+
+        async def heavy_client(http):
+            for _ in range(200):  # bounded; stops once the light tenant is done
+                if not flooding:
+                    return
+                status, advice_ms = await post(http, "team-a")
+                heavy_statuses.append(status)
+                if status == 429:
+                    await asyncio.sleep(min(advice_ms, 50) / 1000)
+
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            heavy = asyncio.gather(*(heavy_client(http) for _ in range(80)))
+            await eventually(lambda: heavy_statuses.count(429) >= 20, what="the heavy tenant to be refused")
+            refused_before = heavy_statuses.count(429)
+            light = [(await post(http, "team-b"))[0] for _ in range(20)]
+            refused_meanwhile = heavy_statuses.count(429) - refused_before
+            flooding = False
+            await heavy
+        assert light == [200] * 20
+        assert refused_meanwhile >= 20  # the queue stayed full while the light tenant was served
+        assert sim.stats()["peak_inflight"] <= 4
+    finally:
+        if redis_server is not None:
+            redis_server.stop()
 
 
 async def test_a_reserved_slot_is_free_for_an_urgent_request_while_a_batch_class_floods(

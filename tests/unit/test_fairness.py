@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.fairness import tags, virtual_time_after
+from policies.fairness import FairTurns, tags, turn_ahead, virtual_time_after, work_ahead_in_turn
 
 
 class Band:
@@ -35,6 +35,18 @@ class Band:
 
     def queued(self, flow: str) -> int:
         return sum(entry[2] == flow for entry in self.heap)
+
+    def work_before(self, flow: str, cost: float) -> float:
+        """The queued work that would be handed out before a request of `flow` enqueued now (its
+        start tag is higher, or equal and it came later)."""
+        start = tags(self.virtual_time, self.finish[flow], cost, self.weights[flow]).start
+        return sum(entry[3] for entry in self.heap if entry[0] <= start)
+
+    def turns(self) -> FairTurns:
+        queued: dict[str, float] = {}
+        for _, _, flow, cost in self.heap:
+            queued[flow] = queued.get(flow, 0.0) + cost
+        return FairTurns(self.virtual_time, dict(self.finish), queued, self.weights)
 
 
 costs = st.lists(st.sampled_from([1.0, 2.0, 4.0, 8.0, 16.0]), min_size=1, max_size=8)
@@ -135,3 +147,52 @@ def test_virtual_time_never_goes_back():
 def test_a_weight_must_be_positive():
     with pytest.raises(ValueError, match="weight"):
         tags(0.0, 0.0, 1.0, 0.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=st.lists(
+        st.one_of(st.none(), st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([1.0, 2.0, 8.0]))),
+        max_size=120,
+    ),
+    joining=st.sampled_from(["a", "b", "c"]),
+)
+def test_the_work_ahead_of_a_turn_is_never_less_than_what_goes_first(steps, joining):
+    # Enqueues (flow, cost) and hand-overs (None) in any order; then a request of `joining` arrives.
+    band = Band({"a": 1.0, "b": 3.0, "c": 0.5})
+    for step in steps:
+        if step is None:
+            if band.heap:
+                band.hand_over()
+        else:
+            band.enqueue(*step)
+    exact = band.work_before(joining, 1.0)
+    assert turn_ahead(band.turns(), joining, slack=8.0) >= exact - 1e-9
+    assert turn_ahead(band.turns(), joining, slack=8.0) <= sum(entry[3] for entry in band.heap) + 1e-9
+
+
+def test_a_light_flow_behind_a_heavy_backlog_waits_for_its_turn_not_for_the_band():
+    band = Band({"heavy": 1.0, "light": 1.0})
+    for _ in range(100):
+        band.enqueue("heavy", 1.0)
+    for _ in range(10):
+        band.hand_over()
+        band.enqueue("heavy", 1.0)
+    assert band.work_before("light", 1.0) == 0.0  # it goes next
+    assert turn_ahead(band.turns(), "light", slack=1.0) == 1.0  # one request of slack, not 100
+    # The heavy flow's own next request waits behind all of its backlog.
+    assert turn_ahead(band.turns(), "heavy", slack=1.0) == 100.0
+
+
+def test_a_light_flow_with_requests_queued_waits_for_its_weighted_share_of_the_others():
+    # Its start tag is 4 ahead of the virtual time: a flow of weight 3 goes 12 units ahead of it,
+    # one of weight 1 four, each at most its own backlog, and one request's slack each.
+    ahead = work_ahead_in_turn(10.0, 14.0, 4.0, [(100.0, 3.0), (100.0, 1.0), (2.0, 1.0)], slack=1.0)
+    assert ahead == 4.0 + 13.0 + 5.0 + 2.0
+
+
+def test_a_band_of_one_flow_has_its_whole_backlog_ahead():
+    band = Band({"only": 1.0})
+    for cost in (1.0, 2.0, 3.0):
+        band.enqueue("only", cost)
+    assert turn_ahead(band.turns(), "only", slack=3.0) == band.work_before("only", 1.0) == 6.0

@@ -13,6 +13,8 @@
 --   <tag>:q:<band>:<tenant> zset  ticket id -> ordering score (FIFO: fair-queuing start tag; EDF: leave-by)
 --   <tag>:vt:<band>         string the band's virtual time (policies.fairness)
 --   <tag>:finish:<band>     hash  tenant -> its flow's finish tag
+--   <tag>:fwork:<band>      hash  tenant -> its flow's queued work (backlogged flows only)
+--   <tag>:fweight:<band>    hash  tenant -> the weight its flow was last queued with
 --   <tag>:flows:<band>      zset  tenant -> its flow's head score (the band's flows with work)
 --   <tag>:tickets           hash  ticket id -> JSON {r: replica, b: band, t: tenant, c: cost,
 --                                 k: batch key, m: batch cost limit}
@@ -158,10 +160,41 @@ local function queued_total(nbands)
   return total
 end
 
-local function work_ahead(band)
+-- policies.fairness.work_ahead_in_turn, here where it must be atomic with the insert: the band's
+-- queued work handed out before a request of `tenant` joining now, one request's `slack` per flow.
+local function turn_ahead(band, tenant, slack)
+  local virtual = tonumber(redis.call('GET', tag .. ':vt:' .. band)) or 0
+  local own_finish = tonumber(redis.call('HGET', tag .. ':finish:' .. band, tenant)) or virtual
+  local span = math.max(0, own_finish - virtual)
+  local flat = redis.call('HGETALL', tag .. ':fwork:' .. band)
+  local ahead = 0
+  for i = 1, #flat, 2 do
+    local work = tonumber(flat[i + 1])
+    if flat[i] == tenant then
+      ahead = ahead + work
+    else
+      local weight = tonumber(redis.call('HGET', tag .. ':fweight:' .. band, flat[i]) or '1')
+      ahead = ahead + math.min(work, span * weight + slack)
+    end
+  end
+  return ahead
+end
+
+-- Whether `band` holds fair-queued flows (finish tags are kept only under FIFO ordering).
+local function fair_band(band)
+  return redis.call('EXISTS', tag .. ':fwork:' .. band, tag .. ':finish:' .. band) == 2
+end
+
+-- policies.wait.QueueStats.work_ahead: more urgent bands' work, and the own band's up to the
+-- request's turn when `tenant` is given (fair queuing) and flows wait in it, else all of it.
+local function work_ahead(band, tenant, slack)
   local work = 0
   for b = 0, band do
-    work = work + tonumber(redis.call('HGET', tag .. ':queued', 'w' .. b) or '0')
+    if b == band and tenant ~= nil and fair_band(b) then
+      work = work + turn_ahead(b, tenant, slack)
+    else
+      work = work + tonumber(redis.call('HGET', tag .. ':queued', 'w' .. b) or '0')
+    end
   end
   return work
 end
@@ -187,10 +220,14 @@ end
 
 local function count_queued(info, sign)
   local n = redis.call('HINCRBY', tag .. ':queued', 'n' .. info.b, sign)
+  local fwork = tag .. ':fwork:' .. info.b
   if n <= 0 then
     redis.call('HSET', tag .. ':queued', 'n' .. info.b, 0, 'w' .. info.b, 0)  -- no float residue
+    redis.call('DEL', fwork)
   else
     redis.call('HINCRBYFLOAT', tag .. ':queued', 'w' .. info.b, sign * info.c)
+    local left = tonumber(redis.call('HINCRBYFLOAT', fwork, info.t, sign * info.c))
+    if left <= 1e-9 * math.max(1, info.c) then redis.call('HDEL', fwork, info.t) end
   end
 end
 
@@ -201,6 +238,7 @@ local function fair_start(band, tenant, cost, weight)
   local finish = tonumber(redis.call('HGET', tag .. ':finish:' .. band, tenant)) or 0
   local start = math.max(virtual, finish)
   redis.call('HSET', tag .. ':finish:' .. band, tenant, string.format('%.17g', start + math.max(cost, 0) / weight))
+  redis.call('HSET', tag .. ':fweight:' .. band, tenant, string.format('%.17g', weight))
   return start
 end
 
@@ -599,16 +637,29 @@ local function started_times()
   return times
 end
 
+-- A fair-queued band's state (policies.fairness.FairTurns) while flows wait in it, else 0.
+local function fair_turns(band)
+  if not fair_band(band) then return 0 end
+  return {
+    redis.call('GET', tag .. ':vt:' .. band) or '0',
+    redis.call('HGETALL', tag .. ':finish:' .. band),
+    redis.call('HGETALL', tag .. ':fwork:' .. band),
+    redis.call('HGETALL', tag .. ':fweight:' .. band),
+  }
+end
+
 local function view(nbands, backends, now)
-  local n, w, off, adm = {}, {}, {}, {}
+  local n, w, off, adm, ft = {}, {}, {}, {}, {}
   for band = 0, nbands - 1 do
     n[#n + 1] = tonumber(redis.call('HGET', tag .. ':queued', 'n' .. band) or '0')
     w[#w + 1] = tonumber(redis.call('HGET', tag .. ':queued', 'w' .. band) or '0')
     off[#off + 1] = stat('off:' .. band)
     adm[#adm + 1] = stat('adm:' .. band)
+    ft[#ft + 1] = fair_turns(band)
   end
   return {
     now = fmt(now), free = free_slots(backends), ib = held_by_band(nbands), n = n, w = w, off = off, adm = adm,
+    ft = ft,
     dw = stat('drained_work'), ds = stat('drained_s'),
     da = redis.call('HGET', tag .. ':stats', 'drained_at') or '',
     h = stat('handovers'), hw = stat('handed_work'), st = started_times(),

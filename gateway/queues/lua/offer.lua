@@ -3,8 +3,8 @@
 --    hand-over takes), bands, edf, weight (the tenant's, in fair queuing), allowed_s, ttl, refused,
 --    backends, bound_s, reserved, quotas, batch ({key, max} or absent), now (tests).
 -- The check (gateway/queues/base.RequestQueue.offer): refuse when the work queued ahead of it in
--- its band and the more urgent ones, plus one hand-over of its own, exceeds max_work (none with
--- a slot free and nothing ahead); a negative limit refuses even then.
+-- its band (up to its flow's turn) and the more urgent ones, plus one hand-over of its own,
+-- exceeds max_work (none with a slot free and nothing ahead); a negative limit refuses even then.
 -- A replica whose heartbeat lapsed takes nothing: it must rejoin first (rejoin.lua).
 -- At the model's queue cap (A.cap) it displaces the newest queued work of less urgent bands, each
 -- victim told through its replica's list ({d = ticket id}), or is refused with cap = true.
@@ -16,7 +16,9 @@ reap_absent(now)
 local nbands = A.bands
 count_refused_locally(nbands)
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'off:' .. A.band, A.cost)
-local ahead = work_ahead(A.band)
+local turn_of = nil  -- under EDF a band is not fair-queued: its whole work is ahead
+if not A.edf then turn_of = A.tenant end
+local ahead = work_ahead(A.band, turn_of, A.handover)
 local free = usable_free(A.band, A.backends, nbands)
 -- policies.wait.work_before_grant, here where it must be atomic with the insert.
 local to_drain = 0

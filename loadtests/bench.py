@@ -78,10 +78,11 @@ backend be
     server sim {backend} maxconn {slots}
 """
 PRIORITY_RULES = (
-    "http-request set-priority-class int(0) if { req.hdr(x-priority) -m str high }\n"
-    "    http-request set-priority-class int(1) unless { req.hdr(x-priority) -m str high }\n"
+    "http-request set-priority-class int(0) if {{ req.hdr(x-priority) -m str {urgent} }}\n"
+    "    http-request set-priority-class int(1) unless {{ req.hdr(x-priority) -m str {urgent} }}\n"
     "    default_backend be"
 )
+"""HAProxy's priority queue: the `urgent` class first."""
 INSTANT_429 = 'http-request return status 429 content-type text/plain string "busy" hdr retry-after 1'
 
 
@@ -105,6 +106,7 @@ class HAProxy:
         instant_429: bool = False,
         slots: int = SLOTS,
         queue_timeout_ms: float = 1000 - SERVICE_MS,
+        urgent_class: str = "high",
     ) -> None:
         self.port = free_port()
         config = HAPROXY_CONFIG.format(
@@ -112,7 +114,7 @@ class HAProxy:
             backend=backend_url.removeprefix("http://"),
             slots=slots,
             queue_timeout_ms=round(queue_timeout_ms),
-            frontend_rule=INSTANT_429 if instant_429 else PRIORITY_RULES,
+            frontend_rule=INSTANT_429 if instant_429 else PRIORITY_RULES.format(urgent=urgent_class),
         )
         path = log_dir / f"haproxy-{self.port}.cfg"
         path.write_text(config)

@@ -15,7 +15,7 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -79,11 +79,13 @@ async def run(
     path: str = INFER_PATH,
     body: bytes = INFER_BODY,
     timeout_factor: float = 3.0,
+    request_for: Callable[[Arrival], tuple[bytes, dict[str, str]]] | None = None,
 ) -> list[Outcome]:
     """Send `schedule` to `url + path`; a request gives up after `timeout_factor` x its deadline + 1 s.
 
     With several URLs (gateway replicas) the requests go to them in turn, like a round-robin
-    load balancer.
+    load balancer. `request_for` gives an arrival's body and headers, where they are not `body`
+    and its class and deadline (X-Priority, X-Request-Timeout-Ms).
     """
     urls = [url] if isinstance(url, str) else list(url)
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
@@ -92,15 +94,19 @@ async def run(
         started = time.monotonic()
 
         async def one(arrival: Arrival, url: str) -> None:
-            headers = {
-                "Content-Type": "application/json",
-                "X-Priority": arrival.priority,
-                "X-Request-Timeout-Ms": str(arrival.deadline_ms),
-            }
+            if request_for is None:
+                data = body
+                headers = {
+                    "Content-Type": "application/json",
+                    "X-Priority": arrival.priority,
+                    "X-Request-Timeout-Ms": str(arrival.deadline_ms),
+                }
+            else:
+                data, headers = request_for(arrival)
             timeout = aiohttp.ClientTimeout(total=arrival.deadline_ms / 1000 * timeout_factor + 1)
             scheduled = started + arrival.at_s
             try:
-                async with session.post(url + path, data=body, headers=headers, timeout=timeout) as reply:
+                async with session.post(url + path, data=data, headers=headers, timeout=timeout) as reply:
                     answer = await reply.read()
                     outcomes.append(
                         Outcome(

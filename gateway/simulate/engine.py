@@ -35,7 +35,7 @@ from typing import NamedTuple
 from gateway.simulate.workload import Arrival
 from policies.admission import AdmissionConfig, AdmissionRequest, Reject, allowed_wait_s, decide
 from policies.dispatch import next_band
-from policies.fairness import tags, virtual_time_after
+from policies.fairness import FairTurns, tags, virtual_time_after
 from policies.reservations import usable_by_band, usable_free_slots
 from policies.wait import QueueStats, Throughput, drain_rate_from_slots
 
@@ -180,7 +180,11 @@ class _Flow:
     tally: FlowTally
     finish: float = 0.0
     """Its finish tag (policies.fairness)."""
+    queued: float = 0.0
+    """Its live queued work (expired requests still in the heap do not count)."""
     heap: list[_Entry] = field(default_factory=list)
+    siblings: dict[str, _Flow] = field(default_factory=dict)
+    """Its band's flows, itself included (tenant -> flow)."""
 
 
 def simulate(
@@ -243,6 +247,7 @@ def simulate(
             if expired is not None:
                 gone.add(seq)
                 flow = expired[5]
+                flow.queued -= expired[3]
                 depth[flow.band] -= 1
                 work[flow.band] = work[flow.band] - expired[3] if depth[flow.band] else 0.0
                 queued -= 1
@@ -268,7 +273,7 @@ def simulate(
             usable = usable_free_slots(band, free, held, reserved) if reserved else free
             expire_at = inf
             if limited[band]:
-                expire_at = _admitted_until(now, band, cost, setup, depth, free, held, work, jitter)
+                expire_at = _admitted_until(now, flow, cost, setup, depth, free, held, work, vtime, jitter)
                 if expire_at < now:
                     if measured:
                         flow.tally.refused += 1
@@ -282,6 +287,7 @@ def simulate(
                 if not flow.heap:
                     active[band][tenant] = flow
                 push(flow.heap, entry)
+                flow.queued += cost
                 depth[band] += 1
                 work[band] += cost
                 queued += 1
@@ -302,6 +308,7 @@ def simulate(
                 else:
                     flow = _lowest_head(band_flows, gone)
                 start, seq, at, cost, service, _, measured = pop(flow.heap)
+                flow.queued = flow.queued - cost if flow.heap else 0.0
                 if not flow.heap:
                     del band_flows[flow.tenant]
                 depth[band] -= 1
@@ -335,37 +342,52 @@ def simulate(
 
 
 def _new_flow(flows: dict[str, _Flow], band: int, tenant: str, weights: Mapping[str, float]) -> _Flow:
-    flow = flows[tenant] = _Flow(band, tenant, weights.get(tenant, 1.0), FlowTally())
+    flow = flows[tenant] = _Flow(band, tenant, weights.get(tenant, 1.0), FlowTally(), siblings=flows)
     return flow
 
 
 def _admitted_until(
     now: float,
-    band: int,
+    flow: _Flow,
     cost: float,
     setup: Setup,
     depth: list[int],
     free: int,
     held: list[int],
     work: list[float],
+    vtime: list[float],
     jitter: Callable[[], float],
 ) -> float:
-    """When an arrival admitted now must leave the queue; -inf when admission refuses it."""
+    """When an arrival of `flow` admitted now must leave the queue; -inf when admission refuses it.
+    It waits for its flow's turn in its band (QueueStats.fair_turns), as the stores count it."""
     assert setup.admission is not None
+    band = flow.band
     rules = setup.bands[band]
     assert rules.max_wait_s is not None
     throughput, config = setup.admission.throughput, setup.admission.config
-    request = AdmissionRequest(band, rules.max_wait_s, rules.deadline_s, cost)
+    request = AdmissionRequest(band, rules.max_wait_s, rules.deadline_s, cost, flow.tenant)
     reserved = [b.reserved_slots for b in setup.bands]
     stats = QueueStats(
         queued_by_band=tuple(depth),
         free_slots=free,
         queued_work_by_band=tuple(work),
         free_by_band=usable_by_band(free, held, reserved) if any(reserved) else (),
+        fair_turns=_turns(flow, vtime[band], len(depth)) if depth[band] else (),
     )
     if isinstance(decide(request, stats, throughput, jitter(), config), Reject):
         return -math.inf
     return now + allowed_wait_s(request, throughput)
+
+
+def _turns(flow: _Flow, virtual_time: float, nbands: int) -> tuple[FairTurns | None, ...]:
+    """The fair-queuing state of `flow`'s band, where the arrival's turn is not the whole band."""
+    others = [f for f in flow.siblings.values() if f is not flow and f.queued > 0]
+    if not others:
+        return ()  # its band's work is all its own flow's
+    queued = {f.tenant: f.queued for f in others}
+    queued[flow.tenant] = flow.queued
+    turns = FairTurns(virtual_time, {flow.tenant: flow.finish}, queued, {f.tenant: f.weight for f in others})
+    return tuple(turns if b == flow.band else None for b in range(nbands))
 
 
 def _lowest_head(band_flows: dict[str, _Flow], gone: set[int]) -> _Flow:

@@ -1,11 +1,12 @@
 """The seed's FinTechCo mix (issue 14): interactive requests beside batch jobs on one GPU pool.
 
     python -m loadtests.fintechco                    # every target, at 0.9x and 1.3x capacity
+    python -m loadtests.fintechco --reserved 3       # the gateway keeping 3 of the 8 slots instead
     python -m loadtests.fintechco --quick            # a smoke run, under a minute
 
 One pool of 8 slots, the simulated backend at 20 ms a request plus 30 ms per batch item. 80% of the
 requests are interactive (1 item: 50 ms, deadline 1 s) from the `retail` tenant; 20% are batch jobs
-(16 items: 500 ms, deadline 30 s), 3/4 of them from `risk` and 1/4 from `reporting`. Batch jobs hold
+(16 items: 500 ms, deadline 10 s), 3/4 of them from `risk` and 1/4 from `reporting`. Batch jobs hold
 71% of the pool's busy time. The open-loop Poisson arrivals (seeded) are the same for every target,
 each in front of a fresh backend, at `--loads` x capacity (8 slots / 140 ms mean service = 57 rps).
 
@@ -14,8 +15,8 @@ Targets:
   classes (HAProxy has one per backend): the batch class's limit.
 - fifo: the gateway with a single class and no tenants, first come first served; each request's
   deadline still sent as X-Request-Timeout-Ms, so admission still refuses what it cannot serve.
-- gateway: the gateway with the two classes, 2 of the 8 slots reserved for interactive work, and
-  the batch tenants sharing their class 1:1 (weighted fair queuing).
+- gateway: the gateway with the two classes, `--reserved` (2) of the 8 slots reserved for
+  interactive work, and the batch tenants sharing their class 1:1 (weighted fair queuing).
 
 A class's queue-wait limit is its deadline less 1.5 of its service times. Per target it prints the
 interactive queue wait (latency less the class's service time) at p50 and p99, the interactive and
@@ -52,7 +53,6 @@ from tests.integration.servers import Gateway, Sim, gateway_config
 
 SLOTS = 8
 BASE_MS, PER_ITEM_MS = 20.0, 30.0
-RESERVED_FOR_INTERACTIVE = 2
 WAIT_LIMIT_SERVICES = 1.5
 TARGETS = ("haproxy", "fifo", "gateway")
 
@@ -81,7 +81,7 @@ class JobClass:
 
 
 INTERACTIVE = JobClass("interactive", 0.8, 1, 1000, (("retail", 1.0),))
-BATCH = JobClass("batch", 0.2, 16, 30_000, (("risk", 0.75), ("reporting", 0.25)))
+BATCH = JobClass("batch", 0.2, 16, 10_000, (("risk", 0.75), ("reporting", 0.25)))
 CLASSES = (INTERACTIVE, BATCH)
 MEAN_SERVICE_MS = sum(c.share * c.service_ms for c in CLASSES)
 CAPACITY_RPS = SLOTS / MEAN_SERVICE_MS * 1000
@@ -107,7 +107,7 @@ def schedule(load: float, duration_s: float, seed: int) -> list[tuple[Arrival, s
     return picked
 
 
-def start_target(target: str, log_dir: Path, sim: Sim, python: str) -> tuple[str, list[Any]]:
+def start_target(target: str, log_dir: Path, sim: Sim, python: str, reserved: int) -> tuple[str, list[Any]]:
     if target == "haproxy":
         proxy = HAProxy(
             log_dir, sim.url, slots=SLOTS, queue_timeout_ms=BATCH.wait_limit_ms, urgent_class=INTERACTIVE.name
@@ -121,7 +121,7 @@ def start_target(target: str, log_dir: Path, sim: Sim, python: str) -> tuple[str
             {
                 "name": INTERACTIVE.name,
                 "max_wait_ms": INTERACTIVE.wait_limit_ms,
-                "reserved_slots": RESERVED_FOR_INTERACTIVE,
+                "reserved_slots": reserved,
             },
             {"name": BATCH.name, "max_wait_ms": BATCH.wait_limit_ms},
         ]
@@ -137,12 +137,12 @@ def start_target(target: str, log_dir: Path, sim: Sim, python: str) -> tuple[str
 
 
 def run_one(
-    target: str, load: float, duration_s: float, seed: int, log_dir: Path, python: str
+    target: str, load: float, duration_s: float, seed: int, log_dir: Path, python: str, reserved: int
 ) -> dict[str, Any]:
     sim = Sim(log_dir, slots=SLOTS, base_ms=BASE_MS, per_item_ms=PER_ITEM_MS)
     servers: list[Any] = [sim]
     try:
-        url, started = start_target(target, log_dir, sim, python)
+        url, started = start_target(target, log_dir, sim, python, reserved)
         servers += started
         jobs = schedule(load, duration_s, seed)
         tenant_of = {id(arrival): tenant for arrival, tenant in jobs}
@@ -229,6 +229,9 @@ def main() -> None:
     parser.add_argument("--loads", default="0.9,1.3", help="x capacity, comma-separated")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--reserved", type=int, default=2, help="slots the gateway keeps for interactive work"
+    )
     parser.add_argument("--quick", action="store_true", help="8 s per run: a smoke run")
     parser.add_argument(
         "--gateway-python", default=sys.executable, help="the interpreter that runs the gateway"
@@ -248,12 +251,15 @@ def main() -> None:
         "seed": args.seed,
         "duration_s": duration_s,
         "capacity_rps": round(CAPACITY_RPS, 1),
+        "reserved": args.reserved,
         "results": [],
     }
     for load in (float(x) for x in args.loads.split(",")):
         for target in targets:
             try:
-                result = run_one(target, load, duration_s, args.seed, log_dir, args.gateway_python)
+                result = run_one(
+                    target, load, duration_s, args.seed, log_dir, args.gateway_python, args.reserved
+                )
             except Exception as error:  # one target's failure must not lose the others' results
                 result = {
                     "target": target,

@@ -198,7 +198,10 @@ class AdmissionController:
         self._metrics.observe_admitted_into_queue(model, self._class_names[band], predicted_s)
         result = await self._wait(offer.ticket, allowed_s, until_disconnect)
         waited_s = self._clock() - arrived_at
-        if isinstance(result, Slot) or result is Outcome.DEADLINE_EXPIRED_IN_QUEUE:
+        # A request displaced as overdue was admitted on a wait it would not have had: a miss, as
+        # an expiry is, for the calibration of the admission margin.
+        overdue = result is Outcome.DISPLACED and offer.ticket.overdue
+        if isinstance(result, Slot) or result is Outcome.DEADLINE_EXPIRED_IN_QUEUE or overdue:
             self._calibrations.settled(model, band, expired=not isinstance(result, Slot))
         if isinstance(result, Slot):
             self._metrics.observe_queue_wait(model, self._class_names[band], waited_s)
@@ -206,10 +209,10 @@ class AdmissionController:
         if result is Outcome.DEADLINE_EXPIRED_IN_QUEUE or result is Outcome.DISPLACED:
             flow = self._store.throughput(model, self._clock())
             reject = self._advise(model, request, self._store.stats(model), flow, reason=result)
-            if result is Outcome.DISPLACED:
+            if result is Outcome.DISPLACED and not overdue:
                 rule = f"models[{model}].max_queued_work"
-            else:
-                rule = self._bound(request, result, allowed_s)
+            else:  # expired, or would have: the allowance it could not be served within
+                rule = self._bound(request, Outcome.DEADLINE_EXPIRED_IN_QUEUE, allowed_s)
             return self._refusal(model, band, result, reject.retry_after_s, rule)
         return Refusal(result)
 

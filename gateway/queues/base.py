@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -84,6 +85,10 @@ class Ticket:
     id: str = ""
     """The store's id for the ticket, where it keeps one (Redis)."""
     batching: Batching | None = None
+    leave_by: float = math.inf
+    """When its allowed wait runs out, on the local clock (policies.displacement)."""
+    overdue: bool = False
+    """Displaced because it could no longer get a slot in time (else: at the queue's cap)."""
     on_grant: Callable[[Slot], None] | None = field(default=None, repr=False)
     """Called inside the store's grant, before the waiter runs: it may start the request's
     exchange at once (the proxy writes it on an idle connection). It must not raise."""

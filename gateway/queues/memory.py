@@ -105,11 +105,24 @@ class MemoryQueue:
         counters.admitted_work[flow.band] += cost
         if immediate and (index := pick_backend(queue.capacity)) is not None:
             return Granted(queue.take(index, cost, flow))
-        ticket = Ticket(flow, cost, self._loop_factory().create_future(), batching=batching)
-        queue.insert(ticket, self._rank(queue, ticket, now + allowed_wait_s), next(self._sequence))
+        leave_by = now + allowed_wait_s
+        ticket = Ticket(
+            flow, cost, self._loop_factory().create_future(), batching=batching, leave_by=leave_by
+        )
+        queue.insert(ticket, self._rank(queue, ticket, leave_by), next(self._sequence))
+        if any(b.count for b in queue.bands[flow.band + 1 :]):
+            self._displace_overdue(queue, flow.band, now)
         if queue.quotas and free > 0:  # the heads may be held back by quotas where it is not
             self._dispatch(queue, now=None)
         return Queued(ticket)
+
+    def _displace_overdue(self, queue: ModelQueue, band: int, now: float) -> None:
+        """Less urgent requests this arrival pushed past their allowance are told at once."""
+        estimates = queue.estimates
+        handover = estimates.handover_cost
+        handovers_per_s = estimates.throughput(queue.total_slots, now).drain_rate_per_s / handover
+        fifo = self._ordering is Ordering.FIFO
+        queue.displace_overdue(band, now, handovers_per_s, handover, in_arrival_order=fifo)
 
     def _rank(self, queue: ModelQueue, ticket: Ticket, leave_by: float) -> float:
         """The ticket's ordering score: its deadline under EDF, else its start tag in its band's

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots
+from policies.displacement import OVERDUE_CHECKED, overdue_in_flow
 from policies.fairness import FairTurns, tags, virtual_time_after, work_ahead_in_turn
 from policies.outcomes import Outcome
 from policies.quotas import Quota, may_start, under_quota
@@ -38,6 +40,8 @@ class BandQueue:
     work: float = 0.0
     queued: dict[str, float] = field(default_factory=dict)
     """Each backlogged flow's live work."""
+    arrivals: dict[str, dict[Ticket, None]] = field(default_factory=dict)
+    """Each backlogged flow's live tickets in the order they were queued (policies.displacement)."""
     virtual_time: float = 0.0
     finish: dict[str, float] = field(default_factory=dict)
 
@@ -199,6 +203,35 @@ class ModelQueue:
             ticket.interrupt(Outcome.DISPLACED)
         return True
 
+    def displace_overdue(
+        self, band: int, now: float, handovers_per_s: float, handover_cost: float, in_arrival_order: bool
+    ) -> None:
+        """Tell the queued requests of bands less urgent than `band` that can no longer get a slot
+        by their leave-by time (policies.displacement) at once: 429 displaced. The newest
+        `OVERDUE_CHECKED` of each flow are checked, where a new urgent arrival bites first."""
+        victims: list[Ticket] = []
+        for index in range(band + 1, len(self.bands)):
+            lower = self.bands[index]
+            if not lower.count:
+                continue
+            urgent = sum(b.work for b in self.bands[:index])
+            for tenant, arrivals in lower.arrivals.items():
+                newest = list(itertools.islice(reversed(arrivals), OVERDUE_CHECKED))
+                found = overdue_in_flow(
+                    now,
+                    urgent,
+                    lower.queued.get(tenant, 0.0),
+                    ((t.cost, t.leave_by) for t in newest),
+                    handovers_per_s,
+                    handover_cost,
+                    in_arrival_order=in_arrival_order,
+                )
+                victims += (newest[i] for i in found)
+        for ticket in victims:
+            self.remove(ticket)
+            ticket.overdue = True
+            ticket.interrupt(Outcome.DISPLACED)
+
     def held_by_band(self) -> list[int]:
         held = [0] * len(self.bands)
         for slot in self.running:
@@ -226,6 +259,7 @@ class ModelQueue:
         band.count += 1
         band.work += ticket.cost
         band.queued[tenant] = band.queued.get(tenant, 0.0) + ticket.cost
+        band.arrivals.setdefault(tenant, {})[ticket] = None
         self.live.add(ticket)
 
     def remove(self, ticket: Ticket) -> bool:
@@ -239,6 +273,11 @@ class ModelQueue:
         left = band.queued.pop(tenant, 0.0) - ticket.cost
         if left > 1e-9 * max(1.0, ticket.cost) and band.count:
             band.queued[tenant] = left
+        arrivals = band.arrivals.get(tenant)
+        if arrivals is not None:
+            arrivals.pop(ticket, None)
+            if not arrivals:
+                del band.arrivals[tenant]
         if not self.live:
             self.backlogged_handover_at = None
         heap = band.flows.get(ticket.flow.tenant)

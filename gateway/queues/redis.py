@@ -189,8 +189,11 @@ class RedisQueue:
             state.refused_locally[flow.band] += cost
             return Full(view.stats)
         edf, weight = self._ordering is Ordering.EDF, self._weight_of(flow.tenant)
+        drain = 0.0  # the least urgent band pushes nobody back
+        if flow.band < self._bands - 1:
+            drain = self.throughput(flow.model, now).drain_rate_per_s / handover
         args = OfferArgs(
-            self._replica, flow, cost, max_work, handover, edf, weight, allowed_wait_s, self._ttl_s
+            self._replica, flow, cost, max_work, handover, edf, weight, allowed_wait_s, self._ttl_s, drain
         )
         reply = await self._run("offer", state, args.fields(state.take_refused_locally(), batching))
         if reply["kind"] == "absent":
@@ -199,10 +202,7 @@ class RedisQueue:
         if reply["kind"] == "granted":
             return Granted(state.hold(reply["lease"], reply["url"], cost, flow.band))
         if reply["kind"] == "queued":
-            loop = asyncio.get_running_loop()
-            ticket = Ticket(flow, cost, loop.create_future(), id=reply["ticket"], batching=batching)
-            state.claim(ticket)
-            return Queued(ticket)
+            return Queued(state.queued(flow, cost, reply["ticket"], batching, now + allowed_wait_s))
         return Full(state.view.stats, at_cap=bool(reply.get("cap")))
 
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
@@ -318,7 +318,7 @@ class RedisQueue:
     def _deliver(self, state: ModelState, grant: Grant | Displaced) -> None:
         try:
             if isinstance(grant, Displaced):
-                state.displace(grant.ticket)
+                state.displace(grant.ticket, grant.overdue)
                 return
             self._give_back(state.deliver(grant, self._clock()))
         except Exception:  # one broken grant must not stop the others (their slots would leak)

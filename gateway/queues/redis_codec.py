@@ -15,6 +15,7 @@ from typing import Any
 from gateway.queues.base import Batching, Flow
 from gateway.queues.estimates import StoreCounters
 from gateway.upstream.backends import ModelPool
+from policies.displacement import OVERDUE_CHECKED, OVERDUE_SIGMAS
 from policies.fairness import FairTurns
 from policies.reservations import usable_by_band
 from policies.wait import QueueStats, work_before_grant
@@ -33,11 +34,16 @@ class OfferArgs:
     weight: float
     allowed_s: float
     ttl: float
+    drain: float = 0.0
+    """The pool's hand-overs per second while busy, for displacing the less urgent requests this
+    one pushes past their allowance (policies.displacement); 0: none to check."""
 
     def fields(self, refused: list[float], batching: Batching | None) -> dict[str, Any]:
         """The script's arguments, with the work refused locally since the last script."""
         fields = {name: getattr(self, name) for name in self.__slots__ if name != "flow"}
         fields |= {"band": self.flow.band, "tenant": self.flow.tenant, "refused": refused}
+        if self.drain > 0:
+            fields |= {"overdue_sigmas": OVERDUE_SIGMAS, "overdue_checked": OVERDUE_CHECKED}
         if batching is not None:
             fields["batch"] = {"key": batching.key, "max": batching.max_cost}
         return fields
@@ -164,15 +170,17 @@ class Grant:
 
 @dataclass(frozen=True, slots=True)
 class Displaced:
-    """A queued ticket of this replica's that a more urgent arrival displaced at the queue's cap."""
+    """A queued ticket of this replica's that a more urgent arrival displaced: at the queue's cap,
+    or as `overdue` (it could no longer get a slot in time)."""
 
     ticket: str
+    overdue: bool = False
 
 
 def message(raw: bytes | str) -> Grant | Displaced:
     """What a replica's list carries: a grant, or a displaced ticket."""
     fields = decode(raw)
-    return Displaced(fields["d"]) if "d" in fields else Grant.of(fields)
+    return Displaced(fields["d"], bool(fields.get("o"))) if "d" in fields else Grant.of(fields)
 
 
 def grants(raw: Sequence[bytes | str] | dict[str, Any]) -> list[Grant]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.queues.base import Slot, Ticket
+from gateway.queues.base import Batching, Flow, Slot, Ticket
 from gateway.queues.estimates import PoolEstimates
 from gateway.queues.redis_codec import Displaced, Grant, View, message
 from gateway.upstream.backends import BackendState, ModelPool
@@ -55,7 +55,8 @@ class ModelState:
         """Work refused from a fresh view without a round trip, counted with the next script."""
         self._pending: dict[str, _Pending] = {}
         self._withdrawn: dict[str, float] = {}
-        self._displaced_early: set[str] = set()
+        self._displaced_early: dict[str, bool] = {}
+        """Tickets displaced before their offer's reply was read -> whether as overdue."""
         """Tickets withdrawn after Redis had granted them: their grants are on the way."""
 
     def backend(self, url: str) -> BackendState:
@@ -110,18 +111,29 @@ class ModelState:
                 self._pending[ticket_id] = pending
         return self._unused(pending)
 
-    def displace(self, ticket_id: str) -> None:
-        """A more urgent arrival took the ticket's place (Redis already dropped it)."""
+    def displace(self, ticket_id: str, overdue: bool = False) -> None:
+        """A more urgent arrival took the ticket's place (Redis already dropped it), at the
+        queue's cap or because it could no longer get a slot in time (`overdue`)."""
         ticket = self.waiting.pop(ticket_id, None)
         if ticket is None:
-            self._displaced_early.add(ticket_id)  # before its offer's reply was read
+            self._displaced_early[ticket_id] = overdue  # before its offer's reply was read
         else:
+            ticket.overdue = overdue
             ticket.interrupt(Outcome.DISPLACED)
+
+    def queued(
+        self, flow: Flow, cost: float, ticket_id: str, batching: Batching | None, leave_by: float
+    ) -> Ticket:
+        """The ticket an offer queued (see `claim`)."""
+        wakeup = asyncio.get_running_loop().create_future()
+        ticket = Ticket(flow, cost, wakeup, id=ticket_id, batching=batching, leave_by=leave_by)
+        self.claim(ticket)
+        return ticket
 
     def claim(self, ticket: Ticket) -> None:
         """The offer that queued `ticket` replied: it waits, or takes the grant that came first."""
-        if ticket.id in self._displaced_early:
-            self._displaced_early.discard(ticket.id)
+        if (overdue := self._displaced_early.pop(ticket.id, None)) is not None:
+            ticket.overdue = overdue
             ticket.interrupt(Outcome.DISPLACED)
             return
         pending = self._pending.pop(ticket.id, None)

@@ -27,11 +27,11 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from gateway.simulate.tally import FlowTally, Run
 from gateway.simulate.workload import Arrival
 from policies.admission import AdmissionConfig, AdmissionRequest, Reject, allowed_wait_s, decide
 from policies.dispatch import next_band
@@ -114,52 +114,6 @@ class Handover(NamedTuple):
     waited_s: float
     queued_by_band: tuple[int, ...]
     """What still waits in each band right after this hand-over."""
-
-
-@dataclass(slots=True)
-class FlowTally:
-    """One (band, tenant) flow over the measured part of a run."""
-
-    arrived: int = 0
-    refused: int = 0
-    expired: int = 0
-    late: int = 0
-    """Served, but done after the band's deadline."""
-    handed_work: float = 0.0
-    """Cost handed slots within the measured window."""
-    busy_s: float = 0.0
-    """Slot time handed within the measured window."""
-    service_s: float = 0.0
-    """Total service time of the measured requests served."""
-    service_squares_s2: float = 0.0
-    """Their sum of squared service times (with `service_s`, the served workload's moments)."""
-    waits_s: array[float] = field(default_factory=lambda: array("d"))
-    """Queue waits of the measured requests served, in hand-over order."""
-
-    @property
-    def served(self) -> int:
-        """Measured requests handed a slot."""
-        return len(self.waits_s)
-
-    @property
-    def on_time(self) -> int:
-        """Measured requests served and done within the band's deadline (all served without one)."""
-        return len(self.waits_s) - self.late
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """What a run measured, per flow, and over which window."""
-
-    tallies: Mapping[tuple[int, str], FlowTally]
-    """(band, tenant) -> its tally, for every flow that sent a request."""
-    requests: int
-    measured_from_s: float
-    """When the first measured request arrived."""
-    last_arrival_s: float
-    measured_to_s: float
-    left_queued: int
-    """Requests still waiting when the run stopped."""
 
 
 Observer = Callable[[Handover], None]

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.simulate.engine import FlowTally, Run
+from gateway.simulate.tally import FlowTally, Run
 
 ALL_TENANTS = "(all)"
 

@@ -1,6 +1,6 @@
 """Stateful property test of the in-memory store: any sequence of offers, releases and withdrawals
-keeps slot counts exact, never grants past a more urgent or an older waiter, and leaves no slot idle
-while someone waits."""
+keeps slot counts exact, never grants past a more urgent or an older waiter, leaves no slot idle
+while someone waits, and displaces only less urgent work than the arrival that pushed it back."""
 
 import asyncio
 import itertools
@@ -51,6 +51,13 @@ class MemoryQueueMachine(RuleBasedStateMachine):
             self.held.append(offer.slot)
         else:
             assert isinstance(offer, Queued)
+            # Its arrival may push less urgent work past its allowance: displaced at once, and
+            # never work as urgent as it (policies.displacement).
+            told = [w for w in self.waiting if w[2].wakeup.done()]
+            for entry in told:
+                assert entry[2].wakeup.result() is Outcome.DISPLACED and entry[2].overdue
+                assert entry[0] > band, "displaced work as urgent as the arrival"
+            self.waiting = [w for w in self.waiting if w not in told]
             self.waiting.append((band, arrival, offer.ticket))
 
     @precondition(lambda self: self.held)

@@ -330,6 +330,28 @@ async def test_at_its_cap_the_queue_displaces_the_newest_least_urgent_work_for_m
     assert sut.store.stats(MODEL).queued_by_band == (1, 1, 1)
 
 
+@pytest.mark.parametrize("ordering", [Ordering.FIFO, Ordering.EDF])
+async def test_queued_work_pushed_past_its_allowance_by_urgent_arrivals_is_displaced_at_once(
+    make_store, ordering
+):
+    # One slot of 40 ms hands over 25 times a second: within 1 s, 25 hand-overs, and by luck at
+    # most 40 (policies.displacement). Ten urgent requests leave the low ones room; sixty do not.
+    sut = await make_store(slots=(1,), ordering=ordering)
+    await take_the_slot(sut)
+    short = [(await offer(sut, band=1, allowed_s=1.0)).ticket for _ in range(4)]
+    patient = (await offer(sut, band=1, allowed_s=30.0)).ticket
+    urgent = [(await offer(sut, band=0, allowed_s=30.0)).ticket for _ in range(10)]
+    await sut.settle()
+    assert not any(t.wakeup.done() for t in [*short, patient])
+    urgent += [(await offer(sut, band=0, allowed_s=30.0)).ticket for _ in range(50)]
+    await eventually(lambda: all(t.wakeup.done() for t in short), what="the low requests to be told")
+    assert [t.wakeup.result() for t in short] == [Outcome.DISPLACED] * 4
+    assert all(t.overdue for t in short)
+    # Work that can still make it stays, and more urgent work is never displaced.
+    assert not patient.wakeup.done() and not any(t.wakeup.done() for t in urgent)
+    assert sut.store.stats(MODEL).queued_by_band == (60, 1)
+
+
 async def test_at_its_cap_a_request_with_nothing_less_urgent_to_displace_is_refused(make_store):
     sut = await make_store(slots=(1,), bands=2, cap=2.0)
     await take_the_slot(sut)

@@ -252,3 +252,45 @@ async def test_at_the_cap_an_urgent_arrival_displaces_a_queued_batch_request_whi
         assert not urgent.done() and not lows[0].done()
         results = await asyncio.gather(running, lows[0], urgent)
     assert [status for status, _, _ in results] == [200, 200, 200]
+
+
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_queued_work_an_urgent_flood_pushes_past_its_allowance_is_told_at_once(
+    start_sim, start_gateway, store
+):
+    # One slot of 50 ms a batch item: 20 hand-overs a second, within the low class's 1.5 s at most
+    # 30 + 3 x 5.5. Three low requests queue behind a running batch of 40 (2 s); 60 urgent ones then
+    # go ahead of them: the low ones cannot be served in time and hear so at once, not when their
+    # 1.5 s runs out.
+    redis_server = RedisServer() if store == "redis" else None
+    try:
+        sim = start_sim(slots=1, base_ms=0, per_item_ms=50)
+        classes = [{"name": "high", "max_wait_ms": 30_000}, {"name": "low", "max_wait_ms": 1500}]
+        config = gateway_config([(sim.url, 1)], priorities=classes, expected_service_ms=50)
+        if redis_server is not None:
+            config["store"] = {"kind": "redis", "url": redis_server.url, "key_prefix": unique_prefix()}
+        gateway = start_gateway(config)
+
+        async def infer(http, priority, body=INFER):
+            async with http.post(gateway.url + PATH, json=body, headers={"X-Priority": priority}) as reply:
+                return reply.status, await reply.json(), reply.headers.get("retry-after-ms")
+
+        long_batch = {"inputs": [{"name": "INPUT0", "shape": [40, 1], "datatype": "FP32", "data": [1] * 40}]}
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            running = asyncio.ensure_future(infer(http, "low", long_batch))
+            await eventually(lambda: sim.stats()["inflight"] == 1, what="the slot to be taken")
+            lows = [asyncio.ensure_future(infer(http, "low")) for _ in range(3)]
+            await eventually(lambda: gateway.metric("gateway_queue_depth", priority="low") == 3.0)
+            urgent = [asyncio.ensure_future(infer(http, "high")) for _ in range(60)]
+            told = await asyncio.gather(*lows)
+            assert not all(u.done() for u in urgent)  # told while the flood still waits
+            served = await asyncio.gather(running, *urgent)
+        for status, body, advice in told:
+            assert (status, body["reason"], body["rule"]) == (429, "displaced", "priorities[low].max_wait_ms")
+            assert advice is not None and float(advice) > 0
+        assert [status for status, _, _ in served] == [200] * 61
+        assert gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="displaced") == 3
+        assert sim.stats()["peak_inflight"] <= 1
+    finally:
+        if redis_server is not None:
+            redis_server.stop()

@@ -17,7 +17,7 @@
 --   <tag>:fweight:<band>    hash  tenant -> the weight its flow was last queued with
 --   <tag>:flows:<band>      zset  tenant -> its flow's head score (the band's flows with work)
 --   <tag>:tickets           hash  ticket id -> JSON {r: replica, b: band, t: tenant, c: cost,
---                                 k: batch key, m: batch cost limit}
+--                                 e: leave-by time, k: batch key, m: batch cost limit}
 --   <tag>:queued            hash  "n<band>" -> tickets waiting, "w<band>" -> their work
 --   <tag>:slots             hash  backend url -> slots in use, over all replicas
 --   <tag>:ready             hash  backend url -> "1" when ready
@@ -44,7 +44,7 @@
 --   <tag>:replicas          zset  replica -> heartbeat expiry
 --   <tag>:seq               counter for ticket and lease ids
 --   <tag>:grants:<r>        list  grants for replica r: JSON {t: [ticket ids], l: lease, u: url, c: cost, b: band},
---                                 or a displaced ticket: {d: ticket id}
+--                                 or a displaced ticket: {d: ticket id, o: 1 when overdue, else at the cap}
 --   <tag>:held:<r>          set   leases held by replica r
 --   <tag>:waiting:<r>       set   tickets queued by replica r
 -- Time is Redis's own (TIME), so every replica orders and expires by the same clock; a test may
@@ -438,6 +438,45 @@ local function room_for(band, cost, nbands)
     redis.call('RPUSH', tag .. ':grants:' .. victim[2], cjson.encode({d = victim[1]}))
   end
   return true
+end
+
+-- policies.displacement.overdue, here where it must be atomic with the insert that caused it.
+-- A.drain: the pool's hand-overs per second while busy, A.handover the work of one.
+local function overdue(now, leave_by, ahead)
+  if leave_by == nil then return false end
+  local left = leave_by - now
+  if left <= 0 then return true end
+  local needed = ahead / A.handover + 1
+  local expected = A.drain * left
+  return needed > expected + A.overdue_sigmas * math.sqrt(expected)
+end
+
+-- policies.displacement.overdue_in_flow over each flow of the bands less urgent than `band`: the
+-- newest A.overdue_checked tickets of each that can no longer get a slot by their leave-by time are
+-- displaced, each victim told through its replica's list: {d = ticket id, o = 1} (as the memory
+-- store's ModelQueue.displace_overdue does).
+local function displace_overdue(band, nbands, now)
+  local urgent = 0
+  for b = 0, nbands - 1 do
+    if b > band then
+      for _, tenant in ipairs(redis.call('ZRANGE', tag .. ':flows:' .. b, 0, -1)) do
+        local flow_work = tonumber(redis.call('HGET', tag .. ':fwork:' .. b, tenant) or '0')
+        local victims, behind = {}, 0
+        for _, id in ipairs(redis.call('ZREVRANGE', flow_key(b, tenant), 0, A.overdue_checked - 1)) do
+          local info = ticket_info(id)
+          behind = behind + info.c
+          local ahead = urgent
+          if not A.edf then ahead = ahead + math.max(0, flow_work - behind) end
+          if overdue(now, tonumber(info.e), ahead) then victims[#victims + 1] = {id, info.r} end
+        end
+        for _, victim in ipairs(victims) do
+          unqueue(victim[1])
+          redis.call('RPUSH', tag .. ':grants:' .. victim[2], cjson.encode({d = victim[1], o = 1}))
+        end
+      end
+    end
+    urgent = urgent + tonumber(redis.call('HGET', tag .. ':queued', 'w' .. b) or '0')
+  end
 end
 
 -- policies.quotas.may_start, here where it must be atomic with the grant. A.quotas: tenant ->

@@ -1,7 +1,8 @@
 -- Admission check and insert in one step: grant a free slot, queue, or refuse.
 -- A: replica, band, tenant, cost, max_work, handover (the replica's estimate of the work a
 --    hand-over takes), bands, edf, weight (the tenant's, in fair queuing), allowed_s, ttl, refused,
---    backends, bound_s, reserved, quotas, batch ({key, max} or absent), now (tests).
+--    backends, bound_s, reserved, quotas, batch ({key, max} or absent), drain, overdue_sigmas and
+--    overdue_checked (absent: no displacement of overdue work), now (tests).
 -- The check (gateway/queues/base.RequestQueue.offer): refuse when the work queued ahead of it in
 -- its band (up to its flow's turn) and the more urgent ones, plus one hand-over of its own,
 -- exceeds max_work (none with a slot free and nothing ahead); a negative limit refuses even then.
@@ -43,12 +44,14 @@ end
 local id = next_id()
 local score
 if A.edf then score = now + A.allowed_s else score = fair_start(A.band, A.tenant, A.cost, A.weight) end
-local info = {r = A.replica, b = A.band, t = A.tenant, c = A.cost}
+local info = {r = A.replica, b = A.band, t = A.tenant, c = A.cost, e = fmt(now + A.allowed_s)}
 if A.batch then
   info.k = A.batch.key
   info.m = A.batch.max
 end
 enqueue(id, info, score)
+-- Less urgent requests it pushed past their allowance are told at once.
+if A.drain ~= nil and A.drain > 0 then displace_overdue(A.band, nbands, now) end
 -- The heads may be held back by quotas where this one is not: its grant goes onto its list.
 if A.quotas ~= nil and free > 0 then dispatch(nbands, A.backends, A.ttl, now, false, nil) end
 return cjson.encode({kind = 'queued', ticket = id, view = view(nbands, A.backends, now)})

@@ -1,0 +1,64 @@
+"""Which queued requests can no longer be served in time (policies.displacement)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies.displacement import OVERDUE_SIGMAS, overdue, overdue_in_flow
+
+
+def test_a_request_is_overdue_only_past_what_a_lucky_drain_hands_over():
+    # 25 hand-overs a second for 1 s: 25 expected, and up to 25 + 3 x 5 = 40 by luck.
+    assert not overdue(0.0, 1.0, 39.0, 25.0)  # 39 ahead and its own: 40, still possible
+    assert overdue(0.0, 1.0, 40.0, 25.0)
+    assert overdue(2.0, 1.0, 0.0, 25.0)  # its allowance has run out
+    assert not overdue(0.0, math.inf, 1e9, 25.0)  # no allowance: never
+    assert not overdue(0.0, 1.0, 1e9, 0.0)  # a drain not known yet: never
+
+
+def test_work_ahead_is_counted_in_hand_overs():
+    assert overdue(0.0, 1.0, 80.0, 25.0, handover_cost=2.0)
+    assert not overdue(0.0, 1.0, 78.0, 25.0, handover_cost=2.0)
+
+
+@given(
+    left_s=st.floats(0.01, 60.0),
+    rate=st.floats(0.1, 1000.0),
+    ahead=st.floats(0.0, 1e5),
+)
+def test_a_request_a_plain_drain_serves_in_time_is_never_displaced(left_s, rate, ahead):
+    fits = ahead + 1 <= rate * left_s + OVERDUE_SIGMAS * math.sqrt(rate * left_s)
+    assert overdue(0.0, left_s, ahead, rate) is not fits
+
+
+@given(
+    st.floats(0.0, 1e4),
+    st.floats(0.0, 1e4),
+    st.floats(0.1, 100.0),
+    st.floats(0.1, 100.0),
+)
+def test_more_work_ahead_or_less_time_never_makes_a_request_less_overdue(ahead, more, left_s, rate):
+    if overdue(0.0, left_s, ahead, rate):
+        assert overdue(0.0, left_s, ahead + more, rate)
+        assert overdue(0.0, left_s / 2, ahead, rate)
+
+
+def test_in_a_fifo_flow_the_older_requests_count_ahead_of_each():
+    # Four requests of 1, newest first, each allowed 1 s at 25 hand-overs a second (40 at most).
+    newest_first = [(1.0, 1.0)] * 4
+    # 36 urgent: the newest has 36 + 3 ahead and its own (40, possible), none is overdue yet;
+    # 37: the newest is, then the next with 37 + 2 ahead is not.
+    assert overdue_in_flow(0.0, 36.0, 4.0, newest_first, 25.0) == []
+    assert overdue_in_flow(0.0, 37.0, 4.0, newest_first, 25.0) == [0]
+    assert overdue_in_flow(0.0, 39.0, 4.0, newest_first, 25.0) == [0, 1, 2]
+    assert overdue_in_flow(0.0, 40.0, 4.0, newest_first, 25.0) == [0, 1, 2, 3]
+    # Under EDF a flow's requests leave by deadline: only the urgent work is surely ahead.
+    assert overdue_in_flow(0.0, 37.0, 4.0, newest_first, 25.0, in_arrival_order=False) == []
+
+
+def test_a_patient_request_stays_while_an_impatient_one_behind_it_goes():
+    newest_first = [(1.0, 1.0), (1.0, 30.0)]  # the older one may wait 30 s
+    assert overdue_in_flow(0.0, 45.0, 2.0, newest_first, 25.0) == [0]

@@ -110,19 +110,21 @@ def _acquire(
     until_disconnect: Callable[[], Awaitable[object]],
     on_grant: Callable[[Slot], None],
     body_bytes: int,
+    cost: float,
 ) -> Awaitable[Lease | Refusal]:
     # The one call into the controller's queue protocol (returned, not awaited: no extra frame).
-    # Every request costs 1 until requests are priced (batch items, tokens).
     flow = Flow(model, meta.band, meta.flow_tenant)
     return controller.acquire(
-        flow, 1.0, meta.budget_s, until_disconnect, on_grant=on_grant, body_bytes=body_bytes
+        flow, cost, meta.budget_s, until_disconnect, on_grant=on_grant, body_bytes=body_bytes
     )
 
 
 class AdmittedCall:
     """One request holding (or waiting for) a backend slot. Use it once: `await call.run()`."""
 
-    __slots__ = ("_admission", "_body_bytes", "_ingress", "_meta", "_pool", "_released", "_slot", "_work")
+    __slots__ = (
+        "_admission", "_body_bytes", "_cost", "_ingress", "_meta", "_pool", "_released", "_slot", "_work"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -133,10 +135,13 @@ class AdmittedCall:
         ingress: Ingress,
         *,
         body_bytes: int = 0,
+        cost: float = 1.0,
     ) -> None:
-        """`body_bytes`: the request's body, which this replica holds while the request is queued."""
+        """`body_bytes`: the request's body, which this replica holds while the request is queued;
+        `cost`: its work units (1, its batch items, or its tokens, as its model prices requests)."""
         self._admission = admission
         self._body_bytes = body_bytes
+        self._cost = cost
         self._pool = pool
         self._meta = meta
         self._work = work
@@ -163,6 +168,7 @@ class AdmittedCall:
                     self._ingress.until_disconnect,
                     self._granted,
                     self._body_bytes,
+                    self._cost,
                 )
             except BaseException as error:
                 self._close()  # granted (perhaps started from the hook), then cancelled before it ran

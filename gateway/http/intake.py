@@ -78,17 +78,24 @@ class AdmittedEndpoint:
         await send_error(send, self.style, outcome, admission.drain, detail=detail)
 
     def admit(
-        self, scope: Scope, receive: Receive, send: Send, pool: ModelPool, meta: RequestMeta, body: bytes
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        pool: ModelPool,
+        meta: RequestMeta,
+        body: bytes,
+        cost: float = 1.0,
     ) -> Awaitable[None]:
-        """The admitted call of a request that is read and checked (returned to be awaited, so
-        that the hot path has no extra frame)."""
+        """The admitted call of a request that is read and checked and costs `cost` work units
+        (returned to be awaited, so that the hot path has no extra frame)."""
         intake = self.intake
         in_body = self.style is ErrorStyle.OPENAI
         request = upstream_request(scope, body, intake.header_rules, model_in_body=in_body)
         work = intake.forwarder.exchange(pool, request, meta.budget_s)
         admission = intake.admission
         relay = Relay(receive, send, self.style, work, admission.drain, admission.no_backend_retry_s)
-        return AdmittedCall(admission, pool, meta, work, relay, body_bytes=len(body)).run()
+        return AdmittedCall(admission, pool, meta, work, relay, body_bytes=len(body), cost=cost).run()
 
 
 # RFC 3986 path characters that need no escape (quote() keeps letters, digits and "_.-~" too).

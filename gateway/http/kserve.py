@@ -15,6 +15,7 @@ from gateway.flow.drain import DRAINING_RETRY_S, Drain
 from gateway.flow.readiness import Readiness
 from gateway.http.exchange import read_body, send_response
 from gateway.http.intake import AdmittedEndpoint, upstream_request
+from gateway.http.pricing import batch_items
 from gateway.http.relay import send_error
 from gateway.http.request_meta import Problem, RequestClassifier
 from gateway.telemetry.metrics import GatewayMetrics
@@ -46,7 +47,8 @@ class InferEndpoint(AdmittedEndpoint):
         if isinstance(body, Outcome):
             await self.fail(send, body, model=model, priority=meta.priority)
             return
-        admitted = self.admit(scope, receive, send, pool, meta, body)
+        cost = batch_items(body, scope["headers"]) if pool.priced_by_items else 1.0
+        admitted = self.admit(scope, receive, send, pool, meta, body, cost)
         del body  # the exchange holds it now, and gives it up once it is serialized
         await admitted
 

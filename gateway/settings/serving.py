@@ -136,8 +136,11 @@ class Model(Frozen):
     expected_service_ms: PositiveMs = 100.0
     """The service time assumed until one is measured."""
     upstream_timeout_ms: PositiveMs = 300_000.0
+    cost: Literal["requests", "batch_items"] = "requests"
+    """What a request costs in work units (fair shares, quotas, queue caps, admission): 1 each, or
+    for KServe inference its batch size (dimension 0 of its first input; gateway.http.pricing)."""
     max_queued_work: float | None = Field(None, gt=0)
-    """The most work (requests, until they are priced) queued for this model: beyond it a more
+    """The most work (in `cost` units) queued for this model: beyond it a more
     urgent arrival takes the place of the least urgent, newest queued request (429 displaced);
     with none less urgent it is refused queue_full. None: no cap but the classes' waits."""
     max_queued_bytes: int | None = Field(None, ge=1)

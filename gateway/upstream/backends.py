@@ -90,6 +90,8 @@ class ModelPool:
     upstream_timeout_s: float = 300.0
     max_queued_work: float | None = None
     """The most work queued for the model; a more urgent arrival displaces less urgent work."""
+    priced_by_items: bool = False
+    """A KServe inference request costs its batch size (else 1)."""
 
     @property
     def any_ready(self) -> bool:
@@ -113,4 +115,5 @@ class ModelPool:
             expected_service_s=model.expected_service_ms / 1000,
             upstream_timeout_s=model.upstream_timeout_ms / 1000,
             max_queued_work=model.max_queued_work,
+            priced_by_items=model.cost == "batch_items",
         )

@@ -74,6 +74,37 @@ async def test_two_tenants_weighted_3_to_1_are_served_3_to_1(start_sim, start_ga
     assert exported == pytest.approx(0.75, abs=0.1)
 
 
+async def test_shares_are_counted_in_batch_items_when_one_tenant_sends_8x_larger_batches(
+    start_sim, start_gateway
+):
+    # Priced by batch items, team-b's batches of 8 cost 8 each: with weights 3:1 team-a is handed
+    # three items for each of team-b's, 24 of its requests per one of team-b's. Both stay
+    # backlogged (100 and 20 requests outstanding on 4 slots) until 1,200 answers are in.
+    sim = start_sim(slots=4, base_ms=10)
+    config = weighted_config(sim)
+    config["models"][0]["cost"] = "batch_items"
+    gateway = start_gateway(config)
+    big = {"inputs": [{"name": "INPUT0", "shape": [8, 1], "datatype": "FP32", "data": [1] * 8}]}
+    answered: list[str] = []
+
+    async def client(http, tenant, body):
+        while len(answered) < 1200:  # bounded by the answers counted, each at most 30 s
+            async with http.post(gateway.url + PATH, json=body, headers={"X-Tenant": tenant}) as reply:
+                await reply.read()
+                assert reply.status == 200, await reply.text()
+            answered.append(tenant)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await asyncio.gather(
+            *(client(http, "team-a", INFER) for _ in range(100)),
+            *(client(http, "team-b", big) for _ in range(20)),
+        )
+    counted = answered[100:1100]
+    work_a, work_b = counted.count("team-a"), 8 * counted.count("team-b")
+    assert work_a / work_b == pytest.approx(3.0, rel=0.05)
+    assert sim.stats()["peak_inflight"] <= 4
+
+
 @pytest.mark.redis
 async def test_three_redis_replicas_keep_the_same_shares(start_sim, start_gateway):
     redis_server = RedisServer()

@@ -15,6 +15,7 @@ Targets:
   classes (HAProxy has one per backend): the batch class's limit.
 - fifo: the gateway with a single class and no tenants, first come first served; each request's
   deadline still sent as X-Request-Timeout-Ms, so admission still refuses what it cannot serve.
+  Both gateway targets price requests by batch items (`cost: batch_items`).
 - gateway: the gateway with the two classes, `--reserved` (2) of the 8 slots reserved for
   interactive work, and the batch tenants sharing their class 1:1 (weighted fair queuing).
 
@@ -130,6 +131,7 @@ def start_target(target: str, log_dir: Path, sim: Sim, python: str, reserved: in
             [(sim.url, SLOTS)], priorities=classes, default_priority=BATCH.name, tenants=tenants
         )
     config["models"][0]["expected_service_ms"] = MEAN_SERVICE_MS
+    config["models"][0]["cost"] = "batch_items"  # a batch job is 16 items of work, not 1
     config["health"] = {"interval_ms": 1000}
     gateway = Gateway(log_dir, config, python=python)
     gateway.wait_ready()

@@ -93,6 +93,7 @@ def configured_store(
         close_clients=True,
         expected_replicas=config.replicas,
         fallback_max_s=config.fallback_max_ms / 1000 if config.on_store_failure == "local" else 0.0,
+        tenants=bool(settings.tenants),
         **policy,
     )
     local = MemoryQueue(pools, bands, settings.estimation, slot_divisor=config.replicas, **policy)

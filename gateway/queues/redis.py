@@ -79,6 +79,7 @@ class RedisQueue:
         expected_replicas: int = 1,
         fallback_max_s: float = 0.0,
         supervisor: Supervisor | None = None,
+        tenants: bool = True,
     ) -> None:
         self._client = client
         self._close_clients = close_clients
@@ -93,7 +94,7 @@ class RedisQueue:
         """A tenant's weight in its bands' fair queuing now; a tenant not named (and "") weighs 1."""
         self._reserved = reserved if any(reserved) else ()
         self._clock = clock
-        self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock, self._reserved, quotas)
+        self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock, self._reserved, quotas, tenants)
         self._presence = Presence(
             self._run, replica_id, lease_ttl_s, expected_replicas, fallback_max_s, clock
         )

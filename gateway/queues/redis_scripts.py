@@ -37,7 +37,11 @@ class Scripts:
         redis_clock: Callable[[], float] | None,
         reserved: tuple[int, ...] = (),
         quotas: Mapping[str, Quota] | None = None,
+        tenants: bool = True,
     ) -> None:
+        """`tenants`: requests may come in flows of several tenants, so the views the scripts
+        return carry each band's fair-queuing state (without tenants a turn is the whole band)."""
+        self._tenants = tenants
         self._quotas = {
             tenant: {"n": q.nominal}
             | ({"b": q.borrowing_limit} if math.isfinite(q.borrowing_limit) else {})
@@ -65,6 +69,8 @@ class Scripts:
             args["reserved"] = self._reserved
         if self._quotas:
             args["quotas"] = self._quotas
+        if self._tenants:
+            args["tenants"] = True
         if self._redis_clock is not None:
             args["now"] = self._redis_clock()
         reply = await self._registered[name](keys=[tag], args=[encode(args)])

@@ -676,7 +676,8 @@ local function started_times()
   return times
 end
 
--- A fair-queued band's state (policies.fairness.FairTurns) while flows wait in it, else 0.
+-- A fair-queued band's state (policies.fairness.FairTurns) while flows wait in it, else 0; sent
+-- only where requests come in tenants' flows (A.tenants): with one flow a turn is the whole band.
 local function fair_turns(band)
   if not fair_band(band) then return 0 end
   return {
@@ -694,7 +695,7 @@ local function view(nbands, backends, now)
     w[#w + 1] = tonumber(redis.call('HGET', tag .. ':queued', 'w' .. band) or '0')
     off[#off + 1] = stat('off:' .. band)
     adm[#adm + 1] = stat('adm:' .. band)
-    ft[#ft + 1] = fair_turns(band)
+    if A.tenants then ft[#ft + 1] = fair_turns(band) end
   end
   return {
     now = fmt(now), free = free_slots(backends), ib = held_by_band(nbands), n = n, w = w, off = off, adm = adm,

@@ -57,7 +57,10 @@ def build_runtime(
     pool_list = list(pools.values())
     metrics = GatewayMetrics(registry if registry is not None else CollectorRegistry())
     windows = WindowClock(settings)
-    store = configured_store(settings, pool_list, metrics, clock=clock, weight_of=windows.weight)
+    reserved_of = windows.reserved_slots if windows.moves_reservations else None
+    store = configured_store(
+        settings, pool_list, metrics, clock=clock, weight_of=windows.weight, reserved_of=reserved_of
+    )
     metrics.watch_pools(pool_list, [p.name for p in settings.priorities], store, clock, settings.quotas())
     supervisor = supervisor if supervisor is not None else Supervisor()
     signals = SignalBoard(

@@ -22,6 +22,15 @@ class WindowClock:
         self._tenant_window = {t.name: t.only_in for t in settings.tenants if t.only_in}
         self._weights = {t.name: t.weight for t in settings.tenants}
         self._weight_in = {t.name: dict(t.weight_in) for t in settings.tenants if t.weight_in}
+        self._reserved = settings.reserved_slots()
+        self._reserved_in = [dict(p.reserved_slots_in) for p in settings.priorities]
+        self._reserved_at: tuple[int, tuple[int, ...]] | None = None
+        """The reservations last read, and the whole second of the clock they were read in."""
+
+    @property
+    def moves_reservations(self) -> bool:
+        """Whether a class reserves more slots in some window (else `reserved_slots` never changes)."""
+        return any(self._reserved_in)
 
     @property
     def restricts(self) -> bool:
@@ -45,6 +54,19 @@ class WindowClock:
         base = self._weights.get(tenant, 1.0)
         boosted = [w for name, w in self._weight_in.get(tenant, {}).items() if not self._until_open(name)]
         return max(boosted, default=base)
+
+    def reserved_slots(self) -> tuple[int, ...]:
+        """Per band, the slots its class reserves now: the largest of its open windows'
+        reservations, else its own. Read once per second of the clock: the stores ask on every
+        offer and hand-over, and a window opens on a minute."""
+        second = int(self._clock())
+        if self._reserved_at is None or self._reserved_at[0] != second:
+            now = tuple(
+                max((n for name, n in windows.items() if not self._until_open(name)), default=own)
+                for own, windows in zip(self._reserved, self._reserved_in, strict=True)
+            )
+            self._reserved_at = (second, now)
+        return self._reserved_at[1]
 
     def _until_open(self, name: str | None) -> float | None:
         if name is None:

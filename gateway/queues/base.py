@@ -202,6 +202,17 @@ class RequestQueue(Protocol):
         ...
 
 
+Reservations = tuple[int, ...] | Callable[[], tuple[int, ...]]
+"""Per band, the slots its class reserves (policies.reservations): fixed, or as they are now (they
+may change with time windows)."""
+
+
+def reserved_now(reservations: Reservations) -> tuple[int, ...]:
+    """The reservations as they are now; () when no class reserves any."""
+    reserved = reservations() if callable(reservations) else reservations
+    return reserved if any(reserved) else ()
+
+
 def weight_lookup(weights: Mapping[str, float] | Callable[[str], float] | None) -> Callable[[str], float]:
     """A tenant's weight by name: from a table (1 for a name not in it), or the given function."""
     if callable(weights):

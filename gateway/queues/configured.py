@@ -11,7 +11,7 @@ from typing import TypedDict
 
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from gateway.queues.base import RequestQueue, weight_lookup
+from gateway.queues.base import RequestQueue, Reservations, weight_lookup
 from gateway.queues.failover import FailoverQueue
 from gateway.queues.memory import MemoryQueue
 from gateway.queues.redis import LISTEN_WAKE_S, RedisQueue
@@ -32,7 +32,7 @@ class StorePolicy(TypedDict):
 
     ordering: Ordering
     weights: Callable[[str], float]
-    reserved: tuple[int, ...]
+    reserved: Reservations
     quotas: dict[str, Quota]
 
 
@@ -43,15 +43,16 @@ def configured_store(
     *,
     clock: Callable[[], float] = time.monotonic,
     weight_of: Callable[[str], float] | None = None,
+    reserved_of: Callable[[], tuple[int, ...]] | None = None,
 ) -> RequestQueue:
     """The store the settings name; `weight_of` gives a tenant's weight at enqueue (its configured
-    weight when not given)."""
+    weight when not given), `reserved_of` the classes' reservations now (their configured ones)."""
     bands = len(settings.priorities)
     weights = weight_of if weight_of is not None else weight_lookup(settings.tenant_weights())
     policy = StorePolicy(
         ordering=settings.ordering,
         weights=weights,
-        reserved=settings.reserved_slots(),
+        reserved=reserved_of if reserved_of is not None else settings.reserved_slots(),
         quotas=settings.quotas(),
     )
     config = settings.store

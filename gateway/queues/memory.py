@@ -14,7 +14,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket
+from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Reservations, Slot, Ticket
 from gateway.queues.memory_pool import ModelQueue
 from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
@@ -35,7 +35,7 @@ class MemoryQueue:
         *,
         ordering: Ordering = Ordering.FIFO,
         weights: Callable[[str], float] = lambda tenant: 1.0,
-        reserved: tuple[int, ...] = (),
+        reserved: Reservations = (),
         quotas: Mapping[str, Quota] | None = None,
         slot_divisor: int = 1,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.get_running_loop,
@@ -112,7 +112,9 @@ class MemoryQueue:
         queue.insert(ticket, self._rank(queue, ticket, leave_by), next(self._sequence))
         if any(b.count for b in queue.bands[flow.band + 1 :]):
             self._displace_overdue(queue, flow.band, now)
-        if queue.quotas and free > 0:  # the heads may be held back by quotas where it is not
+        if (queue.quotas and free > 0) or (queue.reservations_move and queue.free_slots > 0):
+            # The heads may be held back by quotas where it is not, or by a reservation that
+            # has since shrunk (a window closed).
             self._dispatch(queue, now=None)
         return Queued(ticket)
 

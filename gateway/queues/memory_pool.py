@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.queues.base import Batching, Flow, Slot, Ticket
+from gateway.queues.base import Batching, Flow, Reservations, Slot, Ticket, reserved_now
 from gateway.queues.estimates import PoolEstimates, StoreCounters
 from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
@@ -74,7 +74,7 @@ class ModelQueue:
         estimation: Estimation,
         divisor: int,
         clock: Callable[[], float],
-        reserved: tuple[int, ...] = (),
+        reserved: Reservations = (),
         quotas: Mapping[str, Quota] | None = None,
         weights: Callable[[str], float] | None = None,
     ) -> None:
@@ -83,7 +83,7 @@ class ModelQueue:
         """A tenant's weight in its band's fair queuing; None when bands are not fair-queued (EDF)."""
         self.quotas = dict(quotas or {})
         """Tenant -> its quota of work in flight in this pool (policies.quotas)."""
-        self.reserved = reserved if any(reserved) else ()
+        self._reserved = reserved
         """Per band, the slots its class keeps from the less urgent ones (policies.reservations)."""
         self.clock = clock
         self.slot_divisor = divisor
@@ -102,6 +102,20 @@ class ModelQueue:
         # clean sample of the drain rate (no idle slot in between).
         self.backlogged_handover_at: float | None = None
         self.idle_waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def reservations_move(self) -> bool:
+        """Whether the reservations change with time (time windows)."""
+        return callable(self._reserved)
+
+    @property
+    def free_slots(self) -> int:
+        return free_slots(self.capacity)
+
+    @property
+    def reserved(self) -> tuple[int, ...]:
+        """Per band, the slots its class keeps from the less urgent ones now (policies.reservations)."""
+        return reserved_now(self._reserved)
 
     @property
     def idle(self) -> bool:
@@ -128,11 +142,11 @@ class ModelQueue:
         self.capacity = list(current.values())
 
     def stats(self) -> QueueStats:
-        free = free_slots(self.capacity)
+        free, reserved = free_slots(self.capacity), self.reserved
         return QueueStats(
             queued_by_band=tuple(b.count for b in self.bands),
             free_slots=free,
-            free_by_band=usable_by_band(free, self.held_by_band(), self.reserved) if self.reserved else (),
+            free_by_band=usable_by_band(free, self.held_by_band(), reserved) if reserved else (),
             inflight_by_tenant=self.inflight_by_tenant() if self.quotas else {},
             queued_work_by_band=tuple(b.work for b in self.bands),
             started_at=tuple(self.running.values()),
@@ -153,9 +167,9 @@ class ModelQueue:
     def usable(self, band: int) -> int:
         """The free slots a request of `band` may take."""
         free = free_slots(self.capacity)
-        if not self.reserved:
+        if not (reserved := self.reserved):
             return free
-        return usable_free_slots(band, free, self.held_by_band(), self.reserved)
+        return usable_free_slots(band, free, self.held_by_band(), reserved)
 
     def may_start(self, tenant: str, cost: float) -> bool:
         """Whether the tenant's quota, or what it may borrow, lets a request of `cost` start now."""

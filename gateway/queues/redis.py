@@ -70,7 +70,7 @@ class RedisQueue:
         lease_ttl_s: float,
         ordering: Ordering = Ordering.FIFO,
         weights: Callable[[str], float] = lambda tenant: 1.0,
-        reserved: tuple[int, ...] = (),
+        reserved: tuple[int, ...] | Callable[[], tuple[int, ...]] = (),
         quotas: Mapping[str, Quota] | None = None,
         clock: Callable[[], float] = time.monotonic,
         redis_clock: Callable[[], float] | None = None,
@@ -92,9 +92,8 @@ class RedisQueue:
         self._ordering = ordering
         self._weight_of = weights
         """A tenant's weight in its bands' fair queuing now; a tenant not named (and "") weighs 1."""
-        self._reserved = reserved if any(reserved) else ()
         self._clock = clock
-        self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock, self._reserved, quotas, tenants)
+        self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock, reserved, quotas, tenants)
         self._presence = Presence(
             self._run, replica_id, lease_ttl_s, expected_replicas, fallback_max_s, clock
         )
@@ -326,7 +325,7 @@ class RedisQueue:
             log.exception("model %s: could not deliver grant %s", state.pool.name, grant)
 
     def _take_view(self, state: ModelState, raw: dict[str, Any]) -> None:
-        view = View.parse(raw, self._clock(), self._reserved)
+        view = View.parse(raw, self._clock(), self._scripts.reservations())
         if view.redis_now >= state.view.redis_now:
             state.view = view
             state.estimates.observe(view.counters, view.redis_now)

@@ -15,6 +15,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from gateway.queues.base import Reservations, reserved_now
 from gateway.queues.redis_codec import backends_arg, decode, encode
 from gateway.queues.redis_presence import lease_bound_s
 from gateway.upstream.backends import ModelPool
@@ -35,7 +36,7 @@ class Scripts:
         bands: int,
         lease_ttl_s: float,
         redis_clock: Callable[[], float] | None,
-        reserved: tuple[int, ...] = (),
+        reserved: Reservations = (),
         quotas: Mapping[str, Quota] | None = None,
         tenants: bool = True,
     ) -> None:
@@ -49,13 +50,17 @@ class Scripts:
             for tenant, q in (quotas or {}).items()
         }
         """Tenant -> its quota as the scripts read it (policies.quotas; no key: no limit)."""
-        self._reserved = list(reserved)
+        self._reserved = reserved
         """Per band, the slots its class keeps from the less urgent ones (none: an empty list)."""
         self._registered = {name: client.register_script(script_source(name)) for name in _NAMES}
         self._bands = bands
         self._ttl_s = lease_ttl_s
         self._redis_clock = redis_clock
         """Tests: the time the scripts use instead of Redis's TIME."""
+
+    def reservations(self) -> tuple[int, ...]:
+        """Per band, the slots its class reserves now (the scripts get the same)."""
+        return reserved_now(self._reserved)
 
     async def run(self, name: str, tag: str, pool: ModelPool, args: dict[str, Any]) -> Any:
         """Run script `name` (EVALSHA, reloaded on NOSCRIPT) on the keys of `tag`."""
@@ -65,8 +70,10 @@ class Scripts:
         args["bound_s"] = lease_bound_s(pool, self._ttl_s)
         if pool.max_queued_work is not None:
             args["cap"] = pool.max_queued_work
-        if self._reserved:
-            args["reserved"] = self._reserved
+        if reserved := self.reservations():
+            args["reserved"] = list(reserved)
+        if callable(self._reserved):
+            args["reserved_move"] = True
         if self._quotas:
             args["quotas"] = self._quotas
         if self._tenants:

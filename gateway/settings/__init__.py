@@ -108,6 +108,7 @@ class Settings(Frozen):
         named = [(f"class {p.name!r}", p.only_in) for p in self.priorities]
         named += [(f"tenant {t.name!r}", t.only_in) for t in self.tenants]
         named += [(f"tenant {t.name!r}", name) for t in self.tenants for name in t.weight_in]
+        named += [(f"class {p.name!r}", name) for p in self.priorities for name in p.reserved_slots_in]
         for owner, window in named:
             if window is not None and window not in window_names:
                 raise ValueError(f"{owner}: no window named {window!r} (windows: {sorted(window_names)})")
@@ -143,7 +144,7 @@ class Settings(Frozen):
         return slots + (self.store.pool_size if self.store.kind == "redis" else 0)
 
     def reserved_slots(self) -> tuple[int, ...]:
-        """Per band, the slots its class reserves from the less urgent ones."""
+        """Per band, the slots its class reserves from the less urgent ones, outside its windows."""
         return tuple(p.reserved_slots for p in self.priorities)
 
     def quotas(self) -> dict[str, Quota]:

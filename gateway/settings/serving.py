@@ -53,6 +53,9 @@ class PriorityClass(Frozen):
     """Slots of each model's pool that less urgent classes never hold (policies.reservations): an
     urgent request finds one free however the others flood. A pool with no more slots than the
     reservations above a class serves that class nothing."""
+    reserved_slots_in: dict[str, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(default_factory=dict)
+    """Window name -> the slots it reserves while that window is open (the largest of those open;
+    `reserved_slots` outside them)."""
 
 
 _HEALTH_PATHS = {"kserve": "/v2/health/ready", "triton": "/v2/models/{model}/ready", "vllm": "/health"}

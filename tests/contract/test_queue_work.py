@@ -267,6 +267,22 @@ async def test_less_urgent_classes_never_hold_the_slots_a_class_reserves(make_st
     await eventually(lambda: low[2].ticket.wakeup.done())
 
 
+async def test_reservations_that_change_with_a_window_hold_from_the_next_offer(make_store):
+    now = [(0, 0)]  # as a window clock gives them: outside its window high keeps nothing
+    sut = await make_store(slots=(3,), reserved=lambda: now[0])
+    assert isinstance(await offer(sut, band=1), Granted)
+    now[0] = (2, 0)  # the window opens: high keeps two of the three slots
+    waiting = await offer(sut, band=1)
+    assert isinstance(waiting, Queued)
+    assert sut.store.stats(MODEL).free_by_band == (2, 0)
+    assert isinstance(await offer(sut, band=0), Granted)
+    # It closes: the next offer hands the slot high no longer keeps to the low request waiting.
+    now[0] = (0, 0)
+    assert isinstance(await offer(sut, band=1), Queued)
+    await eventually(lambda: waiting.ticket.wakeup.done(), what="the waiting low request's grant")
+    assert isinstance(waiting.ticket.wakeup.result(), Slot)
+
+
 async def test_a_freed_slot_kept_for_an_urgent_class_is_not_handed_to_a_less_urgent_one(make_store):
     sut = await make_store(slots=(3,), reserved=(1, 0))
     low = [await offer(sut, band=1) for _ in range(2)]

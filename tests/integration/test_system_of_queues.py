@@ -168,17 +168,23 @@ async def test_a_light_tenant_is_admitted_on_its_turn_while_a_heavy_one_floods(
             redis_server.stop()
 
 
+@pytest.mark.parametrize(
+    "reservation",
+    [{"reserved_slots": 1}, {"reserved_slots_in": {"all-week": 1}}],
+    ids=["always", "in-an-open-window"],
+)
 async def test_a_reserved_slot_is_free_for_an_urgent_request_while_a_batch_class_floods(
-    start_sim, start_gateway
+    start_sim, start_gateway, reservation
 ):
     sim = start_sim(slots=4, base_ms=300)
     config = gateway_config(
         [(sim.url, 4)],
         priorities=[
-            {"name": "high", "max_wait_ms": 5_000, "reserved_slots": 1},
+            {"name": "high", "max_wait_ms": 5_000, **reservation},
             {"name": "low", "max_wait_ms": 30_000},
         ],
         expected_service_ms=300,
+        windows=[{"name": "all-week", "from": "00:00", "to": "00:00"}],  # the whole day, every day
     )
     gateway = start_gateway(config)
     sim.reset()

@@ -11,8 +11,13 @@ from gateway.settings import ConfigError, parse_settings
 AMSTERDAM = ZoneInfo("Europe/Amsterdam")
 BASE = {
     "priorities": [
-        {"name": "high", "max_wait_ms": 250},
-        {"name": "compliance", "max_wait_ms": 60_000, "only_in": "nightly"},
+        {"name": "high", "max_wait_ms": 250, "reserved_slots": 1, "reserved_slots_in": {"nightly": 0}},
+        {
+            "name": "compliance",
+            "max_wait_ms": 60_000,
+            "only_in": "nightly",
+            "reserved_slots_in": {"nightly": 2},
+        },
     ],
     "default_priority": "high",
     "models": [{"name": "m", "backends": [{"url": "http://127.0.0.1:9", "max_concurrency": 1}]}],
@@ -59,3 +64,25 @@ def test_a_window_must_exist_and_its_zone_be_known():
     late = [{"name": "nightly", "from": "25:00", "to": "04:00"}]
     with pytest.raises(ConfigError, match="from"):
         parse_settings({**BASE, "windows": late})
+
+
+def test_a_class_reserves_its_window_share_while_the_window_is_open():
+    # high gives its slot up at night, when the compliance class keeps two for itself.
+    assert clock_at(2026, 12, 1, 3, 0).reserved_slots() == (0, 2)
+    assert clock_at(2026, 12, 1, 12, 0).reserved_slots() == (1, 0)
+    assert clock_at(2026, 12, 1, 12, 0).moves_reservations
+
+
+def test_the_reservations_follow_the_clock_from_one_second_to_the_next():
+    night = datetime(2026, 12, 1, 3, 59, 59, tzinfo=AMSTERDAM).timestamp()
+    now = [night]
+    clock = WindowClock(parse_settings(BASE), clock=lambda: now[0])
+    assert clock.reserved_slots() == (0, 2)
+    now[0] += 1.0  # 04:00: the window has closed
+    assert clock.reserved_slots() == (1, 0)
+
+
+def test_a_reservation_in_a_window_that_does_not_exist_is_a_config_error():
+    broken = {**BASE, "priorities": [{"name": "high", "max_wait_ms": 250, "reserved_slots_in": {"nope": 1}}]}
+    with pytest.raises(ConfigError, match="nope"):
+        parse_settings(broken)

@@ -52,6 +52,9 @@ end
 enqueue(id, info, score)
 -- Less urgent requests it pushed past their allowance are told at once.
 if A.drain ~= nil and A.drain > 0 then displace_overdue(A.band, nbands, now) end
--- The heads may be held back by quotas where this one is not: its grant goes onto its list.
-if A.quotas ~= nil and free > 0 then dispatch(nbands, A.backends, A.ttl, now, false, nil) end
+-- The heads may be held back by quotas where this one is not, or by a reservation that has since
+-- shrunk (A.reserved_move: a window closed): their grants go onto their lists.
+if (A.quotas ~= nil and free > 0) or (A.reserved_move and free_slots(A.backends) > 0) then
+  dispatch(nbands, A.backends, A.ttl, now, false, nil)
+end
 return cjson.encode({kind = 'queued', ticket = id, view = view(nbands, A.backends, now)})

@@ -60,6 +60,8 @@ class BandQueue:
         return work_ahead_in_turn(self.virtual_time, own_finish, self.queued.get(tenant, 0.0), others, slack)
 
     def turns(self, weight_of: Callable[[str], float]) -> FairTurns | None:
+        """The band's fair queuing as admission reads it (QueueStats.fair_turns); None while
+        nothing waits."""
         if not self.queued:
             return None
         weights = {name: weight_of(name) for name in self.queued}
@@ -110,6 +112,7 @@ class ModelQueue:
 
     @property
     def free_slots(self) -> int:
+        """Free slots, whichever class may take them."""
         return free_slots(self.capacity)
 
     @property
@@ -142,7 +145,7 @@ class ModelQueue:
         self.capacity = list(current.values())
 
     def stats(self) -> QueueStats:
-        free, reserved = free_slots(self.capacity), self.reserved
+        free, reserved = self.free_slots, self.reserved
         return QueueStats(
             queued_by_band=tuple(b.count for b in self.bands),
             free_slots=free,
@@ -166,7 +169,7 @@ class ModelQueue:
 
     def usable(self, band: int) -> int:
         """The free slots a request of `band` may take."""
-        free = free_slots(self.capacity)
+        free = self.free_slots
         if not (reserved := self.reserved):
             return free
         return usable_free_slots(band, free, self.held_by_band(), reserved)

@@ -48,7 +48,7 @@ LAYERS = {
     "gateway.queues": 1,
     **{
         f"gateway.{room}": 0
-        for room in ("upstream", "telemetry", "signals", "settings", "supervision", "errors")
+        for room in ("upstream", "telemetry", "signals", "settings", "supervision", "errors", "tensors")
     },
 }
 

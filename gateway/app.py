@@ -22,6 +22,7 @@ from gateway.flow.drain import Drain
 from gateway.flow.queued_bytes import QueuedBytes
 from gateway.flow.readiness import Readiness
 from gateway.flow.windows import WindowClock
+from gateway.http.batches import Batches
 from gateway.http.hot_routes import InferenceRoutes
 from gateway.http.intake import Intake
 from gateway.http.kserve import InferEndpoint, ModelPassthrough, kserve_routes
@@ -149,6 +150,7 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp
         forwarder=rt.forwarder,
         max_body_bytes=settings.limits.max_body_bytes,
         header_rules=header_rules,
+        batches=Batches(rt.forwarder, rt.metrics, rt.admission.no_backend_retry_s),
     )
     passthrough = ModelPassthrough(
         rt.pools,

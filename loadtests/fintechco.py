@@ -31,16 +31,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loadtests.bench import HAProxy
+from loadtests.matrix import chosen_targets, results_path, run_matrix
 from loadtests.openloop import (
     INFER_PATH,
     Arrival,
@@ -253,15 +252,10 @@ def main() -> None:
         "--gateway-python", default=sys.executable, help="the interpreter that runs the gateway"
     )
     args = parser.parse_args()
-    targets = args.targets.split(",")
-    if unknown := [t for t in targets if t not in TARGETS]:
-        parser.error(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}")
-    if "haproxy" in targets and shutil.which("haproxy") is None:
-        parser.error("the haproxy target needs HAProxy: apt-get install haproxy")
+    targets = chosen_targets(parser, args.targets, TARGETS)
     duration_s = 8.0 if args.quick else args.duration
     log_dir = Path(tempfile.mkdtemp(prefix="fintechco-"))
-    out = Path(__file__).parent / "results" / f"fintechco-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(exist_ok=True)
+    out = results_path("fintechco")
     report: dict[str, Any] = {
         "machine": f"{os.cpu_count()} cores",
         "seed": args.seed,
@@ -270,22 +264,12 @@ def main() -> None:
         "reserved": args.reserved,
         "results": [],
     }
-    for load in (float(x) for x in args.loads.split(",")):
-        for target in targets:
-            try:
-                result = run_one(
-                    target, load, duration_s, args.seed, log_dir, args.gateway_python, args.reserved
-                )
-            except Exception as error:  # one target's failure must not lose the others' results
-                result = {
-                    "target": target,
-                    "load": load,
-                    "error": f"{type(error).__name__}: {str(error)[:300]}",
-                }
-            report["results"].append(result)
-            out.write_text(json.dumps(report, indent=1))
-            print(table([result]).splitlines()[-1], flush=True)
-    print(table(report["results"]))
+    loads = [float(x) for x in args.loads.split(",")]
+
+    def one(target: str, load: float) -> dict[str, Any]:
+        return run_one(target, load, duration_s, args.seed, log_dir, args.gateway_python, args.reserved)
+
+    run_matrix(report, out, loads, targets, one, table)
     print(f"saved {out} (server logs in {log_dir})")
 
 

@@ -24,9 +24,9 @@ from typing import Protocol
 
 from gateway.flow.controller import AdmissionController, Lease, Refusal
 from gateway.flow.drain import DRAINING_RETRY_S, Drain
-from gateway.queues.base import Flow, Slot
+from gateway.queues.base import Batching, Flow, Slot
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.upstream.backends import BackendState, ModelPool
+from gateway.upstream.backends import ModelPool
 from policies.outcomes import Outcome
 
 
@@ -51,8 +51,8 @@ class SlotWork(Protocol):
     on_done: Callable[[float | None], None] | None
     """Set by the call: run once, when the backend is done, with the service time to learn from."""
 
-    def start_at_grant(self, backend: BackendState) -> None:
-        """The slot on `backend` is this request's: start at once if that needs no await."""
+    def start_at_grant(self, slot: Slot) -> None:
+        """`slot` is this request's (perhaps shared with a batch): start at once if that needs no await."""
         ...
 
     def close(self) -> bool:
@@ -111,11 +111,12 @@ def _acquire(
     on_grant: Callable[[Slot], None],
     body_bytes: int,
     cost: float,
+    batching: Batching | None,
 ) -> Awaitable[Lease | Refusal]:
     # The one call into the controller's queue protocol (returned, not awaited: no extra frame).
     flow = Flow(model, meta.band, meta.flow_tenant)
     return controller.acquire(
-        flow, cost, meta.budget_s, until_disconnect, on_grant=on_grant, body_bytes=body_bytes
+        flow, cost, meta.budget_s, until_disconnect, on_grant, batching, body_bytes=body_bytes
     )
 
 
@@ -123,7 +124,8 @@ class AdmittedCall:
     """One request holding (or waiting for) a backend slot. Use it once: `await call.run()`."""
 
     __slots__ = (
-        "_admission", "_body_bytes", "_cost", "_ingress", "_meta", "_pool", "_released", "_slot", "_work"
+        "_admission", "_batching", "_body_bytes", "_cost", "_ingress", "_meta", "_pool", "_released", "_slot",
+        "_work",
     )  # fmt: skip
 
     def __init__(
@@ -136,10 +138,13 @@ class AdmittedCall:
         *,
         body_bytes: int = 0,
         cost: float = 1.0,
+        batching: Batching | None = None,
     ) -> None:
         """`body_bytes`: the request's body, which this replica holds while the request is queued;
-        `cost`: its work units (1, its batch items, or its tokens, as its model prices requests)."""
+        `cost`: its work units (1, its batch items, or its tokens, as its model prices requests);
+        `batching`: what it may share a slot with (its work then serves a batch)."""
         self._admission = admission
+        self._batching = batching
         self._body_bytes = body_bytes
         self._cost = cost
         self._pool = pool
@@ -169,6 +174,7 @@ class AdmittedCall:
                     self._granted,
                     self._body_bytes,
                     self._cost,
+                    self._batching,
                 )
             except BaseException as error:
                 self._close()  # granted (perhaps started from the hook), then cancelled before it ran
@@ -204,7 +210,7 @@ class AdmittedCall:
     def _granted(self, slot: Slot) -> None:
         """The grant hook: runs inside the store's grant, before this call's task does."""
         self._slot = slot
-        self._work.start_at_grant(slot.backend)
+        self._work.start_at_grant(slot)
 
     def _close(self) -> None:
         if not self._work.close():

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from gateway.flow.batch_holds import BatchHolds
 from gateway.flow.calibration import Calibrations
 from gateway.flow.predictions import Predictions
 from gateway.flow.queued_bytes import QueuedBytes
@@ -48,6 +49,9 @@ BUDGET_RULE = "X-Request-Timeout-Ms"
 class Lease:
     slot: Slot
     queue_wait_s: float
+    batch_wait_s: float | None = None
+    """Of a request its model may batch: the part of its wait spent held for companions while a
+    slot was free (its whole wait when it was held, else 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,7 @@ class AdmissionController:
         jitter: Callable[[], float] = random.random,
     ) -> None:
         self._store = store
+        self._holds = BatchHolds(store, clock)
         self._queued_bytes = queued_bytes if queued_bytes is not None else QueuedBytes(ByteLimits(1 << 62))
         self._signals = signals if signals is not None else _NoSignals()
         self._backlog_limits = backlog_limits
@@ -175,8 +180,13 @@ class AdmissionController:
         confidence = self._calibrations.confidence(model, band)
         predictions = self._predictions_of(model)
         limit = predictions.work_limit(request, stats, throughput, arrived_at, confidence)
+        # A held batch leaves while its most urgent member still has a service time to spare
+        # beyond its allowed wait: a batch is served more slowly than one request.
+        leave_by = arrived_at + allowed_s - throughput.service_time_s
+        if batching is not None and batching.max_delay_s > 0:
+            batching = self._holds.decide(flow, batching, cost, leave_by, stats.free_for(band))
         offer = await self._store.offer(
-            flow, cost, allowed_s, limit - external if limit >= 0 else limit, arrived_at, batching
+            flow, cost, allowed_s, limit - external if limit >= 0 else limit, arrived_at, batching, on_grant
         )
         if isinstance(offer, Granted):
             self._metrics.observe_queue_wait(model, self._class_names[band], 0.0)
@@ -193,7 +203,8 @@ class AdmissionController:
         if isinstance(offer, Unavailable):
             return Refusal(Outcome.STORE_UNAVAILABLE, offer.retry_after_s)
 
-        offer.ticket.on_grant = on_grant
+        if batching is not None and batching.hold:
+            self._holds.held(offer.ticket, batching, leave_by)
         predicted_s = predictions.sampled_wait_s(band, stats, throughput, arrived_at, confidence)
         self._metrics.observe_admitted_into_queue(model, self._class_names[band], predicted_s)
         result = await self._wait(offer.ticket, allowed_s, until_disconnect)
@@ -205,7 +216,11 @@ class AdmissionController:
             self._calibrations.settled(model, band, expired=not isinstance(result, Slot))
         if isinstance(result, Slot):
             self._metrics.observe_queue_wait(model, self._class_names[band], waited_s)
-            return Lease(result, waited_s)
+            if batching is None:
+                return Lease(result, waited_s)
+            batch_wait_s = waited_s if batching.hold else 0.0
+            self._metrics.observe_batch_wait(model, batch_wait_s)
+            return Lease(result, waited_s, batch_wait_s)
         if result is Outcome.DEADLINE_EXPIRED_IN_QUEUE or result is Outcome.DISPLACED:
             flow = self._store.throughput(model, self._clock())
             reject = self._advise(model, request, self._store.stats(model), flow, reason=result)

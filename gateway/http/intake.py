@@ -18,11 +18,15 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import ErrorStyle
 from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
 from gateway.flow.drain import DRAINING_RETRY_S
+from gateway.http.batches import Batches, BatchRelay
 from gateway.http.relay import Relay, send_error
 from gateway.http.request_meta import RequestClassifier
+from gateway.queues.base import Batching
+from gateway.tensors.batch import Part
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.client import HeaderRules, upstream_request_headers
 from gateway.upstream.exchange import Forwarder, UpstreamRequest
+from policies.batching import BatchLimits
 from policies.outcomes import Outcome
 
 
@@ -36,6 +40,7 @@ class Intake:
     forwarder: Forwarder
     max_body_bytes: int
     header_rules: HeaderRules
+    batches: Batches
 
 
 class AdmittedEndpoint:
@@ -86,15 +91,27 @@ class AdmittedEndpoint:
         meta: RequestMeta,
         body: bytes,
         cost: float = 1.0,
+        batching: tuple[Part, BatchLimits] | None = None,
     ) -> Awaitable[None]:
         """The admitted call of a request that is read and checked and costs `cost` work units
-        (returned to be awaited, so that the hot path has no extra frame)."""
+        (returned to be awaited, so that the hot path has no extra frame); `batching`: its part
+        in a batch and the model's batching, when it may share its slot."""
         intake = self.intake
         in_body = self.style is ErrorStyle.OPENAI
         request = upstream_request(scope, body, intake.header_rules, model_in_body=in_body)
-        work = intake.forwarder.exchange(pool, request, meta.budget_s)
         admission = intake.admission
-        relay = Relay(receive, send, self.style, work, admission.drain, admission.no_backend_retry_s)
+        drain, retry_s = admission.drain, admission.no_backend_retry_s
+        if batching is not None:
+            part, limits = batching
+            member = intake.batches.member(pool, request, part, meta.budget_s)
+            batch_relay = BatchRelay(receive, send, self.style, member, drain, retry_s)
+            shares = Batching(part.key, limits.max_batch_size, limits.max_delay_s, limits.preferred_sizes)
+            call = AdmittedCall(
+                admission, pool, meta, member, batch_relay, body_bytes=len(body), cost=cost, batching=shares
+            )
+            return call.run()
+        work = intake.forwarder.exchange(pool, request, meta.budget_s)
+        relay = Relay(receive, send, self.style, work, drain, retry_s)
         return AdmittedCall(admission, pool, meta, work, relay, body_bytes=len(body), cost=cost).run()
 
 

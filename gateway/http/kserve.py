@@ -13,6 +13,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import ErrorStyle
 from gateway.flow.drain import DRAINING_RETRY_S, Drain
 from gateway.flow.readiness import Readiness
+from gateway.http.batches import batch_part
 from gateway.http.exchange import read_body, send_response
 from gateway.http.intake import AdmittedEndpoint, upstream_request
 from gateway.http.pricing import batch_items
@@ -47,8 +48,13 @@ class InferEndpoint(AdmittedEndpoint):
         if isinstance(body, Outcome):
             await self.fail(send, body, model=model, priority=meta.priority)
             return
-        cost = batch_items(body, scope["headers"]) if pool.priced_by_items else 1.0
-        admitted = self.admit(scope, receive, send, pool, meta, body, cost)
+        limits = pool.batch_limits
+        part = None if limits is None else batch_part(scope, body, limits)
+        if part is not None and limits is not None:
+            admitted = self.admit(scope, receive, send, pool, meta, body, part.rows, (part, limits))
+        else:
+            cost = batch_items(body, scope["headers"]) if pool.priced_by_items else 1.0
+            admitted = self.admit(scope, receive, send, pool, meta, body, cost)
         del body  # the exchange holds it now, and gives it up once it is serialized
         await admitted
 

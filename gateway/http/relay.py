@@ -116,7 +116,7 @@ class Relay:
         else:
             headers += [
                 (b"content-length", str(len(body)).encode()),
-                _server_timing(lease.queue_wait_s, work.elapsed_s or 0.0),
+                server_timing(lease.queue_wait_s, work.elapsed_s or 0.0, lease.batch_wait_s),
             ]
             await send_response(self._send, reply.status, headers, body)
             return answered(reply.status)
@@ -133,7 +133,7 @@ class Relay:
         an error status: the answer is cut short, so the client sees a broken stream rather than
         a clean end.
         """
-        headers.append(_server_timing(lease.queue_wait_s, self._work.running_for_s()))
+        headers.append(server_timing(lease.queue_wait_s, self._work.running_for_s(), lease.batch_wait_s))
         send = self._send
         try:
             await send({"type": "http.response.start", "status": reply.status, "headers": headers})
@@ -163,6 +163,8 @@ def _is_event_stream(headers: RawHeaders) -> bool:
     return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
 
 
-def _server_timing(queue_s: float, upstream_s: float) -> tuple[bytes, bytes]:
-    value = f"queue;dur={queue_s * 1000:.3f}, upstream;dur={upstream_s * 1000:.3f}"
+def server_timing(queue_s: float, upstream_s: float, batch_s: float | None = None) -> tuple[bytes, bytes]:
+    """`Server-Timing`: the wait for a slot, for a batch's companions where batched, and upstream."""
+    batch = "" if batch_s is None else f"batch;dur={batch_s * 1000:.3f}, "
+    value = f"queue;dur={queue_s * 1000:.3f}, {batch}upstream;dur={upstream_s * 1000:.3f}"
     return b"server-timing", value.encode()

@@ -52,6 +52,12 @@ class Batching:
 
     key: str
     max_cost: float
+    max_delay_s: float = 0.0
+    """How long a batch may wait for companions while a slot is free (policies.batching)."""
+    preferred_sizes: tuple[int, ...] = ()
+    hold: bool = False
+    """Queue it even though a slot is free: its batch waits for companions, and leaves with the
+    next dispatch (a release, an offer that is not held, or `dispatch_held` when its wait is up)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -73,6 +79,18 @@ class Slot:
     """The store's id for the slot, where it keeps one (Redis)."""
     charged: bool = False
     """Also counted against the fallback store's share (held when the shared store failed)."""
+    awaiting: int = 0
+    """Tickets granted this slot whose waiters have not been told yet (a Redis grant read before
+    the replies of the offers that queued them): a batch is complete once it is 0."""
+    on_settled: Callable[[], None] | None = field(default=None, repr=False)
+    """Run once when `awaiting` drops to 0 (set by whoever waits for the whole batch)."""
+
+    def settle(self, awaiting: int) -> None:
+        """`awaiting` tickets are still to be told; at 0 run `on_settled`, once."""
+        self.awaiting = awaiting
+        if awaiting == 0 and (settled := self.on_settled) is not None:
+            self.on_settled = None
+            settled()
 
 
 @dataclass(slots=True, eq=False)
@@ -166,6 +184,7 @@ class RequestQueue(Protocol):
         max_work: float,
         now: float,
         batching: Batching | None = None,
+        on_grant: Callable[[Slot], None] | None = None,
     ) -> Offer:
         """Grant a free slot, queue, or refuse when the work to drain before it gets a slot
         exceeds `max_work`: the work queued ahead of it (its band and the more urgent ones) plus
@@ -173,7 +192,8 @@ class RequestQueue(Protocol):
         a slot free and nothing ahead. A negative limit refuses even then.
 
         `allowed_wait_s` is how long the request may wait; the store orders its flow by its
-        configured Ordering, on its own clock.
+        configured Ordering, on its own clock. A queued ticket carries `on_grant` from the start,
+        so that it runs in its grant whenever that comes (a batch's members all join it there).
         """
         ...
 
@@ -199,6 +219,10 @@ class RequestQueue(Protocol):
 
     def backends_changed(self, model: str) -> None:
         """Readiness changed: dispatch into newly ready slots, fail waiters when none is left."""
+        ...
+
+    def dispatch_held(self, model: str) -> None:
+        """Hand free slots to waiting tickets: a batch held for companions has waited long enough."""
         ...
 
 

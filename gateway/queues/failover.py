@@ -143,15 +143,16 @@ class FailoverQueue:
         max_work: float,
         now: float,
         batching: Batching | None = None,
+        on_grant: Callable[[Slot], None] | None = None,
     ) -> Offer:
         if self.up:
             try:
-                return await self._redis.offer(flow, cost, allowed_wait_s, max_work, now, batching)
+                return await self._redis.offer(flow, cost, allowed_wait_s, max_work, now, batching, on_grant)
             except RedisError as error:
                 self.redis_failed(error)
         if not self._serving(flow.model):
             return Unavailable(retry_after_s=self._probe_interval_s)
-        return await self._local.offer(flow, cost, allowed_wait_s, max_work, now, batching)
+        return await self._local.offer(flow, cost, allowed_wait_s, max_work, now, batching, on_grant)
 
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
         if not ticket.id:
@@ -196,6 +197,11 @@ class FailoverQueue:
         self._local.backends_changed(model)
         if self.up:
             self._redis.backends_changed(model)
+
+    def dispatch_held(self, model: str) -> None:
+        self._local.dispatch_held(model)  # a batch held while the fallback served
+        if self.up:
+            self._redis.dispatch_held(model)
 
     # -- the fallback's time ------------------------------------------------------------------------
 

@@ -77,8 +77,9 @@ class MemoryQueue:
         max_work: float,
         now: float,
         batching: Batching | None = None,
+        on_grant: Callable[[Slot], None] | None = None,
     ) -> Offer:
-        return self.offer_nowait(flow, cost, allowed_wait_s, max_work, now, batching)
+        return self.offer_nowait(flow, cost, allowed_wait_s, max_work, now, batching, on_grant)
 
     def offer_nowait(
         self,
@@ -88,6 +89,7 @@ class MemoryQueue:
         max_work: float,
         now: float,
         batching: Batching | None = None,
+        on_grant: Callable[[Slot], None] | None = None,
     ) -> Offer:
         queue = self._models[flow.model]
         queue.estimates.observe(queue.counters, now)  # closes the counting interval before this one
@@ -103,18 +105,29 @@ class MemoryQueue:
         if not immediate and not queue.room_for(flow.band, cost):
             return Full(queue.stats(), at_cap=True)
         counters.admitted_work[flow.band] += cost
-        if immediate and (index := pick_backend(queue.capacity)) is not None:
+        held = batching is not None and batching.hold
+        if immediate and not held and (index := pick_backend(queue.capacity)) is not None:
             return Granted(queue.take(index, cost, flow))
         leave_by = now + allowed_wait_s
         ticket = Ticket(
-            flow, cost, self._loop_factory().create_future(), batching=batching, leave_by=leave_by
+            flow,
+            cost,
+            self._loop_factory().create_future(),
+            batching=batching,
+            leave_by=leave_by,
+            on_grant=on_grant,
         )
         queue.insert(ticket, self._rank(queue, ticket, leave_by), next(self._sequence))
         if any(b.count for b in queue.bands[flow.band + 1 :]):
             self._displace_overdue(queue, flow.band, now)
-        if (queue.quotas and free > 0) or (queue.reservations_move and queue.free_slots > 0):
-            # The heads may be held back by quotas where it is not, or by a reservation that
-            # has since shrunk (a window closed).
+        if (
+            (queue.quotas and free > 0)
+            or (queue.reservations_move and queue.free_slots > 0)
+            or (free > 0 and not immediate and not held)
+        ):
+            # The heads may be held back by quotas where it is not, by a reservation that has
+            # since shrunk (a window closed), or a batch may be held for companions (this one
+            # joins it and lets it go, or is not for it and must not wait behind a free slot).
             self._dispatch(queue, now=None)
         return Queued(ticket)
 
@@ -141,6 +154,9 @@ class MemoryQueue:
         # Under EDF its deadline is not known here: `now` puts it before those queued here.
         queue.insert(ticket, self._rank(queue, ticket, now), next(self._sequence))
         self._dispatch(queue, now=None)
+
+    def dispatch_held(self, model: str) -> None:
+        self._dispatch(self._models[model], now=None)
 
     def charge(self, slot: Slot) -> None:
         """Count a slot another store granted against this store's share, until `discharge`."""

@@ -26,13 +26,14 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from anyio.abc import TaskStatus
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.queues.background import Background
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
 from gateway.queues.estimates import PoolEstimates
 from gateway.queues.redis_codec import Displaced, Grant, OfferArgs, View, grants, ready_arg
@@ -112,7 +113,9 @@ class RedisQueue:
         self._listeners: dict[str, Loop] = {}
         self._upkeep_loop: Loop | None = None
         self._stopping = False
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = Background(on_failure)
+        self._spawn = self._background.spawn
+        """Runs `work` to the end in the background, whatever happens to whoever started it."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -175,6 +178,7 @@ class RedisQueue:
         max_work: float,
         now: float,
         batching: Batching | None = None,
+        on_grant: Callable[[Slot], None] | None = None,
     ) -> Offer:
         state = self._models[flow.model]
         if (down := self._loop_down(flow.model)) is not None:
@@ -202,7 +206,8 @@ class RedisQueue:
         if reply["kind"] == "granted":
             return Granted(state.hold(reply["lease"], reply["url"], cost, flow.band))
         if reply["kind"] == "queued":
-            return Queued(state.queued(flow, cost, reply["ticket"], batching, now + allowed_wait_s))
+            ticket = state.queued(flow, cost, reply["ticket"], batching, now + allowed_wait_s, on_grant)
+            return Queued(ticket)
         return Full(state.view.stats, at_cap=bool(reply.get("cap")))
 
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
@@ -225,6 +230,10 @@ class RedisQueue:
     def release_soon(self, slot: Slot, now: float) -> bool:
         self._release_task(slot)
         return False
+
+    def dispatch_held(self, model: str) -> None:
+        state = self._models[model]
+        self._spawn(self._granting("dispatch", state, {"replica": self._replica}))
 
     def backends_changed(self, model: str) -> None:
         state = self._models[model]
@@ -275,8 +284,7 @@ class RedisQueue:
 
     async def settle(self) -> None:
         """Wait until every operation started in the background has finished (tests, shutdown)."""
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.settle()
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -309,8 +317,10 @@ class RedisQueue:
 
     async def _free(self, state: ModelState, lease: str, *, sample: bool = True) -> None:
         """Run the release script; grants it made for this replica are delivered from its reply."""
-        args = {"lease": lease, "replica": self._replica, "sample": sample}
-        reply = await self._run("release", state, args)
+        await self._granting("release", state, {"lease": lease, "replica": self._replica, "sample": sample})
+
+    async def _granting(self, script: str, state: ModelState, args: dict[str, Any]) -> None:
+        reply = await self._run(script, state, args)
         self._take_view(state, reply["view"])
         for grant in grants(reply["mine"]):
             self._deliver(state, grant)
@@ -332,21 +342,6 @@ class RedisQueue:
 
     async def _run(self, script: str, state: ModelState, args: dict[str, Any]) -> Any:
         return await self._scripts.run(script, state.tag, state.pool, args)
-
-    def _spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
-        """Run `work` to the end in the background, whatever happens to whoever started it."""
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._finished)
-        return task
-
-    def _finished(self, task: asyncio.Task[Any]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and (error := task.exception()) is not None:
-            if isinstance(error, RedisError):
-                self._on_failure(error)
-            else:
-                log.warning("redis store operation failed: %r", error)
 
     async def _publish_ready(self, state: ModelState) -> None:
         await self._run("ready", state, {"ttl": self._ttl_s, "ready": ready_arg(state.pool)})

@@ -46,6 +46,8 @@ class OfferArgs:
             fields |= {"overdue_sigmas": OVERDUE_SIGMAS, "overdue_checked": OVERDUE_CHECKED}
         if batching is not None:
             fields["batch"] = {"key": batching.key, "max": batching.max_cost}
+            if batching.hold:
+                fields["batch"]["hold"] = True
         return fields
 
 

@@ -109,6 +109,7 @@ class ModelState:
             elif self._withdrawn.pop(ticket_id, None) is None:
                 pending.unclaimed.add(ticket_id)
                 self._pending[ticket_id] = pending
+        pending.slot.awaiting = len(pending.unclaimed)
         return self._unused(pending)
 
     def displace(self, ticket_id: str, overdue: bool = False) -> None:
@@ -122,11 +123,19 @@ class ModelState:
             ticket.interrupt(Outcome.DISPLACED)
 
     def queued(
-        self, flow: Flow, cost: float, ticket_id: str, batching: Batching | None, leave_by: float
+        self,
+        flow: Flow,
+        cost: float,
+        ticket_id: str,
+        batching: Batching | None,
+        leave_by: float,
+        on_grant: Callable[[Slot], None] | None = None,
     ) -> Ticket:
         """The ticket an offer queued (see `claim`)."""
         wakeup = asyncio.get_running_loop().create_future()
-        ticket = Ticket(flow, cost, wakeup, id=ticket_id, batching=batching, leave_by=leave_by)
+        ticket = Ticket(
+            flow, cost, wakeup, id=ticket_id, batching=batching, leave_by=leave_by, on_grant=on_grant
+        )
         self.claim(ticket)
         return ticket
 
@@ -142,6 +151,7 @@ class ModelState:
             return
         pending.unclaimed.discard(ticket.id)
         self._give(pending, ticket, batch=bool(pending.slot.batch) or pending.delivered > 0)
+        pending.slot.settle(len(pending.unclaimed))
 
     def granted_before_withdrawal(self, ticket_id: str, now: float) -> Slot | None:
         """Redis had granted the withdrawn ticket: the slot to give back when no ticket takes it."""
@@ -150,6 +160,7 @@ class ModelState:
             self._withdrawn[ticket_id] = now  # its grant is still on the way
             return None
         pending.unclaimed.discard(ticket_id)
+        pending.slot.settle(len(pending.unclaimed))
         return self._unused(pending)
 
     def sweep(self, now: float) -> list[Slot]:
@@ -160,6 +171,7 @@ class ModelState:
             if pending.since < old:
                 del self._pending[ticket_id]
                 pending.unclaimed.discard(ticket_id)
+                pending.slot.settle(len(pending.unclaimed))
                 if (slot := self._unused(pending)) is not None:
                     unused.append(slot)
         for ticket_id, at in list(self._withdrawn.items()):

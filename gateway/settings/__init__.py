@@ -18,6 +18,7 @@ from gateway.settings.base import ConfigError, Frozen, Name, PositiveMs
 from gateway.settings.serving import (
     Backend,
     BackendTls,
+    Batching,
     Forwarding,
     Limits,
     Listen,
@@ -40,6 +41,7 @@ __all__ = [
     "Autoscaling",
     "Backend",
     "BackendTls",
+    "Batching",
     "ConfigError",
     "Estimation",
     "Forwarding",

@@ -133,6 +133,18 @@ class Backend(Frozen):
         return value
 
 
+class Batching(Frozen):
+    """Gateway-side micro-batching of a model's KServe v2 inference requests (gateway.http.batches)."""
+
+    max_batch_size: int | None = Field(None, ge=1, le=65_536)
+    """The most batch items one upstream call carries. None: a Triton model's own max_batch_size,
+    read from its config (every backend must then be kind: triton)."""
+    max_delay_ms: float = Field(5.0, ge=0, le=60_000)
+    """How long a batch may wait for companions on the last free slot (policies.batching)."""
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    """A batch that reaches one of these sizes leaves at once."""
+
+
 class Model(Frozen):
     name: Name
     backends: list[Backend] = Field(min_length=1)
@@ -149,6 +161,24 @@ class Model(Frozen):
     max_queued_bytes: int | None = Field(None, ge=1)
     """The most request-body bytes one replica holds queued for this model (limits.max_queued_bytes
     bounds all models together)."""
+    batching: Batching | None = None
+    """Merge queued KServe inference requests into one upstream call; off when absent. A Triton
+    backend's model is batched only while its own dynamic batcher is off."""
+
+    @model_validator(mode="after")
+    def _batching_counts_items(self) -> Model:
+        if self.batching is None:
+            return self
+        if "cost" in self.model_fields_set and self.cost != "batch_items":
+            raise ValueError("batching counts batch items: cost must be batch_items (or left out)")
+        if self.batching.max_batch_size is None and any(b.kind != "triton" for b in self.backends):
+            raise ValueError("batching.max_batch_size is required unless every backend is kind: triton")
+        return self
+
+    @property
+    def priced_by_items(self) -> bool:
+        """A KServe inference request costs its batch size: by `cost`, or because it may be batched."""
+        return self.cost == "batch_items" or self.batching is not None
 
 
 class Tenant(Frozen):

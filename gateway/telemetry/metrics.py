@@ -26,6 +26,7 @@ disable_created_metrics()
 
 _WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _RETRY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
 
@@ -89,6 +90,21 @@ class GatewayMetrics:
             buckets=_RETRY_BUCKETS,
             registry=registry,
         )
+        self.batch_size = Histogram(
+            "gateway_batch_size",
+            "Batch items per upstream call of a model the gateway batches (gateway-side batching).",
+            ["model"],
+            buckets=_BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.batch_wait = Histogram(
+            "gateway_batch_wait_seconds",
+            "Time a request of a model the gateway batches was held for companions while a slot was "
+            "free (0 for one that was not; included in gateway_queue_wait_seconds).",
+            ["model"],
+            buckets=_WAIT_BUCKETS,
+            registry=registry,
+        )
 
         self.store_up = Gauge(
             "gateway_store_up",
@@ -123,6 +139,14 @@ class GatewayMetrics:
 
     def count_retry(self, model: str, priority: str) -> None:
         self._child(self.retries, model, priority).inc()
+
+    def observe_batch(self, model: str, items: float) -> None:
+        """One upstream call of a model the gateway batches: its batch items."""
+        self._child(self.batch_size, model).observe(items)
+
+    def observe_batch_wait(self, model: str, seconds: float) -> None:
+        """A request of a model the gateway batches got its slot after `seconds` held for companions."""
+        self._child(self.batch_wait, model).observe(seconds)
 
     def observe_queue_wait(self, model: str, priority: str, seconds: float) -> None:
         self._child(self.queue_wait, model, priority).observe(seconds)

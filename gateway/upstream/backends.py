@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.settings import Backend, Model
+from gateway.settings import Backend, Batching, Model
 from gateway.upstream.origin import DEFAULT_OPTIONS, ConnectionOptions, OnAbandon, TlsOptions
 from gateway.upstream.reply import InFlight
+from policies.batching import BatchLimits
 from policies.circuit import CLOSED, Circuit, Quiet, slot_limit
 
 
@@ -35,6 +36,8 @@ class BackendState:
     reported_waiting: float = 0.0
     reported_running: float | None = None
     max_batch_size: int = 0
+    dynamic_batching: bool | None = None
+    """Whether its model batches requests itself (a Triton model's dynamic batcher); None until read."""
     origin: str = ""
     """The configured URL this backend comes from (a discovered one: its host name's)."""
     on_abandon: OnAbandon = OnAbandon.DRAIN
@@ -92,6 +95,29 @@ class ModelPool:
     """The most work queued for the model; a more urgent arrival displaces less urgent work."""
     priced_by_items: bool = False
     """A KServe inference request costs its batch size (else 1)."""
+    batching: Batching | None = None
+    """Gateway-side batching, as configured (None: off)."""
+
+    @property
+    def batch_limits(self) -> BatchLimits | None:
+        """How its requests are batched now; None while they pass alone.
+
+        A Triton backend's model must have been read (gateway.upstream.discovery): with its own
+        dynamic batcher on, or not batching at all (max_batch_size 0), the gateway leaves it be;
+        its max_batch_size bounds the gateway's batches.
+        """
+        batching = self.batching
+        if batching is None:
+            return None
+        largest = batching.max_batch_size or 1 << 30
+        for backend in self.backends:
+            if backend.kind == "triton":
+                if backend.dynamic_batching is not False or backend.max_batch_size < 1:
+                    return None
+                largest = min(largest, backend.max_batch_size)
+        if largest < 2:
+            return None
+        return BatchLimits(largest, batching.max_delay_ms / 1000, tuple(batching.preferred_batch_sizes))
 
     @property
     def any_ready(self) -> bool:
@@ -115,5 +141,6 @@ class ModelPool:
             expected_service_s=model.expected_service_ms / 1000,
             upstream_timeout_s=model.upstream_timeout_ms / 1000,
             max_queued_work=model.max_queued_work,
-            priced_by_items=model.cost == "batch_items",
+            priced_by_items=model.priced_by_items,
+            batching=model.batching,
         )

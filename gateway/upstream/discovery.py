@@ -82,6 +82,7 @@ class TritonDiscovery:
             log.debug("discovery of %s at %s failed: %r", backend.served_model, backend.url, error)
             return
         backend.max_batch_size = model.max_batch_size
+        backend.dynamic_batching = model.dynamic_batching
         if not backend.configured_slots and model.ready and model.slots != backend.known_slots:
             log.info(
                 "backend %s: model %s has %d instance(s), max_batch_size %d%s: %d slots",

@@ -22,6 +22,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.client import RawHeaders
@@ -54,6 +55,13 @@ class UpstreamRequest:
     body: bytes
     model_in_body: bool = False
     """The body's `model` names the model (OpenAI), rather than the path (KServe)."""
+
+
+class OnBackend(Protocol):
+    """A slot, as an exchange sees it: where it is."""
+
+    @property
+    def backend(self) -> BackendState: ...
 
 
 class Forwarder:
@@ -146,9 +154,9 @@ class UpstreamExchange:
     def running_for_s(self) -> float:
         return self._forwarder.clock() - self.started_at
 
-    def start_at_grant(self, backend: BackendState) -> None:
-        """The slot on `backend` is this request's: send at once when a pooled connection is idle."""
-        self._backend = backend
+    def start_at_grant(self, slot: OnBackend) -> None:
+        """The slot is this request's: send at once when a pooled connection to its backend is idle."""
+        self._backend = backend = slot.backend
         origin = origin_of(backend.url, backend.connection)
         self._forwarder.client.try_send(origin, self._wire(backend), self._new_reply)
 

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
 from gateway.flow.controller import AdmissionController, Lease, Refusal
 from gateway.flow.drain import Drain
+from gateway.queues.base import Slot
 from gateway.queues.memory import MemoryQueue
 from gateway.settings import Estimation, PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
@@ -34,7 +35,7 @@ class Work:
         self.started = False
         self.closed = 0
 
-    def start_at_grant(self, backend: BackendState) -> None:
+    def start_at_grant(self, slot: Slot) -> None:
         self.started = self.starts
 
     def close(self) -> bool:

@@ -1,7 +1,7 @@
 -- Admission check and insert in one step: grant a free slot, queue, or refuse.
 -- A: replica, band, tenant, cost, max_work, handover (the replica's estimate of the work a
 --    hand-over takes), bands, edf, weight (the tenant's, in fair queuing), allowed_s, ttl, refused,
---    backends, bound_s, reserved, quotas, batch ({key, max} or absent), drain, overdue_sigmas and
+--    backends, bound_s, reserved, quotas, batch ({key, max, hold?} or absent), drain, overdue_sigmas and
 --    overdue_checked (absent: no displacement of overdue work), now (tests).
 -- The check (gateway/queues/base.RequestQueue.offer): refuse when the work queued ahead of it in
 -- its band (up to its flow's turn) and the more urgent ones, plus one hand-over of its own,
@@ -33,7 +33,9 @@ if not immediate and A.cap ~= nil and not room_for(A.band, A.cost, nbands) then
 end
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'adm:' .. A.band, A.cost)
 
-if immediate then
+-- A batch held for companions (A.batch.hold) queues even so; it leaves with the next dispatch.
+local held = A.batch ~= nil and A.batch.hold == true
+if immediate and not held then
   local backend = pick_backend(A.backends)
   if backend ~= nil then
     local lease = grant_lease(backend.url, A.replica, A.ttl, now, A.band, A.tenant, A.cost)
@@ -52,9 +54,12 @@ end
 enqueue(id, info, score)
 -- Less urgent requests it pushed past their allowance are told at once.
 if A.drain ~= nil and A.drain > 0 then displace_overdue(A.band, nbands, now) end
--- The heads may be held back by quotas where this one is not, or by a reservation that has since
--- shrunk (A.reserved_move: a window closed): their grants go onto their lists.
-if (A.quotas ~= nil and free > 0) or (A.reserved_move and free_slots(A.backends) > 0) then
+-- The heads may be held back by quotas where this one is not, by a reservation that has since
+-- shrunk (A.reserved_move: a window closed), or a batch may be held for companions (this one joins
+-- it and lets it go, or is not for it and must not wait behind a free slot): their grants go onto
+-- their lists.
+if (A.quotas ~= nil and free > 0) or (A.reserved_move and free_slots(A.backends) > 0)
+    or (free > 0 and not immediate and not held) then
   dispatch(nbands, A.backends, A.ttl, now, false, nil)
 end
 return cjson.encode({kind = 'queued', ticket = id, view = view(nbands, A.backends, now)})

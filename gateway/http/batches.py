@@ -1,0 +1,328 @@
+"""Gateway-side micro-batching of KServe v2 inference: requests that share a slot share one call.
+
+A mergeable request (gateway.tensors.batch, on a model with `batching`) queues with its merge key;
+the store hands one slot to the head of a flow and the tickets with its key right behind it, up to
+the model's batch size (gateway.queues.base). Each member's work (`BatchMember`) joins the slot's
+`BatchRound` inside the grant; the round starts once every ticket granted the slot has joined
+(`Slot.awaiting`), merges the members' tensors, sends one request, splits the answer and gives each
+member its rows. Its rules:
+- a member alone on its slot sends its own request, byte for byte;
+- the slot is released once, when the backend is done with the merged call (each member's
+  `on_done` runs then, and the store takes the first);
+- an upstream failure reaches exactly the round's members: an error answer is passed to each as
+  it came, a failed exchange is each one's 502/504;
+- a member whose client leaves, or whose budget runs out, is answered alone; the call goes on
+  for the others, and is abandoned (as its backend's `on_abandon` says) only once all have left;
+- on the Redis store only one replica's tickets merge (the bodies are there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from starlette.types import Receive, Scope, Send
+
+from gateway.errors import ErrorStyle
+from gateway.flow.controller import Lease
+from gateway.flow.drain import DRAINING_RETRY_S, Drain
+from gateway.http.exchange import RawHeaders, send_response, until_disconnect
+from gateway.http.relay import Relay, send_error, server_timing
+from gateway.queues.base import Slot
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.tensors.batch import HEADER_LENGTH, Part, SplitError, header_length_of, merged, part_of, split
+from gateway.upstream.backends import ModelPool
+from gateway.upstream.client import downstream_response_headers
+from gateway.upstream.exchange import Forwarder, UpstreamExchange, UpstreamRequest
+from gateway.upstream.reply import ConnectFailed, UpstreamError
+from policies.batching import BatchLimits
+from policies.outcomes import Outcome, answered
+
+log = logging.getLogger("gateway.batches")
+
+
+def batch_part(scope: Scope, body: bytes, limits: BatchLimits) -> Part | None:
+    """The request's part in a batch, or None when it passes alone."""
+    header_length = None
+    for name, value in scope["headers"]:
+        if name == b"content-encoding":
+            return None  # a compressed body is the backend's to read
+        if name == HEADER_LENGTH:
+            header_length = int(value) if value.isdigit() else -1
+    part = part_of(scope["path"], body, header_length)
+    return part if part is not None and part.rows <= limits.max_batch_size else None
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    status: int
+    headers: RawHeaders
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    outcome: Outcome
+    detail: str | None = None
+    retry_after_s: float | None = None
+
+
+class Batches:
+    """The rounds being formed on this gateway's slots; one per gateway."""
+
+    def __init__(
+        self,
+        forwarder: Forwarder,
+        metrics: GatewayMetrics,
+        no_backend_retry_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.forwarder = forwarder
+        self.metrics = metrics
+        self.no_backend_retry_s = no_backend_retry_s
+        self.clock = clock
+        self._forming: dict[Slot, BatchRound] = {}
+        self._running: set[asyncio.Task[None]] = set()
+
+    def member(
+        self, pool: ModelPool, request: UpstreamRequest, part: Part, budget_s: float | None
+    ) -> BatchMember:
+        """The work of a mergeable request that will hold (or share) a slot of `pool`."""
+        exchange = self.forwarder.exchange(pool, request, budget_s)
+        budget_at = None if budget_s is None else self.clock() + budget_s
+        return BatchMember(self, pool, replace(request, body=b""), exchange, part, budget_at)
+
+    def join(self, slot: Slot, member: BatchMember) -> None:
+        """Inside the grant: `member` is one of the tickets `slot` was handed to."""
+        forming = self._forming.get(slot)
+        if forming is None:
+            forming = self._forming[slot] = BatchRound(self, slot, member.pool)
+            # After the grant's callback: every ticket it hands the slot to has joined by then.
+            asyncio.get_running_loop().call_soon(forming.start)
+        forming.join(member)
+
+    def started(self, batch: BatchRound) -> None:
+        del self._forming[batch.slot]
+
+    def run(self, relay: asyncio.Future[None]) -> None:
+        task = asyncio.ensure_future(relay)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+
+class BatchMember:
+    """A mergeable request's work (a gateway.flow.admitted.SlotWork): alone, its own exchange; in a
+    batch, its share of the round's."""
+
+    __slots__ = (
+        "_batches", "budget_at", "clock", "exchange", "gone", "joined_at", "on_done", "part", "pool",
+        "request", "result", "round", "solo",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        batches: Batches,
+        pool: ModelPool,
+        request: UpstreamRequest,
+        exchange: UpstreamExchange,
+        part: Part,
+        budget_at: float | None,
+    ) -> None:
+        self._batches = batches
+        self.clock = batches.clock
+        self.pool = pool
+        self.request = request
+        """Its request without the body (the merged request's template)."""
+        self.exchange = exchange
+        self.part = part
+        self.budget_at = budget_at
+        self.on_done: Callable[[float | None], None] | None = None
+        self.round: BatchRound | None = None
+        self.result: asyncio.Future[Answered | Failed] | None = None
+        self.solo = False
+        self.gone = False
+        self.joined_at = 0.0
+
+    def start_at_grant(self, slot: Slot) -> None:
+        if slot.batch:
+            self._batches.join(slot, self)
+            return
+        self.solo = True
+        self.exchange.on_done = self.on_done
+        self._batches.metrics.observe_batch(self.pool.name, self.part.rows)
+        self.exchange.start_at_grant(slot)
+
+    def close(self) -> bool:
+        if self.solo:
+            return self.exchange.close()
+        if self.round is None:
+            return False
+        self.round.leave(self)
+        return True
+
+
+class BatchRound:
+    """One slot's batch: formed in the grant, started once complete, ended when its call ends."""
+
+    def __init__(self, batches: Batches, slot: Slot, pool: ModelPool) -> None:
+        self._batches = batches
+        self.slot = slot
+        self._pool = pool
+        self.members: list[BatchMember] = []
+        self._exchange: UpstreamExchange | None = None
+        self.started_at = 0.0
+
+    def upstream_s(self) -> float:
+        """The merged call's time with its backend: to its end, or so far."""
+        exchange = self._exchange
+        if exchange is None:
+            return 0.0
+        return exchange.elapsed_s if exchange.elapsed_s is not None else exchange.running_for_s()
+
+    def join(self, member: BatchMember) -> None:
+        member.round = self
+        member.result = asyncio.get_running_loop().create_future()
+        member.joined_at = self._batches.clock()
+        self.members.append(member)
+
+    def leave(self, member: BatchMember) -> None:
+        member.gone = True
+        if self._exchange is not None and all(m.gone for m in self.members):
+            self._exchange.close()  # nobody waits for it now: it ends as its backend's on_abandon says
+
+    def start(self) -> None:
+        slot = self.slot
+        if slot.awaiting:  # granted tickets whose waiters this replica has not told yet
+            slot.on_settled = self.start
+            return
+        batches = self._batches
+        batches.started(self)
+        live = [m for m in self.members if not m.gone]
+        if not live:
+            self._done(None)  # all left before it started: nothing was sent
+            return
+        parts = [m.part for m in live]
+        body, header_length = merged(parts)
+        template = live[0].request
+        headers = [(k, v) for k, v in template.headers if k != HEADER_LENGTH]
+        if header_length is not None:
+            headers.append((HEADER_LENGTH, str(header_length).encode()))
+        exchange = self._exchange = batches.forwarder.exchange(
+            self._pool, replace(template, headers=headers, body=body), None
+        )
+        exchange.on_done = self._done
+        self.started_at = batches.clock()
+        batches.metrics.observe_batch(self._pool.name, sum(p.rows for p in parts))
+        exchange.start_at_grant(slot)
+        batches.run(self._relay(exchange, live))
+
+    async def _relay(self, exchange: UpstreamExchange, live: list[BatchMember]) -> None:
+        parts = [m.part for m in live]
+        results: list[Answered | Failed]
+        try:
+            reply = exchange.reply or await exchange.start()
+            await reply.head()
+            body = await reply.read()
+        except ConnectFailed:
+            results = [Failed(Outcome.NO_BACKEND, retry_after_s=self._batches.no_backend_retry_s)] * len(live)
+        except TimeoutError:
+            results = [Failed(Outcome.UPSTREAM_TIMEOUT)] * len(live)
+        except UpstreamError as error:
+            log.warning("backend %s failed a batch of %d: %s", self.slot.backend.url, len(live), error)
+            results = [Failed(Outcome.UPSTREAM_ERROR)] * len(live)
+        else:
+            headers = downstream_response_headers(reply.headers)
+            if reply.status != 200:  # the backend's own error, to each member as it came
+                results = [Answered(reply.status, headers, body)] * len(live)
+            else:
+                results = _split_answer(body, headers, parts)
+        for member, result in zip(live, results, strict=True):
+            if member.result is not None and not member.result.done():
+                member.result.set_result(result)
+
+    def _done(self, service_s: float | None) -> None:
+        """The backend is done with the call (or none was made): every member's slot goes back."""
+        for member in self.members:
+            if member.on_done is not None:
+                member.on_done(service_s)
+
+
+def _split_answer(body: bytes, headers: RawHeaders, parts: list[Part]) -> list[Answered | Failed]:
+    try:
+        pieces = split(body, header_length_of(headers), parts)
+    except SplitError as error:
+        log.warning("a batched answer could not be split: %s", error)
+        return [Failed(Outcome.UPSTREAM_ERROR, f"the batched answer could not be split: {error}")] * len(
+            parts
+        )
+    common = [(k, v) for k, v in headers if k != HEADER_LENGTH]
+    answers: list[Answered | Failed] = []
+    for piece, header_length in pieces:
+        own = common if header_length is None else [*common, (HEADER_LENGTH, str(header_length).encode())]
+        answers.append(Answered(200, own, piece))
+    return answers
+
+
+class BatchRelay(Relay):
+    """The client's side of a mergeable request: alone, the plain relay; in a batch, its rows."""
+
+    __slots__ = ("_member",)
+
+    def __init__(
+        self,
+        receive: Receive,
+        send: Send,
+        style: ErrorStyle,
+        member: BatchMember,
+        drain: Drain,
+        no_backend_retry_s: float,
+    ) -> None:
+        super().__init__(receive, send, style, member.exchange, drain, no_backend_retry_s)
+        self._member = member
+
+    async def answer(self, lease: Lease) -> Outcome:
+        member = self._member
+        if member.solo or member.result is None or member.round is None:
+            return await super().answer(lease)
+        result, batch = member.result, member.round
+        left = asyncio.ensure_future(until_disconnect(self._receive))
+        clock = member.clock
+        timeout = None if member.budget_at is None else max(0.0, member.budget_at - clock())
+        try:
+            await asyncio.wait((result, left), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            if not self._drain.absorb_cut():
+                raise
+            await self._fail(Failed(Outcome.DRAINING, retry_after_s=DRAINING_RETRY_S))
+            return Outcome.DRAINING
+        finally:
+            left.cancel()
+        if not result.done():
+            if left.done() and not left.cancelled():
+                return Outcome.CLIENT_DISCONNECTED
+            return await self._fail(Failed(Outcome.UPSTREAM_TIMEOUT))  # its budget ran out
+        answer = result.result()
+        if isinstance(answer, Failed):
+            return await self._fail(answer)
+        batch_wait_s = (lease.batch_wait_s or 0.0) + batch.started_at - member.joined_at
+        headers = [
+            *answer.headers,
+            (b"content-length", str(len(answer.body)).encode()),
+            server_timing(lease.queue_wait_s, batch.upstream_s(), batch_wait_s),
+        ]
+        await send_response(self._send, answer.status, headers, answer.body)
+        return answered(answer.status)
+
+    async def _fail(self, failed: Failed) -> Outcome:
+        await send_error(
+            self._send,
+            self._style,
+            failed.outcome,
+            self._drain,
+            detail=failed.detail,
+            retry_after_s=failed.retry_after_s,
+        )
+        return failed.outcome

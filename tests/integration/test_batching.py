@@ -1,0 +1,264 @@
+"""Gateway-side micro-batching through a real gateway and the simulator, with tritonclient's client.
+
+The simulator's model is the identity, and it counts the inference requests it receives: a batch
+is one request there, and every member must get back exactly its own rows under its own id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import numpy as np
+import pytest
+import tritonclient.http.aio as triton
+
+from tests.eventually import eventually
+from tests.integration.servers import gateway_config, http_post
+from tests.redis_server import RedisServer, unique_prefix
+
+pytestmark = pytest.mark.anyio
+STORES = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
+
+
+def batching_config(sim, *, max_batch_size=16, max_delay_ms=0.0, store=None, **overrides):
+    config = gateway_config([(sim.url, 1)], expected_service_ms=overrides.pop("expected_service_ms", 100))
+    config["models"][0]["batching"] = {"max_batch_size": max_batch_size, "max_delay_ms": max_delay_ms}
+    if store is not None:
+        config["store"] = store
+    config["priorities"] = [{"name": "high", "max_wait_ms": 5000}, {"name": "low", "max_wait_ms": 5000}]
+    config.update(overrides)
+    return config
+
+
+def rows(count: int, seed: int, datatype: str = "FP32") -> np.ndarray:
+    values = np.arange(count * 3).reshape(count, 3) + 1000 * seed
+    return values.astype(np.float32 if datatype == "FP32" else np.int64)
+
+
+async def infer(client, array, request_id, *, binary=True, datatype="FP32", **options):
+    item = triton.InferInput("INPUT0", list(array.shape), datatype)
+    item.set_data_from_numpy(array, binary_data=binary)
+    wanted = [triton.InferRequestedOutput("OUTPUT0", binary_data=binary)]
+    return await client.infer("sim", [item], request_id=request_id, outputs=wanted, **options)
+
+
+def check_own_rows(result, array, request_id):
+    answer = result.get_response()
+    assert answer["id"] == request_id
+    assert answer["outputs"][0]["shape"] == list(array.shape)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), array)
+
+
+async def hold_the_slot(client, sim):
+    """A request alone on the backend's one slot, so that what comes next queues behind it."""
+    blocker = asyncio.ensure_future(infer(client, rows(1, 99), "blocker"))
+    await eventually(lambda: sim.stats()["inflight"] == 1, what="the blocker to be on the backend")
+    return blocker
+
+
+async def queued(gateway, count):
+    await eventually(
+        lambda: gateway.metric("gateway_queue_depth", model="sim", priority="low") == count,
+        what=f"{count} requests to queue",
+    )
+
+
+def redis_store(redis_server):
+    return {"kind": "redis", "url": redis_server.url, "key_prefix": unique_prefix()}
+
+
+@pytest.mark.parametrize("store", STORES)
+async def test_queued_requests_merge_into_one_call_and_each_gets_its_own_rows(
+    start_sim, start_gateway, store
+):
+    redis_server = RedisServer() if store == "redis" else None
+    try:
+        sim = start_sim(slots=1, base_ms=150)
+        config = batching_config(sim, store=None if redis_server is None else redis_store(redis_server))
+        gateway = start_gateway(config)
+        client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
+        try:
+            blocker = await hold_the_slot(client, sim)
+            binary = [(rows(n, i), f"bin-{i}") for i, n in enumerate([1, 3, 2, 4])]
+            sends = [asyncio.ensure_future(infer(client, a, rid)) for a, rid in binary]
+            await queued(gateway, 4)
+            # JSON tensors have another key: they queue behind and merge among themselves.
+            inline = [(rows(n, 10 + i, "INT64"), f"json-{i}") for i, n in enumerate([2, 1])]
+            sends += [
+                asyncio.ensure_future(infer(client, a, rid, binary=False, datatype="INT64"))
+                for a, rid in inline
+            ]
+            results = await asyncio.gather(*sends)
+            check_own_rows(await blocker, rows(1, 99), "blocker")
+        finally:
+            await client.close()
+        for result, (array, request_id) in zip(results, binary + inline, strict=True):
+            check_own_rows(result, array, request_id)
+        stats = sim.stats()
+        assert stats["completed"] == 3  # the blocker, one batch of 10 items, one of 3
+        assert stats["peak_inflight"] == 1
+        assert gateway.metric("gateway_batch_size_count", model="sim") == 3
+        assert gateway.metric("gateway_batch_size_sum", model="sim") == 1 + 10 + 3
+        assert gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="ok") == 7
+    finally:
+        if redis_server is not None:
+            redis_server.stop()
+
+
+async def test_a_batch_takes_at_most_max_batch_size_items(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=100)
+    gateway = start_gateway(batching_config(sim, max_batch_size=4))
+    client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
+    try:
+        blocker = await hold_the_slot(client, sim)
+        arrays = [rows(n, i) for i, n in enumerate([3, 1, 2, 2, 4])]
+        results = await asyncio.gather(*(infer(client, a, f"r{i}") for i, a in enumerate(arrays)))
+        await blocker
+    finally:
+        await client.close()
+    for i, (result, array) in enumerate(zip(results, arrays, strict=True)):
+        check_own_rows(result, array, f"r{i}")
+    # 3+1, then 2+2, then 4: never more than 4 items in one call.
+    assert sim.stats()["completed"] == 4
+    assert gateway.metric("gateway_batch_size_bucket", model="sim", le="4.0") == 4
+
+
+async def test_a_request_that_cannot_merge_passes_alone_and_one_alone_passes_byte_for_byte(
+    start_sim, start_gateway
+):
+    sim = start_sim(slots=1, base_ms=100)
+    gateway = start_gateway(batching_config(sim))
+    document = {
+        "id": "odd",
+        "inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1.5, 2]}],
+    }
+    body = json.dumps(document, indent=1).encode()  # spacing the gateway would not write itself
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gateway.url + "/v2/models/sim/infer", data=body) as reply:
+            through_gateway = await reply.read()
+        async with http.post(sim.url + "/v2/models/sim/infer", data=body) as reply:
+            direct = await reply.read()
+    assert through_gateway == direct
+
+    client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
+    try:
+        blocker = await hold_the_slot(client, sim)
+        first = asyncio.ensure_future(infer(client, rows(1, 1), "a"))
+        await queued(gateway, 1)
+        # A sequence request must reach the backend as it is, never merged.
+        odd = asyncio.ensure_future(infer(client, rows(1, 2), "seq", sequence_id=7, sequence_start=True))
+        await queued(gateway, 2)
+        last = asyncio.ensure_future(infer(client, rows(1, 3), "b"))
+        results = await asyncio.gather(first, odd, last)
+        await blocker
+    finally:
+        await client.close()
+    for result, seed, request_id in zip(results, [1, 2, 3], ["a", "seq", "b"], strict=True):
+        check_own_rows(result, rows(1, seed), request_id)
+    assert sim.stats()["completed"] == 2 + 1 + 3  # the sequence request kept the others apart
+    assert gateway.metric("gateway_batch_size_sum", model="sim") == 4  # each alone, the first one too
+
+
+async def test_an_upstream_error_reaches_exactly_the_members_of_its_batch(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=200)
+    gateway = start_gateway(batching_config(sim))
+    client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
+    try:
+        blocker = await hold_the_slot(client, sim)
+        members = [asyncio.ensure_future(infer(client, rows(2, i), f"m{i}")) for i in range(4)]
+        await queued(gateway, 4)
+        # From now on the backend answers every inference it receives 500: the batch is one.
+        assert http_post(sim.url + "/sim/fault", json.dumps({"status": 500}).encode())[0] == 200
+        outcomes = await asyncio.gather(*members, return_exceptions=True)
+        check_own_rows(await blocker, rows(1, 99), "blocker")
+        received = json.loads((await asyncio.to_thread(http_post, sim.url + "/sim/fault", b"{}"))[1])[
+            "received"
+        ]
+        after = await infer(client, rows(1, 5), "after")
+    finally:
+        await client.close()
+    assert all(isinstance(o, Exception) for o in outcomes), outcomes
+    assert all(getattr(o, "status", lambda: None)() == "500" for o in outcomes), outcomes
+    assert len({str(o) for o in outcomes}) == 1  # the backend's own message, to each
+    assert received == 2  # the blocker and the one batch
+    check_own_rows(after, rows(1, 5), "after")
+    assert (
+        gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="backend_server_error")
+        == 4
+    )
+
+
+async def test_a_client_that_leaves_while_its_batch_is_in_flight_does_not_disturb_the_others(
+    start_sim, start_gateway
+):
+    sim = start_sim(slots=1, base_ms=300)
+    gateway = start_gateway(batching_config(sim))
+    client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
+    try:
+        blocker = await hold_the_slot(client, sim)
+        members = [asyncio.ensure_future(infer(client, rows(1, i), f"m{i}")) for i in range(3)]
+        await queued(gateway, 3)
+        async with aiohttp.ClientSession() as http:
+            document = {
+                "inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [7, 8, 9]}]
+            }
+            leaving = asyncio.ensure_future(http.post(gateway.url + "/v2/models/sim/infer", json=document))
+            await queued(gateway, 4)
+            await blocker
+            await eventually(lambda: sim.stats()["completed"] == 1 and sim.stats()["inflight"] == 1)
+            leaving.cancel()  # its batch is on the backend: the client goes
+            results = await asyncio.gather(*members)
+    finally:
+        await client.close()
+    for i, result in enumerate(results):
+        check_own_rows(result, rows(1, i), f"m{i}")
+    assert sim.stats()["completed"] == 2
+    await eventually(
+        lambda: (
+            gateway.metric(
+                "gateway_requests_total", model="sim", priority="low", outcome="client_disconnected"
+            )
+            == 1
+        )
+    )
+    await eventually(lambda: gateway.metric("gateway_inflight_requests", model="sim") == 0)
+
+
+async def test_on_the_last_free_slot_a_batch_waits_for_companions_up_to_max_delay(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=20)
+    gateway = start_gateway(batching_config(sim, max_delay_ms=300, expected_service_ms=20))
+    client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
+    try:
+        # Nothing queued, the one slot free: the first waits, and three more join it.
+        first = asyncio.ensure_future(infer(client, rows(1, 0), "r0"))
+        await queued(gateway, 1)
+        rest = [asyncio.ensure_future(infer(client, rows(1, i), f"r{i}")) for i in (1, 2, 3)]
+        results = await asyncio.gather(first, *rest)
+    finally:
+        await client.close()
+    for i, result in enumerate(results):
+        check_own_rows(result, rows(1, i), f"r{i}")
+    assert sim.stats()["completed"] == 1
+    waited = gateway.metric("gateway_batch_wait_seconds_sum", model="sim")
+    assert waited >= 0.25  # the first member's hold, at least most of it
+
+
+async def test_batching_never_holds_a_request_past_its_budget(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=20)
+    gateway = start_gateway(batching_config(sim, max_delay_ms=2000, expected_service_ms=20))
+    client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
+    try:
+        patient = asyncio.ensure_future(infer(client, rows(1, 0), "patient"))
+        await queued(gateway, 1)
+        # 400 ms in all: the batch leaves by its allowed wait (the budget less a service time),
+        # long before the 2 s it would wait for companions otherwise.
+        urgent = await infer(client, rows(1, 1), "urgent", headers={"X-Request-Timeout-Ms": "400"})
+        check_own_rows(urgent, rows(1, 1), "urgent")
+        check_own_rows(await patient, rows(1, 0), "patient")
+    finally:
+        await client.close()
+    assert sim.stats()["completed"] == 1
+    assert gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="ok") == 2
+    assert gateway.metric("gateway_batch_wait_seconds_sum", model="sim") < 2 * 0.4

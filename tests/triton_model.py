@@ -3,6 +3,9 @@ time per batch and returns its input, with dynamic batching on.
 
     python -m tests.triton_model --http-port P --grpc-port G --metrics-port M --sleep-ms 100
 
+`--no-dynamic-batching` serves it without Triton's dynamic batcher: one batch at a time, of what
+one request carries (what the gateway's own batching is for).
+
 The tests start it as a subprocess (see tests/integration/triton.py).
 """
 
@@ -24,6 +27,7 @@ def main() -> None:
     parser.add_argument("--metrics-port", type=int, required=True)
     parser.add_argument("--sleep-ms", type=float, default=100.0)
     parser.add_argument("--max-batch-size", type=int, default=4)
+    parser.add_argument("--dynamic-batching", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
 
     @batch
@@ -42,7 +46,7 @@ def main() -> None:
             outputs=[Tensor(name="OUTPUT0", dtype=np.float32, shape=(-1,))],
             config=ModelConfig(
                 max_batch_size=args.max_batch_size,
-                batcher=DynamicBatcher(max_queue_delay_microseconds=2000),
+                batcher=DynamicBatcher(max_queue_delay_microseconds=2000) if args.dynamic_batching else None,
             ),
             strict=False,
         )

@@ -207,7 +207,8 @@ class BatchRound:
         parts = [m.part for m in live]
         body, header_length = merged(parts)
         template = live[0].request
-        headers = [(k, v) for k, v in template.headers if k != HEADER_LENGTH]
+        # The gateway must read the answer to split it: no compression (its members get it plain).
+        headers = [(k, v) for k, v in template.headers if k != HEADER_LENGTH and k != b"accept-encoding"]
         if header_length is not None:
             headers.append((HEADER_LENGTH, str(header_length).encode()))
         exchange = self._exchange = batches.forwarder.exchange(

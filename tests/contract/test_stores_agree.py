@@ -110,13 +110,22 @@ class StoresAgree(RuleBasedStateMachine):
         max_work=st.sampled_from([UNLIMITED, UNLIMITED, -1.0, 0.0, 1.0, 2.5, 4.0, 9.0]),
         allowed_s=st.sampled_from([0.5, 2.0, 10.0]),
         batch_key=st.sampled_from([None, None, "k", "j"]),
+        hold=st.booleans(),
     )
     def offer(
-        self, band: int, tenant: str, cost: float, max_work: float, allowed_s: float, batch_key: str | None
+        self,
+        band: int,
+        tenant: str,
+        cost: float,
+        max_work: float,
+        allowed_s: float,
+        batch_key: str | None,
+        hold: bool,
     ) -> None:
         assert self.memory is not None and self.redis is not None
         flow = Flow(MODEL, band, tenant)
-        batching = None if batch_key is None else Batching(batch_key, 4.0)
+        # A held batch queues though a slot is free; a later offer that is not held lets it go.
+        batching = None if batch_key is None else Batching(batch_key, 4.0, hold=hold)
 
         async def offered() -> tuple[Offer, Offer]:
             assert self.memory is not None and self.redis is not None
@@ -135,6 +144,20 @@ class StoresAgree(RuleBasedStateMachine):
             self.waiting.append(Pair(in_memory.ticket, in_redis.ticket))
         else:
             assert isinstance(in_memory, Full) and isinstance(in_redis, Full)
+        self.collect_grants()  # an offer that is not held hands free slots to held work
+
+    @precondition(lambda self: self.waiting)
+    @rule()
+    def held_batches_leave(self) -> None:
+        assert self.memory is not None and self.redis is not None
+        self.memory.dispatch_held(MODEL)
+
+        async def dispatched() -> None:
+            assert self.redis is not None
+            self.redis.dispatch_held(MODEL)
+
+        self.run(dispatched())
+        self.collect_grants()
 
     @precondition(lambda self: self.held)
     @rule(index=st.integers(0, 20))

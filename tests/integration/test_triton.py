@@ -11,9 +11,11 @@ import aiohttp
 import numpy as np
 import pytest
 import tritonclient.http as triton
+import tritonclient.http.aio as triton_aio
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.eventually import eventually
-from tests.integration.servers import gateway_config
+from tests.integration.servers import gateway_config, http_get
 from tests.integration.triton import TritonServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.triton]
@@ -102,3 +104,82 @@ def _post(url: str):
     reply.read()
     connection.close()
     return reply.status, reply.headers  # case-insensitive
+
+
+# -- gateway-side batching in front of a Triton model without its own dynamic batcher ---------------
+
+
+@pytest.fixture(scope="module")
+def unbatched_triton(tmp_path_factory):
+    server = TritonServer(
+        tmp_path_factory.mktemp("triton-unbatched"), sleep_ms=150, max_batch_size=8, dynamic_batching=False
+    )
+    yield server
+    server.stop()
+
+
+def triton_counter(server: TritonServer, name: str) -> float:
+    """One of Triton's own counters for the model (see ../shared/reference/metric-formats.md)."""
+    for family in text_string_to_metric_families(http_get(server.metrics_url)[1].decode()):
+        for sample in family.samples:  # the parser names a counter's samples <name>_total
+            if family.name == name and sample.labels.get("model") == "sleep_ms":
+                return sample.value
+    raise AssertionError(f"Triton exports no {name} for sleep_ms")
+
+
+def infer_request(array: np.ndarray, request_id: str) -> dict:
+    item = triton_aio.InferInput("INPUT0", list(array.shape), "FP32")
+    item.set_data_from_numpy(array, binary_data=True)
+    wanted = [triton_aio.InferRequestedOutput("OUTPUT0", binary_data=True)]
+    return {"inputs": [item], "outputs": wanted, "request_id": request_id}
+
+
+async def test_the_gateway_batches_for_a_triton_model_without_a_dynamic_batcher(
+    unbatched_triton, start_gateway
+):
+    config = triton_config(unbatched_triton)
+    config["models"][0]["batching"] = {"max_delay_ms": 0}  # max_batch_size: the model's own, 8
+    gateway = start_gateway(config)
+    assert gateway.metric("gateway_backend_slots") == 1  # one instance, one batch at a time
+    arrays = [
+        np.arange(n * 3, dtype=np.float32).reshape(n, 3) + 100 * i for i, n in enumerate([1, 2, 3, 1, 1])
+    ]
+    direct = triton_aio.InferenceServerClient(unbatched_triton.url.removeprefix("http://"))
+    client = triton_aio.InferenceServerClient(gateway.url.removeprefix("http://"))
+    try:
+        alone = [await direct.infer("sleep_ms", **infer_request(a, f"r{i}")) for i, a in enumerate(arrays)]
+        requests_before = triton_counter(unbatched_triton, "nv_inference_request_success")
+        items_before = triton_counter(unbatched_triton, "nv_inference_count")
+        blocker = asyncio.ensure_future(client.infer("sim", **infer_request(arrays[0], "blocker")))
+        await eventually(lambda: gateway.metric("gateway_inflight_requests", model="sim") == 1)
+        sends = [
+            asyncio.ensure_future(client.infer("sim", **infer_request(a, f"r{i}")))
+            for i, a in enumerate(arrays)
+        ]
+        await eventually(lambda: gateway.metric("gateway_queue_depth", model="sim", priority="low") == 5)
+        batched = await asyncio.gather(*sends)
+        await blocker
+    finally:
+        await client.close()
+        await direct.close()
+    for got, want in zip(batched, alone, strict=True):
+        assert got.get_response()["id"] == want.get_response()["id"]
+        assert got.get_response()["outputs"] == want.get_response()["outputs"]
+        assert got.as_numpy("OUTPUT0").tobytes() == want.as_numpy("OUTPUT0").tobytes()
+    # Triton's own count: the blocker and one request of all five, eight items.
+    assert triton_counter(unbatched_triton, "nv_inference_request_success") - requests_before == 2
+    assert triton_counter(unbatched_triton, "nv_inference_count") - items_before == 1 + 8
+
+
+def test_a_triton_model_with_its_own_dynamic_batcher_is_left_to_it(tritonserver, start_gateway):
+    config = triton_config(tritonserver)
+    config["models"][0]["batching"] = {}
+    gateway = start_gateway(config)
+    data = np.array([[0.5, 1.5]], dtype=np.float32)
+    client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
+    inputs = [triton.InferInput("INPUT0", list(data.shape), "FP32")]
+    inputs[0].set_data_from_numpy(data, binary_data=True)
+    assert np.array_equal(client.infer("sim", inputs).as_numpy("OUTPUT0"), data)
+    client.close()
+    assert 'gateway_batch_size_count{model="sim"}' not in gateway.metrics()
+    assert gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="ok") == 1

@@ -17,7 +17,14 @@ from tests.redis_server import IN_CI, free_port
 
 
 class TritonServer:
-    def __init__(self, log_dir: Path, *, sleep_ms: float = 100.0, max_batch_size: int = 4) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        sleep_ms: float = 100.0,
+        max_batch_size: int = 4,
+        dynamic_batching: bool = True,
+    ) -> None:
         if importlib.util.find_spec("pytriton") is None:
             reason = "nvidia-pytriton is not installed (pip install -e '.[test]' installs it on Linux x86_64)"
             if IN_CI:
@@ -47,6 +54,7 @@ class TritonServer:
                     str(sleep_ms),
                     "--max-batch-size",
                     str(max_batch_size),
+                    "--dynamic-batching" if dynamic_batching else "--no-dynamic-batching",
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

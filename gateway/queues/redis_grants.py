@@ -7,6 +7,8 @@ ticket was withdrawn; a batch grant names several tickets, each in any of those 
 - a ticket not claimed yet gets the slot when its offer's reply comes (`claim`);
 - a slot none of whose tickets takes it is given back: at once when all of them are settled,
   or after `UNCLAIMED_AFTER_S` (an offer whose reply was lost);
+- a batch's slot counts its tickets not told yet (`Slot.awaiting`) and says when the last is
+  settled (`Slot.on_settled`): whoever runs the batch's call waits for every member;
 so a grant never leaves a slot held by nobody.
 """
 

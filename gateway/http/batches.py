@@ -46,13 +46,10 @@ log = logging.getLogger("gateway.batches")
 
 def batch_part(scope: Scope, body: bytes, limits: BatchLimits) -> Part | None:
     """The request's part in a batch, or None when it passes alone."""
-    header_length = None
-    for name, value in scope["headers"]:
-        if name == b"content-encoding":
-            return None  # a compressed body is the backend's to read
-        if name == HEADER_LENGTH:
-            header_length = int(value) if value.isdigit() else -1
-    part = part_of(scope["path"], body, header_length)
+    headers = scope["headers"]
+    if any(name == b"content-encoding" for name, _ in headers):
+        return None  # a compressed body is the backend's to read
+    part = part_of(scope["path"], body, header_length_of(headers))
     return part if part is not None and part.rows <= limits.max_batch_size else None
 
 

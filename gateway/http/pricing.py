@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-HEADER_LENGTH = b"inference-header-content-length"
+from gateway.tensors.batch import HEADER_LENGTH
 
 
 def batch_items(body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> float:

@@ -231,6 +231,9 @@ class BatchRound:
         except UpstreamError as error:
             log.warning("backend %s failed a batch of %d: %s", self.slot.backend.url, len(live), error)
             results = [Failed(Outcome.UPSTREAM_ERROR)] * len(live)
+        except Exception:  # whatever it is, no member may be left waiting for an answer
+            log.exception("a batch of %d on %s failed", len(live), self.slot.backend.url)
+            results = [Failed(Outcome.UPSTREAM_ERROR)] * len(live)
         else:
             headers = downstream_response_headers(reply.headers)
             if reply.status != 200:  # the backend's own error, to each member as it came

@@ -52,10 +52,18 @@ def check_own_rows(result, array, request_id):
 
 
 async def hold_the_slot(client, sim):
-    """A request alone on the backend's one slot, so that what comes next queues behind it."""
+    """A request alone on the backend's one slot, held there until `let_go`, so that what comes
+    next queues behind it however slow the machine is."""
+    assert http_post(sim.url + "/sim/fault", json.dumps({"hang": True}).encode())[0] == 200
     blocker = asyncio.ensure_future(infer(client, rows(1, 99), "blocker"))
-    await eventually(lambda: sim.stats()["inflight"] == 1, what="the blocker to be on the backend")
+    await eventually(lambda: sim.stats()["faults"]["hanging"] == 1, what="the blocker to be on the backend")
     return blocker
+
+
+async def let_go(sim, fault=None):
+    """The held blocker goes on, and the backend has `fault` from now on (none by default)."""
+    body = json.dumps(fault or {}).encode()
+    assert (await asyncio.to_thread(http_post, sim.url + "/sim/fault", body))[0] == 200
 
 
 async def queued(gateway, count):
@@ -90,6 +98,8 @@ async def test_queued_requests_merge_into_one_call_and_each_gets_its_own_rows(
                 asyncio.ensure_future(infer(client, a, rid, binary=False, datatype="INT64"))
                 for a, rid in inline
             ]
+            await queued(gateway, 6)
+            await let_go(sim)
             results = await asyncio.gather(*sends)
             check_own_rows(await blocker, rows(1, 99), "blocker")
         finally:
@@ -114,7 +124,10 @@ async def test_a_batch_takes_at_most_max_batch_size_items(start_sim, start_gatew
     try:
         blocker = await hold_the_slot(client, sim)
         arrays = [rows(n, i) for i, n in enumerate([3, 1, 2, 2, 4])]
-        results = await asyncio.gather(*(infer(client, a, f"r{i}") for i, a in enumerate(arrays)))
+        sends = [asyncio.ensure_future(infer(client, a, f"r{i}")) for i, a in enumerate(arrays)]
+        await queued(gateway, 5)
+        await let_go(sim)
+        results = await asyncio.gather(*sends)
         await blocker
     finally:
         await client.close()
@@ -151,6 +164,8 @@ async def test_a_request_that_cannot_merge_passes_alone_and_one_alone_passes_byt
         odd = asyncio.ensure_future(infer(client, rows(1, 2), "seq", sequence_id=7, sequence_start=True))
         await queued(gateway, 2)
         last = asyncio.ensure_future(infer(client, rows(1, 3), "b"))
+        await queued(gateway, 3)
+        await let_go(sim)
         results = await asyncio.gather(first, odd, last)
         await blocker
     finally:
@@ -170,7 +185,7 @@ async def test_an_upstream_error_reaches_exactly_the_members_of_its_batch(start_
         members = [asyncio.ensure_future(infer(client, rows(2, i), f"m{i}")) for i in range(4)]
         await queued(gateway, 4)
         # From now on the backend answers every inference it receives 500: the batch is one.
-        assert http_post(sim.url + "/sim/fault", json.dumps({"status": 500}).encode())[0] == 200
+        await let_go(sim, {"status": 500})
         outcomes = await asyncio.gather(*members, return_exceptions=True)
         check_own_rows(await blocker, rows(1, 99), "blocker")
         received = json.loads((await asyncio.to_thread(http_post, sim.url + "/sim/fault", b"{}"))[1])[
@@ -193,7 +208,7 @@ async def test_an_upstream_error_reaches_exactly_the_members_of_its_batch(start_
 async def test_a_client_that_leaves_while_its_batch_is_in_flight_does_not_disturb_the_others(
     start_sim, start_gateway
 ):
-    sim = start_sim(slots=1, base_ms=300)
+    sim = start_sim(slots=1, base_ms=1000)  # a wide window to leave while the batch runs
     gateway = start_gateway(batching_config(sim))
     client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
     try:
@@ -206,6 +221,7 @@ async def test_a_client_that_leaves_while_its_batch_is_in_flight_does_not_distur
             }
             leaving = asyncio.ensure_future(http.post(gateway.url + "/v2/models/sim/infer", json=document))
             await queued(gateway, 4)
+            await let_go(sim)
             await blocker
             await eventually(lambda: sim.stats()["completed"] == 1 and sim.stats()["inflight"] == 1)
             leaving.cancel()  # its batch is on the backend: the client goes

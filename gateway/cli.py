@@ -15,6 +15,7 @@ import uvicorn
 from gateway.planning import command as plan
 from gateway.serving import CannotListen, bind, run, url_of
 from gateway.settings import ConfigError, Settings, parse_settings
+from gateway.sim.continuous import SCHEDULING_POLICIES, ContinuousSpec
 from gateway.sim.engine import SERVICE_DISTRIBUTIONS
 from gateway.sim.server import SimOptions, build_sim
 from gateway.simulate.command import add_parser as add_simulate
@@ -73,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the base part of each service time: base-ms always, or drawn exponential with mean base-ms",
     )
     sim.add_argument("--seed", type=int, help="seed of the exponential draws (default: unseeded)")
+    _continuous_arguments(sim)
     sim.set_defaults(command=_sim)
 
     demo = commands.add_parser("demo", help="run the simulator and the gateway in front of it")
@@ -82,6 +84,44 @@ def _parser() -> argparse.ArgumentParser:
     plan.register(commands)
     add_simulate(commands)
     return parser
+
+
+def _continuous_arguments(sim: argparse.ArgumentParser) -> None:
+    engine = sim.add_argument_group("continuous batching (--engine continuous: OpenAI routes, as vLLM)")
+    engine.add_argument(
+        "--engine",
+        choices=["slots", "continuous"],
+        default="slots",
+        help="slots: --slots requests at a time, the rest wait; continuous: sequences step together",
+    )
+    engine.add_argument("--max-num-seqs", type=int, default=64, help="sequences running together")
+    engine.add_argument("--step-ms", type=float, default=20.0, help="a decode step with one running")
+    engine.add_argument(
+        "--step-growth", type=float, default=1.0, help="added to the step at max-num-seqs, x step-ms"
+    )
+    engine.add_argument(
+        "--context-ms-per-1k", type=float, default=0.0, help="added per step per 1000 tokens held"
+    )
+    engine.add_argument(
+        "--prefill-ms-per-1k", type=float, default=10.0, help="prefill time per 1000 prompt tokens"
+    )
+    engine.add_argument("--kv-tokens", type=int, default=1 << 20, help="the KV cache, in tokens")
+    engine.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs")
+    engine.add_argument("--served-model-name", default="sim", help="model_name of the vLLM metrics")
+
+
+def _continuous_spec(args: argparse.Namespace) -> ContinuousSpec | None:
+    if args.engine != "continuous":
+        return None
+    return ContinuousSpec(
+        max_num_seqs=args.max_num_seqs,
+        step_ms=args.step_ms,
+        step_growth=args.step_growth,
+        context_ms_per_1k=args.context_ms_per_1k,
+        prefill_ms_per_1k=args.prefill_ms_per_1k,
+        kv_tokens=args.kv_tokens,
+        scheduling=args.scheduling_policy,
+    )
 
 
 def _gateway_server(settings: Settings, log_level: str, drain_timeout_s: float) -> uvicorn.Server:
@@ -139,6 +179,8 @@ def _sim(args: argparse.Namespace) -> int:
         stop_on_disconnect=args.on_disconnect == "stop",
         service_dist=args.service_dist,
         seed=args.seed,
+        continuous=_continuous_spec(args),
+        served_model_name=args.served_model_name,
     )
     sim = build_sim(options)
     log.info("sim listening on %s (metrics %s), %d slots", sim.url, sim.metrics_url, options.slots)

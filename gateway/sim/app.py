@@ -11,6 +11,7 @@ KServe servers do; with `stop_on_disconnect` it stops at once, as vLLM does.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import time
@@ -19,12 +20,15 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from gateway.http.exchange import until_disconnect
+from gateway.sim.chat import ContinuousChat
+from gateway.sim.continuous import ContinuousEngine
 from gateway.sim.engine import Job, SimEngine
 from gateway.sim.exposition import render
 from gateway.sim.faults import Fault, Faults
+from gateway.sim.replies import reply, reply_json
 from gateway.sim.tensors import TensorError, infer_response, parse_infer
-
-_JSON = b"application/json"
+from gateway.sim.tokens import prompt_tokens
+from gateway.sim.vllm_metrics import VllmMetrics
 
 
 async def _body(receive: Receive) -> bytes:
@@ -36,30 +40,26 @@ async def _body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-async def _reply(
-    send: Send,
-    status: int,
-    body: bytes,
-    content_type: bytes = _JSON,
-    extra: list[tuple[bytes, bytes]] | None = None,
-) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _json(send: Send, status: int, payload: Any) -> None:
-    await _reply(send, status, json.dumps(payload).encode())
-
-
 class SimApp:
     def __init__(
-        self, engine: SimEngine, *, default_tokens: int = 16, stop_on_disconnect: bool = False
+        self,
+        engine: SimEngine,
+        *,
+        default_tokens: int = 16,
+        stop_on_disconnect: bool = False,
+        continuous: ContinuousEngine | None = None,
+        served_model_name: str = "sim",
     ) -> None:
         self.engine = engine
         self.default_tokens = default_tokens
         self.stop_on_disconnect = stop_on_disconnect
         self.faults = Faults()
+        self.continuous = continuous
+        self.chat = None if continuous is None else ContinuousChat(continuous, default_tokens=default_tokens)
+        self.vllm_metrics = None if continuous is None else VllmMetrics(continuous.batch, served_model_name)
+        self.priorities: collections.Counter[str] = collections.Counter()
+        """The `priority` values inference requests carried (OpenAI's field, KServe's parameter),
+        by their JSON text: what a gateway forwarded."""
         self._ids = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -74,7 +74,7 @@ class SimApp:
                 if not faults.fault.hang:
                     await _body(receive)
                     status = faults.fault.status or 500
-                    await _json(send, status, {"error": f"sim fault: answering {status}"})
+                    await reply_json(send, status, {"error": f"sim fault: answering {status}"})
                     return
                 answering, receive = await faults.hang(receive, until_disconnect=self.stop_on_disconnect)
                 if not answering:
@@ -82,34 +82,53 @@ class SimApp:
         if path.startswith("/v2/models/"):
             await self._v2_model(scope, receive, send, path.removeprefix("/v2/models/").split("/"), method)
         elif path in ("/v2/health/ready", "/v2/health/live", "/health"):
-            await _reply(send, 200, b"")
+            await reply(send, 200, b"")
         elif path == "/v2":
-            await _json(send, 200, {"name": "sim", "version": "2.51.0", "extensions": ["binary_tensor_data"]})
+            await reply_json(
+                send, 200, {"name": "sim", "version": "2.51.0", "extensions": ["binary_tensor_data"]}
+            )
         elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             await self._generate(receive, send, chat=path == "/v1/chat/completions")
         elif method == "POST" and path == "/v1/embeddings":
             await self._embeddings(receive, send)
         elif path == "/metrics":
-            await _reply(send, 200, render(self.engine), b"text/plain; version=0.0.4")
+            # A continuous engine is a vLLM server: its metrics are vLLM's alone.
+            text = render(self.engine) if self.vllm_metrics is None else self.vllm_metrics.render()
+            await reply(send, 200, text, b"text/plain; version=0.0.4")
         elif path == "/sim/stats":
-            await _json(send, 200, self._stats())
+            await reply_json(send, 200, self._stats())
         elif path == "/sim/reset" and method == "POST":
             self.engine.reset_peak()
             self.faults.reset_peak()
-            await _json(send, 200, self._stats())
+            await reply_json(send, 200, self._stats())
         elif path == "/sim/fault":
             await self._fault(receive, send, method)
+        elif path == "/sim/speed" and method == "POST":
+            await self._speed(receive, send)
         else:
-            await _json(send, 404, {"error": f"no route for {method} {path}"})
+            await reply_json(send, 404, {"error": f"no route for {method} {path}"})
 
     async def _fault(self, receive: Receive, send: Send, method: str) -> None:
         if method == "POST":
             try:
                 self.faults.set(Fault.parse(await _body(receive)))
             except ValueError as error:
-                await _json(send, 400, {"error": str(error)})
+                await reply_json(send, 400, {"error": str(error)})
                 return
-        await _json(send, 200, self.faults.stats())
+        await reply_json(send, 200, self.faults.stats())
+
+    async def _speed(self, receive: Receive, send: Send) -> None:
+        """`{"slowdown": 2.0}`: the continuous engine's steps take twice as long from now on
+        (another tenant on the GPU, a thermal limit)."""
+        try:
+            slowdown = float(json.loads(await _body(receive))["slowdown"])
+            if self.continuous is None or not 0.01 <= slowdown <= 100:
+                raise ValueError("slowdown must be within 0.01 .. 100, on a continuous engine")
+        except (ValueError, KeyError, TypeError) as error:
+            await reply_json(send, 400, {"error": str(error)})
+            return
+        self.continuous.slowdown = slowdown
+        await reply_json(send, 200, {"slowdown": slowdown})
 
     def _stats(self) -> dict[str, Any]:
         stats = self.engine.stats
@@ -127,6 +146,8 @@ class SimApp:
             "stopped": stats.stopped,
             "busy_slot_s": stats.busy_slot_s,
             "faults": self.faults.stats(),
+            "priorities": dict(self.priorities),
+            **({} if self.continuous is None else {"continuous": _continuous_stats(self.continuous)}),
         }
 
     async def _v2_model(
@@ -139,7 +160,7 @@ class SimApp:
             await self._infer(scope, receive, send, model, version)
         elif rest == [] and method == "GET":
             tensor = {"datatype": "FP32", "shape": [-1, -1]}
-            await _json(
+            await reply_json(
                 send,
                 200,
                 {
@@ -151,9 +172,9 @@ class SimApp:
                 },
             )
         elif rest == ["ready"] and method == "GET":
-            await _reply(send, 200, b"")
+            await reply(send, 200, b"")
         elif rest == ["config"] and method == "GET":
-            await _json(
+            await reply_json(
                 send,
                 200,
                 {
@@ -164,7 +185,7 @@ class SimApp:
                 },
             )
         else:
-            await _json(send, 404, {"error": f"no route for {method} {scope['path']}"})
+            await reply_json(send, 404, {"error": f"no route for {method} {scope['path']}"})
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send, model: str, version: str) -> None:
         body = await _body(receive)
@@ -175,15 +196,17 @@ class SimApp:
         try:
             request = parse_infer(body, header_length)
         except TensorError as error:
-            await _json(send, 400, {"error": str(error)})
+            await reply_json(send, 400, {"error": str(error)})
             return
+        if "priority" in request.parameters:
+            self.priorities[json.dumps(request.parameters["priority"])] += 1
         if not await self._compute(receive, model, self.engine.service.batch_s(request.batch), request.batch):
             return
         answer, json_length = infer_response(model, version, request)
         if json_length is None:
-            await _reply(send, 200, answer)
+            await reply(send, 200, answer)
         else:
-            await _reply(
+            await reply(
                 send,
                 200,
                 answer,
@@ -199,7 +222,7 @@ class SimApp:
                 request.get("max_completion_tokens") or request.get("max_tokens") or self.default_tokens
             )
         except (ValueError, KeyError, TypeError):
-            await _json(
+            await reply_json(
                 send,
                 400,
                 {"error": {"message": "need a JSON body with 'model'", "type": "invalid_request_error"}},
@@ -208,6 +231,11 @@ class SimApp:
         tokens = max(1, min(tokens, 4096))
         self._ids += 1
         ident = f"{'chatcmpl' if chat else 'cmpl'}-sim-{self._ids}"
+        if isinstance(request, dict) and "priority" in request:
+            self.priorities[json.dumps(request["priority"])] += 1
+        if self.chat is not None:
+            await self.chat.serve(request, ident, receive, send, chat=chat)
+            return
         service = self.engine.service
         if request.get("stream") is True:
             await self._stream(receive, send, model, ident, tokens, chat=chat)
@@ -220,7 +248,7 @@ class SimApp:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        await _json(
+        await reply_json(
             send,
             200,
             {
@@ -229,7 +257,11 @@ class SimApp:
                 "created": int(time.time()),
                 "model": model,
                 "choices": [choice],
-                "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1},
+                "usage": {
+                    "prompt_tokens": (prompt := prompt_tokens(request, chat=chat)),
+                    "completion_tokens": tokens,
+                    "total_tokens": prompt + tokens,
+                },
             },
         )
 
@@ -311,7 +343,7 @@ class SimApp:
             model = request["model"]
             items = request["input"] if isinstance(request["input"], list) else [request["input"]]
         except (ValueError, KeyError, TypeError):
-            await _json(
+            await reply_json(
                 send, 400, {"error": {"message": "need 'model' and 'input'", "type": "invalid_request_error"}}
             )
             return
@@ -321,7 +353,7 @@ class SimApp:
             {"object": "embedding", "index": i, "embedding": _vector(str(item))}
             for i, item in enumerate(items)
         ]
-        await _json(
+        await reply_json(
             send,
             200,
             {
@@ -333,11 +365,20 @@ class SimApp:
         )
 
 
+def _continuous_stats(engine: ContinuousEngine) -> dict[str, Any]:
+    batch = engine.batch
+    return {
+        "max_num_seqs": batch.spec.max_num_seqs,
+        "running": len(batch.running),
+        "waiting": len(batch.waiting),
+        "kv_used": batch.kv_used,
+        "kv_tokens": batch.spec.kv_tokens,
+        "preemptions": batch.counters.preemptions,
+        "generation_tokens": batch.counters.generation_tokens,
+        "slowdown": engine.slowdown,
+    }
+
+
 def _vector(text: str) -> list[float]:
     digest = hashlib.sha256(text.encode()).digest()
     return [round(b / 255.0, 4) for b in digest[:8]]
-
-
-async def _sleep_ms(ms: float) -> None:
-    if ms > 0:
-        await asyncio.sleep(ms / 1000)

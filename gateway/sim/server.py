@@ -11,6 +11,7 @@ import uvicorn
 
 from gateway.serving import QuietServer, StoppingServer, bind, url_of, uvicorn_config
 from gateway.sim.app import SimApp
+from gateway.sim.continuous import ContinuousEngine, ContinuousSpec
 from gateway.sim.engine import ServiceDistribution, ServiceModel, SimEngine
 
 
@@ -27,6 +28,10 @@ class SimOptions:
     stop_on_disconnect: bool = False
     service_dist: ServiceDistribution = "fixed"
     seed: int | None = None
+    continuous: ContinuousSpec | None = None
+    """OpenAI generation on a continuous-batching engine (vLLM's kind) instead of the slots."""
+    served_model_name: str = "sim"
+    """The `model_name` label of the continuous engine's vLLM metrics."""
 
 
 @dataclass(slots=True)
@@ -70,7 +75,14 @@ def build_sim(options: SimOptions, *, quiet: bool = False) -> SimServers:
         random.Random(options.seed),
     )
     engine = SimEngine(options.slots, service)
-    app = SimApp(engine, default_tokens=options.default_tokens, stop_on_disconnect=options.stop_on_disconnect)
+    continuous = None if options.continuous is None else ContinuousEngine(options.continuous, engine.stats)
+    app = SimApp(
+        engine,
+        default_tokens=options.default_tokens,
+        stop_on_disconnect=options.stop_on_disconnect,
+        continuous=continuous,
+        served_model_name=options.served_model_name,
+    )
     sockets = [bind(options.host, options.port)]
     if options.metrics_port is not None:
         sockets.append(bind(options.host, options.metrics_port))

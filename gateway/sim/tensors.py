@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # KServe v2 datatype -> struct format of one element (BYTES is length-prefixed, handled apart).
@@ -70,6 +70,7 @@ class InferRequest:
     inputs: list[Tensor]
     outputs: list[tuple[str, bool]]
     """Requested output names with whether each wants binary data."""
+    parameters: dict[str, Any] = field(default_factory=dict)
 
     @property
     def batch(self) -> int:
@@ -100,7 +101,8 @@ def parse_infer(body: bytes, header_length: int | None) -> InferRequest:
         if name not in names:
             raise TensorError(f"unknown output {name!r}; this model has {names}")
         outputs.append((name, bool((item.get("parameters") or {}).get("binary_data", default_binary))))
-    return InferRequest(header.get("id"), inputs, outputs)
+    parameters = header.get("parameters")
+    return InferRequest(header.get("id"), inputs, outputs, parameters if isinstance(parameters, dict) else {})
 
 
 def _parse_input(item: Any, body: bytes, offset: int) -> tuple[Tensor, int]:

@@ -147,6 +147,7 @@ class Sim(ServerProcess):
         on_disconnect: str = "finish",
         service_dist: str | None = None,
         seed: int | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         args = [
             "sim",
@@ -166,6 +167,7 @@ class Sim(ServerProcess):
             on_disconnect,
             *([] if service_dist is None else ["--service-dist", service_dist]),
             *([] if seed is None else ["--seed", str(seed)]),
+            *extra_args,
         ]
         super().__init__("sim", args, log_dir, "/v2/health/ready")
 

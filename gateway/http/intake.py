@@ -9,7 +9,7 @@ before that is answered here, and counted once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -92,11 +92,14 @@ class AdmittedEndpoint:
         body: bytes,
         cost: float = 1.0,
         batching: tuple[Part, BatchLimits] | None = None,
+        observe: Callable[[bytes], None] | None = None,
     ) -> Awaitable[None]:
         """The admitted call of a request that is read and checked and costs `cost` work units
         (returned to be awaited, so that the hot path has no extra frame); `batching`: its part
-        in a batch and the model's batching, when it may share its slot."""
+        in a batch and the model's batching, when it may share its slot; `observe`: shown its
+        successful answer (gateway.http.relay)."""
         intake = self.intake
+        intake.admission.metrics.observe_cost(pool.name, cost)
         in_body = self.style is ErrorStyle.OPENAI
         request = upstream_request(scope, body, intake.header_rules, model_in_body=in_body)
         admission = intake.admission
@@ -111,7 +114,7 @@ class AdmittedEndpoint:
             )
             return call.run()
         work = intake.forwarder.exchange(pool, request, meta.budget_s)
-        relay = Relay(receive, send, self.style, work, drain, retry_s)
+        relay = Relay(receive, send, self.style, work, drain, retry_s, observe)
         return AdmittedCall(admission, pool, meta, work, relay, body_bytes=len(body), cost=cost).run()
 
 

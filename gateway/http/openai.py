@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterable
+from functools import partial
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -14,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import ErrorStyle, error_response
 from gateway.http.exchange import read_body
 from gateway.http.intake import AdmittedEndpoint
+from gateway.http.pricing import UsageLearner, max_tokens_of, prompt_chars
 from gateway.http.request_meta import Problem, RequestClassifier
 from policies.outcomes import Outcome
 
@@ -33,16 +36,27 @@ class OpenAIEndpoint(AdmittedEndpoint):
         if isinstance(body, Outcome):
             await self.fail(send, body, priority=meta.priority)
             return
-        model = await _model_of(body) if len(body) > _PARSE_INLINE_BYTES else _model_in(body)
-        if isinstance(model, Problem):
-            await self.fail(send, model.outcome, priority=meta.priority, detail=model.detail)
+        parsed = await _parse(body) if len(body) > _PARSE_INLINE_BYTES else _request_in(body)
+        if isinstance(parsed, Problem):
+            await self.fail(send, parsed.outcome, priority=meta.priority, detail=parsed.detail)
             return
+        model, payload = parsed
         pool = intake.pools.get(model)
         if pool is None:
             await self.fail(send, Outcome.UNKNOWN_MODEL, priority=meta.priority, detail=repr(model))
             return
-        admitted = self.admit(scope, receive, send, pool, meta, body)
-        del body  # the exchange holds it now, and gives it up once it is serialized
+        costs = pool.token_costs
+        if costs is None or scope["path"] == "/v1/embeddings":
+            admitted = self.admit(scope, receive, send, pool, meta, body)
+        else:
+            chars = prompt_chars(payload)
+            estimate = costs.estimate(chars, max_tokens_of(payload), meta.flow_tenant)
+            metrics = intake.admission.metrics
+            learner = UsageLearner(
+                costs, chars, estimate, meta.flow_tenant, partial(metrics.set_cost_model_error, pool.name)
+            )
+            admitted = self.admit(scope, receive, send, pool, meta, body, estimate.cost, observe=learner)
+        del body, payload, parsed  # the exchange holds the body now, and gives it up once it is serialized
         await admitted
 
 
@@ -51,12 +65,12 @@ class OpenAIEndpoint(AdmittedEndpoint):
 _PARSE_INLINE_BYTES = 1 << 20
 
 
-async def _model_of(body: bytes) -> str | Problem:
-    return await asyncio.to_thread(_model_in, body)
+async def _parse(body: bytes) -> tuple[str, dict[str, Any]] | Problem:
+    return await asyncio.to_thread(_request_in, body)
 
 
-def _model_in(body: bytes) -> str | Problem:
-    """The `model` field of an OpenAI request body, or what is wrong with the body."""
+def _request_in(body: bytes) -> tuple[str, dict[str, Any]] | Problem:
+    """The `model` field of an OpenAI request body and the body, or what is wrong with it."""
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -70,7 +84,7 @@ def _model_in(body: bytes) -> str | Problem:
         return Problem(Outcome.BAD_REQUEST, "the body needs a string field 'model'")
     if not isinstance(payload.get("stream", False), bool):
         return Problem(Outcome.BAD_REQUEST, "'stream' must be true or false")
-    return model
+    return model, payload
 
 
 def openai_routes(models: Iterable[str], classifier: RequestClassifier) -> list[BaseRoute]:

@@ -1,4 +1,7 @@
-"""What a KServe v2 inference request costs in work units, where a model prices by batch items.
+"""What a request costs in work units, where a model prices by batch items or by tokens.
+
+KServe v2 inference requests cost their batch size; OpenAI generation requests their estimated
+tokens (policies.token_costs), learned from the `usage` their answers carry.
 
 A request's batch is dimension 0 of its first input's shape (KServe v2 puts the batch first on every
 input of a batching model). For a binary-tensor body only its JSON header is read (its length is
@@ -11,9 +14,11 @@ judges its body.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from gateway.tensors.batch import HEADER_LENGTH
+from policies.token_costs import CostEstimate, TokenCostModel
 
 
 def batch_items(body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> float:
@@ -33,3 +38,78 @@ def batch_items(body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> float:
     if isinstance(first, bool) or not isinstance(first, int) or first < 1:
         return 1.0
     return float(first)
+
+
+def prompt_chars(payload: dict[str, Any]) -> int:
+    """The characters of an OpenAI request's prompt: its messages' text, or its `prompt` (token
+    ids count 4 each, the prior's ratio), or its embedding `input`."""
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        return sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict))
+    prompt = payload.get("prompt", payload.get("input"))
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return 4 * len(prompt)
+    return _text_chars(prompt)
+
+
+def _text_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):  # content parts, or a batch of prompts
+        return sum(_text_chars(part.get("text") if isinstance(part, dict) else part) for part in content)
+    return 0
+
+
+def max_tokens_of(payload: dict[str, Any]) -> int | None:
+    for field in ("max_completion_tokens", "max_tokens"):
+        value = payload.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+class UsageLearner:
+    """Feeds one answer's `usage` back into its model's cost model (a Relay's `observe`)."""
+
+    __slots__ = ("_chars", "_estimate", "_model", "_on_error", "_tenant")
+
+    def __init__(
+        self,
+        model: TokenCostModel,
+        chars: int,
+        estimate: CostEstimate,
+        tenant: str,
+        on_error: Callable[[float], None],
+    ) -> None:
+        self._model = model
+        self._chars = chars
+        self._estimate = estimate
+        self._tenant = tenant
+        self._on_error = on_error
+
+    def __call__(self, answer: bytes) -> None:
+        usage = usage_in(answer)
+        if usage is None:
+            return
+        self._model.learn(self._chars, self._estimate, *usage, self._tenant)
+        if (error := self._model.error) is not None:
+            self._on_error(error)
+
+
+def usage_in(answer: bytes) -> tuple[float, float] | None:
+    """(prompt_tokens, completion_tokens) from an OpenAI answer, or from the tail of its event
+    stream (the last event that carries usage); None where it carries none."""
+    at = answer.rfind(b'"usage"')
+    if at < 0:
+        return None
+    start = answer.rfind(b"data:", 0, at)
+    if start < 0:
+        document = answer  # a whole JSON answer
+    else:
+        end = answer.find(b"\n", at)
+        document = answer[start + len(b"data:") : end if end >= 0 else len(answer)]
+    try:
+        usage = json.loads(document)["usage"]
+        return float(usage["prompt_tokens"]), float(usage["completion_tokens"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
+        return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from starlette.types import Receive, Send
 
@@ -26,6 +26,9 @@ from gateway.upstream.reply import ConnectFailed, Reply, UpstreamError
 from policies.outcomes import Outcome, answered
 
 log = logging.getLogger("gateway.proxy")
+
+# What of a stream its observer sees: enough for the last event or two (an OpenAI usage chunk).
+_TAIL_BYTES = 4096
 
 
 class ClientLeft(Exception):
@@ -56,7 +59,7 @@ async def send_error(
 class Relay:
     """The client's side of one admitted HTTP request (a gateway.flow.admitted.Ingress)."""
 
-    __slots__ = ("_drain", "_no_backend_retry_s", "_receive", "_send", "_style", "_work")
+    __slots__ = ("_drain", "_no_backend_retry_s", "_observe", "_receive", "_send", "_style", "_work")
 
     def __init__(
         self,
@@ -66,6 +69,7 @@ class Relay:
         work: UpstreamExchange,
         drain: Drain,
         no_backend_retry_s: float,
+        observe: Callable[[bytes], None] | None = None,
     ) -> None:
         self._receive = receive
         self._send = send
@@ -73,6 +77,8 @@ class Relay:
         self._work = work
         self._drain = drain
         self._no_backend_retry_s = no_backend_retry_s
+        self._observe = observe
+        """Shown a successful answer once it is out: its body, or a stream's last bytes."""
 
     def until_disconnect(self) -> Awaitable[None]:
         return until_disconnect(self._receive)
@@ -119,6 +125,8 @@ class Relay:
                 server_timing(lease.queue_wait_s, work.elapsed_s or 0.0, lease.batch_wait_s),
             ]
             await send_response(self._send, reply.status, headers, body)
+            if self._observe is not None and 200 <= reply.status < 300:
+                self._observe(body)
             return answered(reply.status)
         finally:
             if client_gone is not None:
@@ -134,12 +142,17 @@ class Relay:
         a clean end.
         """
         headers.append(server_timing(lease.queue_wait_s, self._work.running_for_s(), lease.batch_wait_s))
-        send = self._send
+        send, observe = self._send, self._observe
+        tail = b""
         try:
             await send({"type": "http.response.start", "status": reply.status, "headers": headers})
             async for chunk in reply.iter_chunks():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if observe is not None:
+                    tail = (tail + chunk)[-_TAIL_BYTES:]
             await send({"type": "http.response.body", "body": b""})
+            if observe is not None and 200 <= reply.status < 300:
+                observe(tail)
         except ClientLeft:
             return Outcome.CLIENT_DISCONNECTED
         except (TimeoutError, UpstreamError) as error:

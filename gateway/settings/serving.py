@@ -145,15 +145,29 @@ class Batching(Frozen):
     """A batch that reaches one of these sizes leaves at once."""
 
 
+class TokenPricing(Frozen):
+    """How a model that prices by tokens estimates an OpenAI request's cost (policies.token_costs)."""
+
+    prompt_weight: float = Field(0.5, ge=0, le=100)
+    """What a prompt token costs against a generated one."""
+    output_quantile: float = Field(0.9, ge=0.5, le=1.0)
+    """The quantile of the recent completion lengths taken as a request's expected output."""
+    default_output_tokens: int = Field(256, ge=1, le=1_000_000)
+    """The expected output of a request without max_tokens, before any answer was seen."""
+
+
 class Model(Frozen):
     name: Name
     backends: list[Backend] = Field(min_length=1)
     expected_service_ms: PositiveMs = 100.0
     """The service time assumed until one is measured."""
     upstream_timeout_ms: PositiveMs = 300_000.0
-    cost: Literal["requests", "batch_items"] = "requests"
+    cost: Literal["requests", "batch_items", "tokens"] = "requests"
     """What a request costs in work units (fair shares, quotas, queue caps, admission): 1 each, or
-    for KServe inference its batch size (dimension 0 of its first input; gateway.http.pricing)."""
+    for KServe inference its batch size (dimension 0 of its first input; gateway.http.pricing);
+    tokens: an OpenAI request its estimated tokens (learned from the answers' usage), a KServe
+    request its batch size."""
+    token_pricing: TokenPricing = TokenPricing()
     max_queued_work: float | None = Field(None, gt=0)
     """The most work (in `cost` units) queued for this model: beyond it a more
     urgent arrival takes the place of the least urgent, newest queued request (429 displaced);
@@ -169,8 +183,8 @@ class Model(Frozen):
     def _batching_counts_items(self) -> Model:
         if self.batching is None:
             return self
-        if "cost" in self.model_fields_set and self.cost != "batch_items":
-            raise ValueError("batching counts batch items: cost must be batch_items (or left out)")
+        if "cost" in self.model_fields_set and self.cost == "requests":
+            raise ValueError("batching counts batch items: cost must be batch_items or tokens (or left out)")
         if self.batching.max_batch_size is None and any(b.kind != "triton" for b in self.backends):
             raise ValueError("batching.max_batch_size is required unless every backend is kind: triton")
         return self
@@ -178,7 +192,7 @@ class Model(Frozen):
     @property
     def priced_by_items(self) -> bool:
         """A KServe inference request costs its batch size: by `cost`, or because it may be batched."""
-        return self.cost == "batch_items" or self.batching is not None
+        return self.cost != "requests" or self.batching is not None
 
 
 class Tenant(Frozen):

@@ -27,6 +27,7 @@ disable_created_metrics()
 _WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_COST_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 50_000)
 _RETRY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
 
@@ -105,6 +106,21 @@ class GatewayMetrics:
             buckets=_WAIT_BUCKETS,
             registry=registry,
         )
+        self.request_cost = Histogram(
+            "gateway_request_cost",
+            "Work units each request was priced at on arrival: 1, its batch items, or its estimated "
+            "tokens (cost: tokens).",
+            ["model"],
+            buckets=_COST_BUCKETS,
+            registry=registry,
+        )
+        self.cost_model_error = Gauge(
+            "gateway_cost_model_error",
+            "Median relative error |estimated - actual| / actual of the recent token cost estimates "
+            "(cost: tokens), from the usage the answers carry.",
+            ["model"],
+            registry=registry,
+        )
 
         self.store_up = Gauge(
             "gateway_store_up",
@@ -143,6 +159,12 @@ class GatewayMetrics:
     def observe_batch(self, model: str, items: float) -> None:
         """One upstream call of a model the gateway batches: its batch items."""
         self._child(self.batch_size, model).observe(items)
+
+    def observe_cost(self, model: str, cost: float) -> None:
+        self._child(self.request_cost, model).observe(cost)
+
+    def set_cost_model_error(self, model: str, error: float) -> None:
+        self._child(self.cost_model_error, model).set(error)
 
     def observe_batch_wait(self, model: str, seconds: float) -> None:
         """A request of a model the gateway batches got its slot after `seconds` held for companions."""

@@ -9,6 +9,7 @@ from gateway.upstream.origin import DEFAULT_OPTIONS, ConnectionOptions, OnAbando
 from gateway.upstream.reply import InFlight
 from policies.batching import BatchLimits
 from policies.circuit import CLOSED, Circuit, Quiet, slot_limit
+from policies.token_costs import TokenCostModel, TokenPricing
 
 
 @dataclass(slots=True, eq=False)
@@ -97,6 +98,8 @@ class ModelPool:
     """A KServe inference request costs its batch size (else 1)."""
     batching: Batching | None = None
     """Gateway-side batching, as configured (None: off)."""
+    token_costs: TokenCostModel | None = None
+    """An OpenAI request costs its estimated tokens, learned by this (None: it costs 1)."""
 
     @property
     def batch_limits(self) -> BatchLimits | None:
@@ -143,4 +146,14 @@ class ModelPool:
             max_queued_work=model.max_queued_work,
             priced_by_items=model.priced_by_items,
             batching=model.batching,
+            token_costs=_token_costs(model),
         )
+
+
+def _token_costs(model: Model) -> TokenCostModel | None:
+    if model.cost != "tokens":
+        return None
+    pricing = model.token_pricing
+    return TokenCostModel(
+        TokenPricing(pricing.prompt_weight, pricing.output_quantile, pricing.default_output_tokens)
+    )

@@ -1,0 +1,127 @@
+"""What a generation request will cost in tokens: estimated at its arrival, learned from the usage
+the engine returns.
+
+Rules this module keeps:
+- A request costs `prompt_weight` x its prompt tokens + its output tokens. A prompt token is cheaper
+  than a generated one (it is prefilled in parallel with the rest of its prompt); VTC (OSDI'24)
+  weighs them 1 : 2, hence the default of 0.5.
+- Prompt tokens are estimated from the prompt's characters, without a tokenizer: characters /
+  chars_per_token, where chars_per_token is the median of the ratios seen in the model's last
+  `window` answers. Until `min_samples` answers came it is PRIOR_CHARS_PER_TOKEN, OpenAI's rule of
+  thumb for English, so that costs are in tokens from the first request (a cost of 1 that turns
+  into hundreds would change the unit of every queue, quota and rate mid-flight).
+- Output tokens are the smaller of the request's `max_tokens` and the `output_quantile` of the
+  completion lengths of the tenant's last `window` answers on this model (of the model's, while
+  the tenant has fewer than `min_samples`). With no answers yet: `max_tokens`, or
+  `default_output_tokens` when the request sets none.
+- Medians and quantiles over a window are robust: one huge answer moves them by one rank, not by
+  its size. A ratio or length that is not positive and finite is not learned.
+- The model's error is the median, over its last `window` answers, of |estimated - actual| /
+  actual cost: what `gateway_cost_model_error` reports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+PRIOR_CHARS_PER_TOKEN = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPricing:
+    prompt_weight: float = 0.5
+    output_quantile: float = 0.9
+    default_output_tokens: int = 256
+    window: int = 256
+    min_samples: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class CostEstimate:
+    prompt_tokens: float
+    output_tokens: float
+    cost: float
+
+
+class _Window:
+    """The last `size` values, with their order statistics computed once per change."""
+
+    __slots__ = ("_sorted", "values")
+
+    def __init__(self, size: int) -> None:
+        self.values: deque[float] = deque(maxlen=size)
+        self._sorted: list[float] | None = None
+
+    def add(self, value: float) -> None:
+        self.values.append(value)
+        self._sorted = None
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def quantile(self, q: float) -> float:
+        if self._sorted is None:
+            self._sorted = sorted(self.values)
+        ranked = self._sorted
+        return ranked[min(len(ranked) - 1, max(0, math.ceil(q * len(ranked)) - 1))]
+
+
+class TokenCostModel:
+    """One model's cost estimates, learned online; tenants are configured names (a closed set)."""
+
+    def __init__(self, pricing: TokenPricing = TokenPricing()) -> None:
+        self.pricing = pricing
+        self._chars_per_token = _Window(pricing.window)
+        self._outputs: dict[str, _Window] = {}
+        self._all_outputs = _Window(pricing.window)
+        self._errors = _Window(pricing.window)
+
+    @property
+    def chars_per_token(self) -> float:
+        ratios = self._chars_per_token
+        return ratios.quantile(0.5) if len(ratios) >= self.pricing.min_samples else PRIOR_CHARS_PER_TOKEN
+
+    def expected_output_tokens(self, max_tokens: int | None, tenant: str = "") -> float:
+        pricing = self.pricing
+        lengths = self._outputs.get(tenant)
+        if lengths is None or len(lengths) < pricing.min_samples:
+            lengths = self._all_outputs
+        if len(lengths) < pricing.min_samples:
+            return float(max_tokens if max_tokens is not None else pricing.default_output_tokens)
+        learned = lengths.quantile(pricing.output_quantile)
+        return learned if max_tokens is None else min(float(max_tokens), learned)
+
+    def estimate(self, prompt_chars: int, max_tokens: int | None, tenant: str = "") -> CostEstimate:
+        """The cost of a request whose prompt has `prompt_chars` characters."""
+        prompt = max(1.0, prompt_chars / self.chars_per_token)
+        output = max(1.0, self.expected_output_tokens(max_tokens, tenant))
+        return CostEstimate(prompt, output, self.pricing.prompt_weight * prompt + output)
+
+    def learn(
+        self,
+        prompt_chars: int,
+        estimate: CostEstimate,
+        prompt_tokens: float,
+        completion_tokens: float,
+        tenant: str = "",
+    ) -> None:
+        """An answer's `usage`: the true counts of a request estimated as `estimate`."""
+        if _usable(prompt_tokens) and prompt_chars > 0:
+            self._chars_per_token.add(prompt_chars / prompt_tokens)
+        if _usable(completion_tokens):
+            self._outputs.setdefault(tenant, _Window(self.pricing.window)).add(completion_tokens)
+            self._all_outputs.add(completion_tokens)
+        if _usable(prompt_tokens) and _usable(completion_tokens):
+            actual = self.pricing.prompt_weight * prompt_tokens + completion_tokens
+            self._errors.add(abs(estimate.cost - actual) / actual)
+
+    @property
+    def error(self) -> float | None:
+        """The median relative error of the recent estimates; None before any answer."""
+        return self._errors.quantile(0.5) if len(self._errors) else None
+
+
+def _usable(count: float) -> bool:
+    return math.isfinite(count) and count > 0

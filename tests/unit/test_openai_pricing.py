@@ -1,0 +1,45 @@
+"""gateway.http.pricing for OpenAI bodies: prompt characters, max_tokens, usage in answers and streams."""
+
+from __future__ import annotations
+
+import json
+
+from gateway.http.pricing import max_tokens_of, prompt_chars, usage_in
+
+
+def test_prompt_characters_come_from_messages_parts_prompts_and_token_ids():
+    chat = {"messages": [{"role": "system", "content": "abc"}, {"role": "user", "content": "hello"}]}
+    assert prompt_chars(chat) == 8
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "four"}, {"type": "image"}]}]}
+    assert prompt_chars(parts) == 4
+    assert prompt_chars({"prompt": "twelve chars"}) == 12
+    assert prompt_chars({"prompt": ["ab", "cd"]}) == 4
+    assert prompt_chars({"prompt": [101, 102, 103]}) == 12
+    assert prompt_chars({"messages": "not a list"}) == 0
+    assert prompt_chars({}) == 0
+
+
+def test_max_tokens_is_the_newer_field_first_and_only_a_positive_integer():
+    assert max_tokens_of({"max_completion_tokens": 7, "max_tokens": 9}) == 7
+    assert max_tokens_of({"max_tokens": 9}) == 9
+    assert max_tokens_of({"max_tokens": True}) is None
+    assert max_tokens_of({"max_tokens": -1}) is None
+    assert max_tokens_of({"max_tokens": "12"}) is None
+
+
+def test_usage_is_read_from_a_whole_answer_and_from_the_last_event_of_a_stream():
+    answer = {
+        "choices": [{"message": {"content": 'a "usage" of words'}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+    }
+    assert usage_in(json.dumps(answer).encode()) == (3, 4)
+    stream = (
+        b'data: {"choices": [{"delta": {"content": "x"}}], "usage": null}\n\n'
+        b'data: {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 2}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    assert usage_in(stream) == (11, 2)
+    assert usage_in(stream[-40:]) is None  # a tail that cut the usage event short
+    assert usage_in(b'data: {"choices": []}\n\ndata: [DONE]\n\n') is None
+    assert usage_in(b'{"usage": null}') is None
+    assert usage_in(b"not json") is None

@@ -101,7 +101,9 @@ class AdmittedEndpoint:
         intake = self.intake
         intake.admission.metrics.observe_cost(pool.name, cost)
         in_body = self.style is ErrorStyle.OPENAI
-        request = upstream_request(scope, body, intake.header_rules, model_in_body=in_body)
+        request = upstream_request(
+            scope, body, intake.header_rules, model_in_body=in_body, priority=meta.priority
+        )
         admission = intake.admission
         drain, retry_s = admission.drain, admission.no_backend_retry_s
         if batching is not None:
@@ -123,7 +125,7 @@ _PATH_SAFE = "/:@!$&'()*+,;="
 
 
 def upstream_request(
-    scope: Scope, body: bytes, rules: HeaderRules, *, model_in_body: bool = False
+    scope: Scope, body: bytes, rules: HeaderRules, *, model_in_body: bool = False, priority: str = ""
 ) -> UpstreamRequest:
     """The client's request as its backend gets it (hop-by-hop fields dropped).
 
@@ -138,6 +140,7 @@ def upstream_request(
         headers=upstream_request_headers(scope["headers"], rules, _client_address(scope)),
         body=body,
         model_in_body=model_in_body,
+        priority=priority,
     )
 
 

@@ -20,6 +20,7 @@ from gateway.settings.serving import (
     BackendTls,
     Batching,
     Forwarding,
+    ForwardPriority,
     Limits,
     Listen,
     Model,
@@ -44,6 +45,7 @@ __all__ = [
     "Batching",
     "ConfigError",
     "Estimation",
+    "ForwardPriority",
     "Forwarding",
     "Health",
     "Kueue",
@@ -114,6 +116,12 @@ class Settings(Frozen):
         for owner, window in named:
             if window is not None and window not in window_names:
                 raise ValueError(f"{owner}: no window named {window!r} (windows: {sorted(window_names)})")
+        for model in self.models:
+            for backend in model.backends:
+                forward = backend.forward_priority
+                unknown = sorted(set(forward.values) - set(class_names)) if forward else []
+                if unknown:
+                    raise ValueError(f"model {model.name!r}: forward_priority names no class {unknown}")
         for tenant in self.tenants:
             limits = tenant.borrowing_limit is not None or tenant.lending_limit is not None
             if limits and tenant.quota is None:

@@ -79,6 +79,18 @@ class BackendTls(Frozen):
         return self
 
 
+class ForwardPriority(Frozen):
+    """The gateway's class of each request, told to an engine that schedules by priority, in the
+    engine's own terms: vLLM's body field `priority` (lower first, with --scheduling-policy
+    priority), Triton's request parameter `priority` (1 highest)."""
+
+    field: str = Field("priority", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    """OpenAI routes: the body's field; KServe routes: the request's `parameters` entry."""
+    values: dict[str, int]
+    """Class name -> the engine's value. A class without one reaches the engine without the field:
+    the client's own value is never passed on."""
+
+
 class Backend(Frozen):
     url: str
     kind: Literal["kserve", "triton", "vllm"] = "kserve"
@@ -103,6 +115,8 @@ class Backend(Frozen):
     """An answer's status line and headers may take this much; more is a broken backend (502)."""
     tls: BackendTls = BackendTls()
     """For https:// backends."""
+    forward_priority: ForwardPriority | None = None
+    """Tell the backend each request's class (none: the body passes as the client sent it)."""
 
     @model_validator(mode="after")
     def _slots_known(self) -> Backend:

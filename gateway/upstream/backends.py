@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.settings import Backend, Batching, Model
+from gateway.settings import Backend, Batching, ForwardPriority, Model
 from gateway.upstream.origin import DEFAULT_OPTIONS, ConnectionOptions, OnAbandon, TlsOptions
 from gateway.upstream.reply import InFlight
 from policies.batching import BatchLimits
@@ -50,6 +50,8 @@ class BackendState:
     """What the stall watch last saw of it."""
     in_flight: InFlight = field(default_factory=InFlight)
     """Its exchanges sent and not yet ended, and the answer bytes they brought (counted)."""
+    forward_priority: ForwardPriority | None = None
+    """How it is told each request's class (gateway.upstream.priority)."""
 
     @property
     def max_concurrency(self) -> int:
@@ -73,6 +75,7 @@ class BackendState:
             configured_slots=backend.max_concurrency is not None,
             origin=origin or backend.url,
             on_abandon=OnAbandon(backend.abandon_mode),
+            forward_priority=backend.forward_priority,
             connection=ConnectionOptions(
                 keepalive_s=backend.keepalive_ms / 1000,
                 max_head_bytes=backend.max_answer_head_bytes,

@@ -28,6 +28,7 @@ from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.client import RawHeaders
 from gateway.upstream.http1 import UpstreamClient, serialize_request
 from gateway.upstream.origin import OnAbandon, origin_of
+from gateway.upstream.priority import with_priority
 from gateway.upstream.reply import (
     BackendGone,
     BackendStalled,
@@ -55,6 +56,8 @@ class UpstreamRequest:
     body: bytes
     model_in_body: bool = False
     """The body's `model` names the model (OpenAI), rather than the path (KServe)."""
+    priority: str = ""
+    """The class it is served at, for backends told it (gateway.upstream.priority)."""
 
 
 class OnBackend(Protocol):
@@ -236,7 +239,7 @@ class UpstreamExchange:
                 request = replace(request, body=prepared[1][-self._body_in_wire :])
         wire = serialized(request, backend)
         self._prepared = (backend, wire)
-        if request.body and backend.served_model == backend.model:
+        if request.body and not rewrites_body(backend):
             self._body_in_wire, self._request = len(request.body), replace(request, body=b"")
         else:  # the wire's body is rewritten (OpenAI's `model`), or there is none
             self._body_in_wire, self._request = 0, request
@@ -256,14 +259,24 @@ def ending(reply: Reply) -> Ending:
     return Ending.CUT_OFF
 
 
+def rewrites_body(backend: BackendState) -> bool:
+    """Whether a body goes to `backend` other than the client sent it."""
+    return backend.served_model != backend.model or backend.forward_priority is not None
+
+
 def serialized(request: UpstreamRequest, backend: BackendState) -> bytes:
-    """`request` on the wire to `backend`, under the backend's own name for the model."""
-    target, body = request.path, request.body
+    """`request` on the wire to `backend`, under the backend's own name for the model, told the
+    request's class where the backend wants it."""
+    target, body, headers = request.path, request.body, request.headers
     if backend.served_model != backend.model:
         target, body = served_names(target, body, backend.model, backend.served_model, request.model_in_body)
+    if backend.forward_priority is not None and body:
+        headers, body = with_priority(
+            backend.forward_priority, request.priority, headers, body, model_in_body=request.model_in_body
+        )
     if request.query:
         target += "?" + request.query.decode("latin-1")
-    return serialize_request(request.method, target, origin_of(backend.url), request.headers, body)
+    return serialize_request(request.method, target, origin_of(backend.url), headers, body)
 
 
 def served_names(target: str, body: bytes, model: str, served: str, model_in_body: bool) -> tuple[str, bytes]:

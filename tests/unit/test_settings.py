@@ -57,6 +57,24 @@ def test_defaults_fill_the_rest():
         ),
         ({"tenants": [{"name": "t", "api_keys": ["short"]}]}, "tenants[0].api_keys[0]"),
         ({"ordering": "lifo"}, "ordering"),
+        (
+            {
+                "models": [
+                    {
+                        "name": "m",
+                        "backends": [
+                            {
+                                "url": "http://127.0.0.1:8000",
+                                "max_concurrency": 4,
+                                "forward_priority": {"values": {"gold": 0}},
+                            }
+                        ],
+                    }
+                ]
+            },
+            "forward_priority names no class ['gold']",
+        ),
+        ({"models": [{"name": "m", "cost": "words", "backends": []}]}, "models[0].cost"),
         ({"admission": {"safety_sigmas": -1}}, "admission.safety_sigmas"),
     ],
 )

@@ -1,0 +1,153 @@
+"""How many requests may an engine with continuous batching run at once? A limit found online.
+
+Such an engine has no slots: it runs as many sequences as it is given, each step slower the more
+run, and past its own limits (max-num-seqs, the KV cache) it queues or preempts inside, where the
+gateway's admission no longer sees the wait. The control law, fed one `EngineSample` per scrape
+of the engine's metrics:
+
+- Congestion is the engine queueing inside, preempting, or its first-token or inter-token latency
+  above its objective. Queueing inside is `waiting` above zero for `waiting_scrapes` scrapes in a
+  row while the requests it started waited longer than `queue_steps` inter-token latencies for it
+  (a request that arrives between two steps always waits for the next: that is no congestion).
+  The limit then comes down at once: by the queue inside (the engine said how many it could not
+  run), or in proportion to the latency over its objective and at least by `min_decrease`; the
+  limit it had becomes the ceiling.
+- Without congestion, and only while the limit binds (the gateway has work queued for the engine,
+  or uses every slot: `demand`), the limit goes up: by half the distance to the ceiling, or by
+  `slow_start` times while no ceiling is known; at the ceiling, by one after `probe_every` calm
+  scrapes (and the ceiling with it), so that a steady load sees the limit still, probing by one.
+  A rise of `judged_rise` or more that brought no more throughput (`min_gain`) ends the climb
+  there: the engine is full though it does not say so (smaller rises drown in the noise).
+- Without demand the limit holds: an idle engine says nothing about how much it can take.
+- A missing sample (the engine's metrics are stale) holds the limit where it was.
+- The limit stays within [min_limit, max_limit], and slots are whole: `slots` rounds it down.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True)
+class LimitConfig:
+    min_limit: float = 1.0
+    max_limit: float = 1024.0
+    ttft_objective_s: float | None = None
+    itl_objective_s: float | None = None
+    waiting_scrapes: int = 2
+    queue_steps: float = 2.0
+    slow_start: float = 1.5
+    min_decrease: float = 0.05
+    probe_every: int = 5
+    min_gain: float = 0.02
+    judged_rise: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSample:
+    """What one scrape says of the engine, over the interval since the previous one."""
+
+    waiting: float
+    """Requests queued inside the engine now."""
+    preempted: float = 0.0
+    """Preemptions during the interval."""
+    ttft_s: float | None = None
+    """Mean time to first token of the requests that got one in the interval (None: none did)."""
+    itl_s: float | None = None
+    """Mean inter-token latency over the interval."""
+    throughput: float | None = None
+    """Work done per second over the interval (generated tokens, or completions)."""
+    queue_s: float | None = None
+    """Mean time the requests the engine started in the interval waited inside it (None: unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LimitState:
+    limit: float
+    ceiling: float | None = None
+    """The limit at the last congestion, raised by each calm probe; None until one came."""
+    waiting_streak: int = 0
+    calm: int = 0
+    """Calm scrapes in a row at the ceiling."""
+    rose_from: tuple[float, float] | None = None
+    """(limit, throughput) before the last rise, to judge whether it brought more."""
+
+    @property
+    def slots(self) -> int:
+        return max(1, math.floor(self.limit))
+
+
+def start(config: LimitConfig) -> LimitState:
+    return LimitState(config.min_limit)
+
+
+def next_limit(
+    state: LimitState, sample: EngineSample | None, demand: bool, config: LimitConfig
+) -> LimitState:
+    """The limit after one scrape: `sample` (None when stale), `demand` when the limit bound."""
+    if sample is None:
+        return state
+    queueing = sample.waiting > 0 and (
+        sample.queue_s is None or sample.queue_s > config.queue_steps * (sample.itl_s or 0.0)
+    )
+    streak = state.waiting_streak + 1 if queueing else 0
+    cut = _congestion_cut(state.limit, sample, streak, config)
+    if cut is not None:
+        limit, exact = cut
+        # A cut by the queue inside is what the engine runs: the ceiling is there. A cut by
+        # latency is a guess: the ceiling stays where the congestion was.
+        return LimitState(_clamp(limit, config), ceiling=limit if exact else state.limit)
+    state = replace(state, waiting_streak=streak)
+    if not demand or queueing:
+        return replace(state, calm=0, rose_from=None)
+    if state.rose_from is not None and sample.throughput is not None:
+        before_limit, before = state.rose_from
+        if before > 0 and sample.throughput < before * (1 + config.min_gain):
+            # The rise brought nothing: the engine is full at what it had.
+            return LimitState(before_limit, ceiling=before_limit)
+    rise = _rise(state, config)
+    if rise is None:
+        return replace(state, rose_from=None)
+    limit, ceiling, calm = rise
+    limit = _clamp(limit, config)
+    # Judged only on whole slots: a rise within one slot changes nothing the engine sees.
+    judged = math.floor(limit) >= max(state.slots + 1, state.slots * (1 + config.judged_rise))
+    rose_from = (state.limit, sample.throughput) if judged and sample.throughput is not None else None
+    return LimitState(limit, ceiling, streak, calm, rose_from)
+
+
+def _congestion_cut(
+    limit: float, sample: EngineSample, streak: int, config: LimitConfig
+) -> tuple[float, bool] | None:
+    """(the lowered limit, whether it is exact) when the sample shows congestion, else None."""
+    floor = limit * (1 - config.min_decrease)
+    cuts: list[tuple[float, bool]] = []
+    if sample.preempted > 0:
+        cuts.append((floor, False))
+    if streak >= config.waiting_scrapes:
+        cuts.append((limit - max(1.0, sample.waiting), True))
+    objectives = ((sample.ttft_s, config.ttft_objective_s), (sample.itl_s, config.itl_objective_s))
+    for measured, objective in objectives:
+        if measured is not None and objective is not None and measured > objective:
+            cuts.append((min(floor, limit * max(0.5, objective / measured)), False))
+    return min(cuts) if cuts else None
+
+
+def _rise(state: LimitState, config: LimitConfig) -> tuple[float, float | None, int] | None:
+    """(limit, ceiling, calm) after a calm scrape that had demand; None when at the cap."""
+    limit, ceiling = state.limit, state.ceiling
+    if limit >= config.max_limit:
+        return None
+    if ceiling is None:
+        return max(limit + 1, limit * config.slow_start), None, 0
+    if limit + 1 <= ceiling:
+        return max(limit + 1, limit + (ceiling - limit) / 2), ceiling, 0
+    calm = state.calm + 1
+    if calm < config.probe_every:
+        return limit, ceiling, calm
+    return limit + 1, max(ceiling, limit + 1), 0
+
+
+def _clamp(limit: float, config: LimitConfig) -> float:
+    return min(config.max_limit, max(config.min_limit, limit))

@@ -1,0 +1,182 @@
+"""policies.concurrency_limit against a model of a continuous-batching engine.
+
+The model: up to `max_num_seqs` sequences run, each step takes step_s x (1 + growth x (n-1)/(M-1))
+with n running, and what the gateway sends beyond what runs waits inside (as long as a sequence
+takes to finish, on average). The gateway always has work queued (saturating demand), so the
+limit is all the engine sees from it; `others` are sequences another client keeps on the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies.concurrency_limit import EngineSample, LimitConfig, LimitState, next_limit, start
+
+
+@dataclass
+class EngineModel:
+    max_num_seqs: int = 64
+    step_s: float = 0.020
+    growth: float = 1.0
+    slowdown: float = 1.0
+    output_tokens: int = 200
+    others: int = 0
+
+    def step(self, running: int) -> float:
+        crowd = (running - 1) / (self.max_num_seqs - 1)
+        return self.step_s * (1 + self.growth * crowd) * self.slowdown
+
+    def sample(self, limit: int) -> EngineSample:
+        sent = limit + self.others
+        running = min(sent, self.max_num_seqs)
+        waiting = sent - running
+        itl = self.step(running)
+        service = self.output_tokens * itl
+        queue_s = waiting / running * service if waiting else itl / 2
+        return EngineSample(
+            waiting=waiting,
+            itl_s=itl,
+            ttft_s=queue_s + itl,
+            throughput=running / itl * limit / sent,  # our share of what it makes
+            queue_s=queue_s,
+        )
+
+
+def run(engine: EngineModel, config: LimitConfig, scrapes: int, state: LimitState | None = None) -> list[int]:
+    state = state or start(config)
+    limits = []
+    for _ in range(scrapes):
+        state = next_limit(state, engine.sample(state.slots), True, config)
+        limits.append(state.slots)
+    run.state = state  # type: ignore[attr-defined]
+    return limits
+
+
+def steady(limits: list[int]) -> tuple[float, float]:
+    """(mean, spread as a share of the mean) of a stretch of limits."""
+    mean = sum(limits) / len(limits)
+    return mean, (max(limits) - min(limits)) / mean
+
+
+def test_it_finds_the_engines_max_num_seqs_when_only_its_queue_bounds_it_and_stays_there():
+    limits = run(EngineModel(), LimitConfig(min_limit=1, max_limit=512), 120)
+    assert max(limits) <= 512
+    mean, spread = steady(limits[-60:])
+    assert mean == pytest.approx(64, rel=0.1)  # the best fixed limit: all it runs, none waiting
+    assert spread <= 0.1
+    assert limits.index(next(x for x in limits if x >= 58)) <= 20  # found within 20 scrapes
+
+
+def best_fixed_limit(engine: EngineModel, itl_objective_s: float) -> int:
+    return max(n for n in range(1, engine.max_num_seqs + 1) if engine.step(n) <= itl_objective_s)
+
+
+def test_it_finds_the_largest_limit_within_the_inter_token_latency_objective():
+    engine = EngineModel()
+    config = LimitConfig(min_limit=1, itl_objective_s=0.030)
+    limits = run(engine, config, 120)
+    best = best_fixed_limit(engine, 0.030)
+    assert best == 32
+    mean, spread = steady(limits[-60:])
+    assert mean == pytest.approx(best, rel=0.1)
+    assert spread <= 0.1
+
+
+def test_when_the_engine_slows_down_it_moves_to_the_new_best_within_a_few_scrapes():
+    engine = EngineModel()
+    config = LimitConfig(min_limit=1, itl_objective_s=0.030)
+    run(engine, config, 100)
+    engine.slowdown = 1.25
+    after = run(engine, config, 60, run.state)  # type: ignore[attr-defined]
+    best = best_fixed_limit(engine, 0.030)
+    assert best == 13
+    settled = next(i for i, limit in enumerate(after) if limit <= best * 1.1)
+    assert settled <= 8
+    mean, spread = steady(after[-40:])
+    assert mean == pytest.approx(best, rel=0.1)
+    assert spread <= 0.15  # one slot of 13 is 8%
+
+
+def test_another_client_loading_the_engine_takes_its_share_from_the_limit():
+    engine = EngineModel()
+    config = LimitConfig(min_limit=1)
+    run(engine, config, 100)
+    engine.others = 20
+    after = run(engine, config, 60, run.state)  # type: ignore[attr-defined]
+    assert next(i for i, limit in enumerate(after) if limit <= 44 * 1.1) <= 4
+    mean, spread = steady(after[-40:])
+    assert mean == pytest.approx(44, rel=0.1)
+    assert spread <= 0.1
+
+
+def test_a_stale_engine_holds_the_limit_and_an_idle_one_does_not_raise_it():
+    config = LimitConfig(min_limit=4)
+    state = LimitState(40.0, ceiling=48.0)
+    assert next_limit(state, None, True, config) == state
+    calm = EngineSample(waiting=0, itl_s=0.02, throughput=100.0)
+    assert next_limit(state, calm, False, config).limit == 40.0
+
+
+def test_it_never_goes_above_its_cap_nor_below_its_floor():
+    config = LimitConfig(min_limit=2, max_limit=10)
+    limits = run(EngineModel(), config, 50)
+    assert max(limits) == 10
+    crowded = EngineModel(others=500)
+    assert min(run(crowded, config, 30)) == 2
+
+
+def test_a_request_waiting_for_the_next_step_is_no_congestion():
+    config = LimitConfig()
+    state = LimitState(30.0, ceiling=40.0, waiting_streak=5)
+    between_steps = EngineSample(waiting=3, itl_s=0.02, queue_s=0.015, throughput=100.0)
+    assert next_limit(state, between_steps, True, config).limit > 30
+    queued = EngineSample(waiting=3, itl_s=0.02, queue_s=0.5, throughput=100.0)
+    assert next_limit(state, queued, True, config).limit == 27
+
+
+def test_preemption_and_a_slow_first_token_bring_the_limit_down():
+    config = LimitConfig(ttft_objective_s=1.0)
+    state = LimitState(50.0)
+    preempting = EngineSample(waiting=0, preempted=2, itl_s=0.02)
+    assert next_limit(state, preempting, True, config).limit == pytest.approx(47.5)
+    slow = EngineSample(waiting=0, ttft_s=2.0, itl_s=0.02)
+    lowered = next_limit(state, slow, True, config)
+    assert lowered.limit == pytest.approx(25.0)
+    assert lowered.ceiling == 50.0
+
+
+def test_a_rise_that_brings_no_throughput_ends_the_climb():
+    config = LimitConfig(min_limit=8)
+    state = start(config)
+    flat = EngineSample(waiting=0, itl_s=0.02, throughput=500.0)
+    risen = next_limit(state, flat, True, config)
+    assert risen.limit == 12.0
+    assert next_limit(risen, flat, True, config) == LimitState(8.0, ceiling=8.0)
+
+
+samples = st.one_of(
+    st.none(),
+    st.builds(
+        EngineSample,
+        waiting=st.floats(0, 1000),
+        preempted=st.floats(0, 10),
+        ttft_s=st.one_of(st.none(), st.floats(0, 100)),
+        itl_s=st.one_of(st.none(), st.floats(0, 10)),
+        throughput=st.one_of(st.none(), st.floats(0, 1e6)),
+        queue_s=st.one_of(st.none(), st.floats(0, 100)),
+    ),
+)
+
+
+@given(st.lists(st.tuples(samples, st.booleans()), max_size=60), st.floats(1, 50), st.floats(50, 500))
+def test_the_limit_stays_within_its_bounds_whatever_the_engine_says(steps, low, high):
+    config = LimitConfig(min_limit=low, max_limit=high, ttft_objective_s=1.0, itl_objective_s=0.1)
+    state = start(config)
+    for sample, demand in steps:
+        state = next_limit(state, sample, demand, config)
+        assert low <= state.limit <= high
+        assert state.slots >= 1

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import echoed
 from gateway.flow.admitted import Admission
+from gateway.flow.auto_limits import AutoLimits
 from gateway.flow.controller import AdmissionController
 from gateway.flow.drain import Drain
 from gateway.flow.queued_bytes import QueuedBytes
@@ -67,6 +68,9 @@ def build_runtime(
     signals = SignalBoard(
         pool_list, settings.signals, settings.kueue, metrics, supervisor=supervisor, clock=clock
     )
+    auto_limits = AutoLimits(settings.models, store, settings.signals.scrape_interval_ms / 1000)
+    if auto_limits.any:
+        signals.on_engine_sample = auto_limits.on_sample
     queued_bytes = QueuedBytes(settings.queued_byte_limits())
     metrics.watch_queued_bytes([m.name for m in settings.models], queued_bytes.held)
     hints = ScalingHints(pool_list, store, settings.autoscaling, clock=clock)

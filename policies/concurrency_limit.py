@@ -7,15 +7,21 @@ of the engine's metrics:
 
 - Congestion is the engine queueing inside, preempting, or its first-token or inter-token latency
   above its objective. Queueing inside is `waiting` above zero for `waiting_scrapes` scrapes in a
-  row while the requests it started waited longer than `queue_steps` inter-token latencies for it
-  (a request that arrives between two steps always waits for the next: that is no congestion).
-  The limit then comes down at once: by the queue inside (the engine said how many it could not
-  run), or in proportion to the latency over its objective and at least by `min_decrease`; the
-  limit it had becomes the ceiling.
+  row, unless the requests it started meanwhile waited no longer than `queue_steps` inter-token
+  latencies (a request that arrives between two steps waits for the next: no congestion).
+- On congestion the limit comes down at once: by half the queue inside (the engine said how many
+  it could not run; half, because its queue drains only as its sequences finish, and the next
+  scrapes still see what the last limit sent), or in proportion to the latency over its
+  objective; at least by `min_decrease` for latency or preemption. The limit it comes down to is
+  the ceiling after a cut by the queue (the engine runs that much), the limit it had after one by
+  latency.
+- While anything waits inside, the limit never rises.
 - Without congestion, and only while the limit binds (the gateway has work queued for the engine,
   or uses every slot: `demand`), the limit goes up: by half the distance to the ceiling, or by
-  `slow_start` times while no ceiling is known; at the ceiling, by one after `probe_every` calm
-  scrapes (and the ceiling with it), so that a steady load sees the limit still, probing by one.
+  `slow_start` times while no ceiling is known; at the ceiling, after `probe_every` calm scrapes,
+  by a probe that doubles with each calm window (1, 2, 4, ... at most a quarter of the limit) and
+  is back to one after congestion, with the ceiling: a steady load sees the limit still, probing
+  by one, and capacity that came back is found again in a few windows.
   A rise of `judged_rise` or more that brought no more throughput (`min_gain`) ends the climb
   there: the engine is full though it does not say so (smaller rises drown in the noise).
 - Without demand the limit holds: an idle engine says nothing about how much it can take.
@@ -70,6 +76,8 @@ class LimitState:
     waiting_streak: int = 0
     calm: int = 0
     """Calm scrapes in a row at the ceiling."""
+    probe: float = 1.0
+    """The next probe above the ceiling."""
     rose_from: tuple[float, float] | None = None
     """(limit, throughput) before the last rise, to judge whether it brought more."""
 
@@ -88,18 +96,17 @@ def next_limit(
     """The limit after one scrape: `sample` (None when stale), `demand` when the limit bound."""
     if sample is None:
         return state
-    queueing = sample.waiting > 0 and (
-        sample.queue_s is None or sample.queue_s > config.queue_steps * (sample.itl_s or 0.0)
+    between_steps = sample.queue_s is not None and sample.queue_s <= config.queue_steps * (
+        sample.itl_s or 0.0
     )
-    streak = state.waiting_streak + 1 if queueing else 0
+    streak = state.waiting_streak + 1 if sample.waiting > 0 and not between_steps else 0
     cut = _congestion_cut(state.limit, sample, streak, config)
     if cut is not None:
-        limit, exact = cut
-        # A cut by the queue inside is what the engine runs: the ceiling is there. A cut by
-        # latency is a guess: the ceiling stays where the congestion was.
-        return LimitState(_clamp(limit, config), ceiling=limit if exact else state.limit)
+        limit, by_queue = cut
+        limit = _clamp(limit, config)
+        return LimitState(limit, ceiling=limit if by_queue else state.limit)
     state = replace(state, waiting_streak=streak)
-    if not demand or queueing:
+    if not demand or sample.waiting > 0:
         return replace(state, calm=0, rose_from=None)
     if state.rose_from is not None and sample.throughput is not None:
         before_limit, before = state.rose_from
@@ -109,24 +116,24 @@ def next_limit(
     rise = _rise(state, config)
     if rise is None:
         return replace(state, rose_from=None)
-    limit, ceiling, calm = rise
+    limit, ceiling, calm, probe = rise
     limit = _clamp(limit, config)
     # Judged only on whole slots: a rise within one slot changes nothing the engine sees.
     judged = math.floor(limit) >= max(state.slots + 1, state.slots * (1 + config.judged_rise))
     rose_from = (state.limit, sample.throughput) if judged and sample.throughput is not None else None
-    return LimitState(limit, ceiling, streak, calm, rose_from)
+    return LimitState(limit, ceiling, streak, calm, probe, rose_from)
 
 
 def _congestion_cut(
     limit: float, sample: EngineSample, streak: int, config: LimitConfig
 ) -> tuple[float, bool] | None:
-    """(the lowered limit, whether it is exact) when the sample shows congestion, else None."""
+    """(the lowered limit, whether by the queue inside) when the sample shows congestion, else None."""
     floor = limit * (1 - config.min_decrease)
     cuts: list[tuple[float, bool]] = []
     if sample.preempted > 0:
         cuts.append((floor, False))
     if streak >= config.waiting_scrapes:
-        cuts.append((limit - max(1.0, sample.waiting), True))
+        cuts.append((limit - max(1.0, sample.waiting / 2), True))
     objectives = ((sample.ttft_s, config.ttft_objective_s), (sample.itl_s, config.itl_objective_s))
     for measured, objective in objectives:
         if measured is not None and objective is not None and measured > objective:
@@ -134,19 +141,20 @@ def _congestion_cut(
     return min(cuts) if cuts else None
 
 
-def _rise(state: LimitState, config: LimitConfig) -> tuple[float, float | None, int] | None:
-    """(limit, ceiling, calm) after a calm scrape that had demand; None when at the cap."""
-    limit, ceiling = state.limit, state.ceiling
+def _rise(state: LimitState, config: LimitConfig) -> tuple[float, float | None, int, float] | None:
+    """(limit, ceiling, calm, probe) after a calm scrape that had demand; None when at the cap."""
+    limit, ceiling, probe = state.limit, state.ceiling, state.probe
     if limit >= config.max_limit:
         return None
     if ceiling is None:
-        return max(limit + 1, limit * config.slow_start), None, 0
+        return max(limit + 1, limit * config.slow_start), None, 0, probe
     if limit + 1 <= ceiling:
-        return max(limit + 1, limit + (ceiling - limit) / 2), ceiling, 0
+        return max(limit + 1, limit + (ceiling - limit) / 2), ceiling, 0, probe
     calm = state.calm + 1
     if calm < config.probe_every:
-        return limit, ceiling, calm
-    return limit + 1, max(ceiling, limit + 1), 0
+        return limit, ceiling, calm, probe
+    raised = limit + probe
+    return raised, max(ceiling, raised), 0, min(2 * probe, max(1.0, limit / 4))
 
 
 def _clamp(limit: float, config: LimitConfig) -> float:

@@ -225,6 +225,12 @@ class RequestQueue(Protocol):
         """Hand free slots to waiting tickets: a batch held for companions has waited long enough."""
         ...
 
+    async def share_limit(self, model: str, url: str, slots: int, lead_s: float) -> tuple[bool, int]:
+        """A backend's found concurrency limit, one for every replica: (whether this replica leads
+        it and its `slots` stand, the limit to use). A replica leads until it has not asked for
+        `lead_s`; a store of one replica always leads."""
+        ...
+
 
 Reservations = tuple[int, ...] | Callable[[], tuple[int, ...]]
 """Per band, the slots its class reserves (policies.reservations): fixed, or as they are now (they

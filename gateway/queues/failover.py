@@ -198,6 +198,16 @@ class FailoverQueue:
         if self.up:
             self._redis.backends_changed(model)
 
+    async def share_limit(self, model: str, url: str, slots: int, lead_s: float) -> tuple[bool, int]:
+        """Cut off from Redis, this replica's fallback runs on its share of whatever limit it
+        finds itself."""
+        if self.up:
+            try:
+                return await self._redis.share_limit(model, url, slots, lead_s)
+            except (RedisError, OSError, TimeoutError):
+                pass  # the upkeep loop notices Redis is gone; the limit holds meanwhile
+        return True, slots
+
     def dispatch_held(self, model: str) -> None:
         self._local.dispatch_held(model)  # a batch held while the fallback served
         if self.up:

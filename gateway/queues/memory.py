@@ -158,6 +158,9 @@ class MemoryQueue:
     def dispatch_held(self, model: str) -> None:
         self._dispatch(self._models[model], now=None)
 
+    async def share_limit(self, model: str, url: str, slots: int, lead_s: float) -> tuple[bool, int]:
+        return True, slots
+
     def charge(self, slot: Slot) -> None:
         """Count a slot another store granted against this store's share, until `discharge`."""
         queue = self._models[slot.model]

@@ -235,6 +235,11 @@ class RedisQueue:
         state = self._models[model]
         self._spawn(self._granting("dispatch", state, {"replica": self._replica}))
 
+    async def share_limit(self, model: str, url: str, slots: int, lead_s: float) -> tuple[bool, int]:
+        args = {"replica": self._replica, "url": url, "slots": slots, "lead_ttl": lead_s}
+        reply = await self._run("limit", self._models[model], args)
+        return bool(reply["lead"]), int(reply["slots"])
+
     def backends_changed(self, model: str) -> None:
         state = self._models[model]
         self._spawn(self._publish_ready(state))

@@ -21,7 +21,18 @@ from gateway.queues.redis_presence import lease_bound_s
 from gateway.upstream.backends import ModelPool
 from policies.quotas import Quota
 
-_NAMES = ("offer", "release", "withdraw", "heartbeat", "reap", "ready", "snapshot", "rejoin", "dispatch")
+_NAMES = (
+    "offer",
+    "release",
+    "withdraw",
+    "heartbeat",
+    "reap",
+    "ready",
+    "snapshot",
+    "rejoin",
+    "dispatch",
+    "limit",
+)
 
 
 def script_source(name: str) -> str:

@@ -150,7 +150,11 @@ class Settings(Frozen):
 
     def backend_connections(self) -> int:
         """Connections the backends (a slot each, as configured) and the Redis pool may take."""
-        slots = sum(b.max_concurrency or 0 for m in self.models for b in m.backends)
+        slots = sum(
+            b.max_concurrency_cap if b.auto_concurrency else b.fixed_slots or 0
+            for m in self.models
+            for b in m.backends
+        )
         return slots + (self.store.pool_size if self.store.kind == "redis" else 0)
 
     def reserved_slots(self) -> tuple[int, ...]:

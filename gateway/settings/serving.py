@@ -95,8 +95,20 @@ class Backend(Frozen):
     url: str
     kind: Literal["kserve", "triton", "vllm"] = "kserve"
     """triton: readiness and capacity are discovered with tritonclient (model config)."""
-    max_concurrency: int | None = Field(None, ge=1, le=100_000)
-    """Slots; for kind triton it defaults to instances x max_batch_size (with dynamic batching)."""
+    max_concurrency: Annotated[int, Field(ge=1, le=100_000)] | Literal["auto"] | None = None
+    """Slots; for kind triton it defaults to instances x max_batch_size (with dynamic batching).
+    auto: found by the gateway from the backend's metrics (metrics_url), between min_concurrency
+    and max_concurrency_cap, for engines with continuous batching (policies.concurrency_limit)."""
+    min_concurrency: int = Field(1, ge=1, le=100_000)
+    """auto: the limit never goes below this, and starts here."""
+    max_concurrency_cap: int = Field(1024, ge=1, le=100_000)
+    """auto: the limit never goes above this."""
+    ttft_objective_ms: PositiveMs | None = None
+    """auto: the engine's mean time to first token must stay within this (vLLM; default 2000
+    for kind vllm, none otherwise)."""
+    itl_objective_ms: PositiveMs | None = None
+    """auto: the engine's mean inter-token latency must stay within this (vLLM; default 200 for
+    kind vllm, none otherwise)."""
     metrics_url: str | None = None
     """Triton's or vLLM's /metrics: its queue counts into admission and dispatch."""
     served_model: str | None = None
@@ -122,7 +134,31 @@ class Backend(Frozen):
     def _slots_known(self) -> Backend:
         if self.max_concurrency is None and self.kind != "triton":
             raise ValueError("max_concurrency is required unless kind is triton (discovered)")
+        if self.max_concurrency == "auto":
+            if self.metrics_url is None:
+                raise ValueError("max_concurrency: auto needs metrics_url (the engine's own metrics)")
+            if self.min_concurrency > self.max_concurrency_cap:
+                raise ValueError("min_concurrency must not exceed max_concurrency_cap")
         return self
+
+    @property
+    def auto_concurrency(self) -> bool:
+        return self.max_concurrency == "auto"
+
+    @property
+    def fixed_slots(self) -> int | None:
+        """The configured slots; for auto, the limit it starts at."""
+        if self.max_concurrency == "auto":
+            return self.min_concurrency
+        return self.max_concurrency
+
+    @property
+    def latency_objectives_s(self) -> tuple[float | None, float | None]:
+        """(first token, inter-token) objectives of an auto limit, defaults by kind filled in."""
+        vllm = self.kind == "vllm"
+        ttft = self.ttft_objective_ms if self.ttft_objective_ms is not None else 2000.0 if vllm else None
+        itl = self.itl_objective_ms if self.itl_objective_ms is not None else 200.0 if vllm else None
+        return (None if ttft is None else ttft / 1000, None if itl is None else itl / 1000)
 
     @property
     def readiness_path(self) -> str:

@@ -43,6 +43,22 @@ class Exposition:
         values = (name, name + "_total")
         return sum(value for sample, labels, value in samples if sample in values and where(labels))
 
+    def histogram_totals(
+        self, name: str, where: Callable[[Labels], bool] = lambda labels: True
+    ) -> tuple[float, float] | None:
+        """A histogram's (sum, count) over the matching series; None if it is absent."""
+        samples = self.families.get(name)
+        if samples is None:
+            return None
+        total = count = 0.0
+        for sample, labels, value in samples:
+            if where(labels):
+                if sample == name + "_sum":
+                    total += value
+                elif sample == name + "_count":
+                    count += value
+        return total, count
+
     def buckets(self, name: str, where: Callable[[Labels], bool]) -> dict[float, float]:
         """A histogram's cumulative buckets by upper bound, summed over the matching series."""
         summed: dict[float, float] = {}

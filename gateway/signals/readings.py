@@ -29,6 +29,21 @@ class ServerReading:
     request_success: float | None = None
     exec_count: float | None = None
     inference_count: float | None = None
+    engine: EngineCounters | None = None
+    """vLLM's cumulative counters of its scheduling (for an auto concurrency limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCounters:
+    """vLLM's counters and histogram totals, cumulative; None where the server does not emit one."""
+
+    preemptions: float | None = None
+    generation_tokens: float | None = None
+    ttft: tuple[float, float] | None = None
+    """(sum, count) of vllm:time_to_first_token_seconds."""
+    itl: tuple[float, float] | None = None
+    queue_time: tuple[float, float] | None = None
+    """(sum, count) of vllm:request_queue_time_seconds (the wait inside before running)."""
 
 
 def read_server(exposition: Exposition, model: str) -> ServerReading | None:
@@ -68,6 +83,13 @@ def read_vllm(exposition: Exposition, model: str) -> ServerReading:
         waiting=exposition.total(VLLM_WAITING, mine) or 0.0,
         running=exposition.total("vllm:num_requests_running", mine),
         kv_cache_usage=exposition.total("vllm:kv_cache_usage_perc", mine),
+        engine=EngineCounters(
+            preemptions=exposition.total("vllm:num_preemptions", mine),
+            generation_tokens=exposition.total("vllm:generation_tokens", mine),
+            ttft=exposition.histogram_totals("vllm:time_to_first_token_seconds", mine),
+            itl=exposition.histogram_totals("vllm:inter_token_latency_seconds", mine),
+            queue_time=exposition.histogram_totals("vllm:request_queue_time_seconds", mine),
+        ),
     )
 
 

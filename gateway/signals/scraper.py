@@ -28,6 +28,7 @@ from gateway.signals.readings import KueueReading, ServerReading, read_kueue, re
 from gateway.supervision import Loop, Supervisor
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import BackendState, ModelPool
+from policies.concurrency_limit import EngineSample
 from policies.estimators import counter_increase
 from policies.histograms import bucket_deltas, quantile
 from policies.shedding import BacklogLimits, ClusterBacklog
@@ -58,6 +59,8 @@ class BackendSignal:
     queue_wait_s: float | None = None
     """Mean time requests waited inside the backend over the last interval (Triton)."""
     completions_per_s: float | None = None
+    engine: EngineSample | None = None
+    """What the last interval says of its scheduling, for an auto concurrency limit."""
 
 
 @dataclass(slots=True)
@@ -81,8 +84,11 @@ class SignalBoard:
         *,
         supervisor: Supervisor,
         on_backend_signal: Callable[[str], None] = lambda model: None,
+        on_engine_sample: Callable[[ModelPool, BackendState, EngineSample], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.on_engine_sample = on_engine_sample
+        """Told each interval's EngineSample of every backend (set by whoever limits them)."""
         self._pools = pools
         self._config = config
         self._kueue = kueue
@@ -203,6 +209,8 @@ class SignalBoard:
             backend.reported_waiting = reading.waiting
             backend.reported_running = reading.running
             backend.signal_up = True
+            if signal.engine is not None and self.on_engine_sample is not None:
+                await self.on_engine_sample(pool, backend, signal.engine)
             self._on_backend_signal(pool.name)
 
         return scrape
@@ -210,12 +218,16 @@ class SignalBoard:
     @staticmethod
     def _derive(signal: BackendSignal, reading: ServerReading, now: float) -> None:
         before = signal.previous
-        if before is not None and reading.request_success is not None and now > signal.previous_at:
-            done = counter_increase(before.request_success, reading.request_success)
-            signal.completions_per_s = done / (now - signal.previous_at)
-            if done > 0 and reading.queue_duration_us is not None:
-                queued_us = counter_increase(before.queue_duration_us, reading.queue_duration_us)
-                signal.queue_wait_s = queued_us / done / 1e6
+        signal.engine = None
+        if before is not None and now > signal.previous_at:
+            elapsed_s = now - signal.previous_at
+            if reading.request_success is not None:
+                done = counter_increase(before.request_success, reading.request_success)
+                signal.completions_per_s = done / elapsed_s
+                if done > 0 and reading.queue_duration_us is not None:
+                    queued_us = counter_increase(before.queue_duration_us, reading.queue_duration_us)
+                    signal.queue_wait_s = queued_us / done / 1e6
+            signal.engine = engine_sample(before, reading, elapsed_s, signal)
         signal.previous, signal.previous_at = reading, now
 
     def _kueue_scrape(self, config: Kueue) -> Scrape:
@@ -253,6 +265,36 @@ class SignalBoard:
         else:
             context = ssl.create_default_context(cafile=config.ca_file)
         return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=2))
+
+
+def engine_sample(
+    before: ServerReading, after: ServerReading, elapsed_s: float, signal: BackendSignal
+) -> EngineSample:
+    """The interval between two readings, as policies.concurrency_limit reads an engine."""
+    old, new = before.engine, after.engine
+    if old is None or new is None:  # Triton: its queue, its queue time, its completions
+        return EngineSample(after.waiting, queue_s=signal.queue_wait_s, throughput=signal.completions_per_s)
+    tokens = None
+    if new.generation_tokens is not None:
+        tokens = counter_increase(old.generation_tokens, new.generation_tokens) / elapsed_s
+    preempted = 0.0
+    if new.preemptions is not None:
+        preempted = counter_increase(old.preemptions, new.preemptions)
+    return EngineSample(
+        waiting=after.waiting,
+        preempted=preempted,
+        ttft_s=_interval_mean(old.ttft, new.ttft),
+        itl_s=_interval_mean(old.itl, new.itl),
+        throughput=tokens,
+        queue_s=_interval_mean(old.queue_time, new.queue_time),
+    )
+
+
+def _interval_mean(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
+    """A histogram's mean over the interval: None when nothing was observed in it (or on a reset)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 async def _fetch(

@@ -82,6 +82,7 @@ class Sequence:
     """When it last started running (None while it waits)."""
     first_token_at: float | None = None
     last_token_at: float | None = None
+    preempted: bool = False
     ended: bool = False
     on_progress: Callable[[], None] | None = field(default=None, repr=False)
     """Called after each step that made it a token, and when it ends."""
@@ -107,6 +108,8 @@ class StepCounters:
     ttft_s: deque[float] = field(default_factory=lambda: deque(maxlen=_UNOBSERVED))
     """First-token latencies not yet observed (the metrics take and clear them)."""
     itl_s: deque[float] = field(default_factory=lambda: deque(maxlen=_UNOBSERVED))
+    queue_s: deque[float] = field(default_factory=lambda: deque(maxlen=_UNOBSERVED))
+    """How long each sequence waited inside before it first ran."""
 
 
 class ContinuousBatch:
@@ -175,8 +178,9 @@ class ContinuousBatch:
             if self.kv_used + head.held_tokens + 1 > spec.kv_tokens and self.running:
                 return  # it waits for room; alone it starts anyway (vLLM refuses what can never fit)
             self.waiting.popleft()
-            if head.started_at is None and head.generated == 0:
+            if head.generated == 0 and head.first_token_at is None and not head.preempted:
                 self.counters.prompt_tokens += head.prompt_tokens
+                self.counters.queue_s.append(now - head.arrived_at)
             head.started_at = now
             self.running.append(head)
             self.kv_used += head.held_tokens
@@ -192,6 +196,7 @@ class ContinuousBatch:
         self.kv_used -= sequence.held_tokens
         self._prefill -= min(self._prefill, sequence.held_tokens)
         sequence.started_at = None
+        sequence.preempted = True
         self.counters.preemptions += 1
         self._enqueue(sequence, at_head=True)
 

@@ -20,6 +20,11 @@ ITL_BUCKETS_S = (
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
 
+QUEUE_BUCKETS_S = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
 
 class VllmMetrics:
     def __init__(self, batch: ContinuousBatch, served_model_name: str) -> None:
@@ -49,6 +54,11 @@ class VllmMetrics:
         self._itl = histogram(
             "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS_S
         )
+        self._queue = histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            QUEUE_BUCKETS_S,
+        )
         self._counted = (0, 0, 0)
 
     def render(self) -> bytes:
@@ -65,6 +75,9 @@ class VllmMetrics:
             self._ttft.observe(seconds)
         for seconds in counters.itl_s:
             self._itl.observe(seconds)
+        for seconds in counters.queue_s:
+            self._queue.observe(seconds)
         counters.ttft_s.clear()
         counters.itl_s.clear()
+        counters.queue_s.clear()
         return generate_latest(self.registry)

@@ -67,7 +67,7 @@ class BackendState:
         return cls(
             model=model.name,
             url=backend.url,
-            known_slots=backend.max_concurrency or 0,
+            known_slots=backend.fixed_slots or 0,
             health_path=backend.readiness_path.replace("{model}", backend.served_model or model.name),
             metrics_url=backend.metrics_url,
             kind=backend.kind,

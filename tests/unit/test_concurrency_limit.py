@@ -107,7 +107,7 @@ def test_another_client_loading_the_engine_takes_its_share_from_the_limit():
     run(engine, config, 100)
     engine.others = 20
     after = run(engine, config, 60, run.state)  # type: ignore[attr-defined]
-    assert next(i for i, limit in enumerate(after) if limit <= 44 * 1.1) <= 4
+    assert next(i for i, limit in enumerate(after) if limit <= 44 * 1.1) <= 6
     mean, spread = steady(after[-40:])
     assert mean == pytest.approx(44, rel=0.1)
     assert spread <= 0.1
@@ -133,9 +133,9 @@ def test_a_request_waiting_for_the_next_step_is_no_congestion():
     config = LimitConfig()
     state = LimitState(30.0, ceiling=40.0, waiting_streak=5)
     between_steps = EngineSample(waiting=3, itl_s=0.02, queue_s=0.015, throughput=100.0)
-    assert next_limit(state, between_steps, True, config).limit > 30
+    assert next_limit(state, between_steps, True, config).limit == 30  # no cut; no rise either
     queued = EngineSample(waiting=3, itl_s=0.02, queue_s=0.5, throughput=100.0)
-    assert next_limit(state, queued, True, config).limit == 27
+    assert next_limit(state, queued, True, config).limit == 30 - 1.5  # half the queue inside
 
 
 def test_preemption_and_a_slow_first_token_bring_the_limit_down():

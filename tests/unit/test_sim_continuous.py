@@ -164,6 +164,7 @@ def test_the_metrics_are_vllms_names_types_labels_and_buckets():
         "vllm:generation_tokens": "counter",
         "vllm:time_to_first_token_seconds": "histogram",
         "vllm:inter_token_latency_seconds": "histogram",
+        "vllm:request_queue_time_seconds": "histogram",
     }
 
     def value(sample_name: str) -> float:

@@ -1,0 +1,71 @@
+"""AutoLimits: the concurrency limits of the backends configured `max_concurrency: auto`.
+
+Each scrape of such a backend's metrics (gateway.signals.scraper) brings an EngineSample; the
+control law (policies.concurrency_limit) turns it into the backend's limit, which becomes its
+slots in the stores at once (`backends_changed` dispatches into new ones; a lower limit lets the
+requests in flight finish and grants no more until they are under it). On the Redis store one
+replica leads each backend's limit and the others take it (`RequestQueue.share_limit`), so the
+replicas run on one limit. While a backend's metrics are stale no sample comes: its limit holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from gateway.queues.base import RequestQueue
+from gateway.settings import Model
+from gateway.upstream.backends import BackendState, ModelPool
+from policies.concurrency_limit import EngineSample, LimitConfig, LimitState, next_limit, start
+
+log = logging.getLogger("gateway.limits")
+
+# A leader that missed this many scrapes in a row hands the lead to whoever asks next.
+LEAD_SCRAPES = 3
+
+
+class AutoLimits:
+    def __init__(self, models: Iterable[Model], store: RequestQueue, scrape_interval_s: float) -> None:
+        self._store = store
+        self._lead_s = LEAD_SCRAPES * scrape_interval_s
+        self._configs: dict[tuple[str, str], LimitConfig] = {}
+        """(model, configured URL) -> the law's configuration, for the auto backends."""
+        for model in models:
+            for backend in model.backends:
+                if backend.auto_concurrency:
+                    ttft_s, itl_s = backend.latency_objectives_s
+                    self._configs[model.name, backend.url] = LimitConfig(
+                        min_limit=backend.min_concurrency,
+                        max_limit=backend.max_concurrency_cap,
+                        ttft_objective_s=ttft_s,
+                        itl_objective_s=itl_s,
+                    )
+        self._states: dict[tuple[str, str], LimitState] = {}
+
+    @property
+    def any(self) -> bool:
+        return bool(self._configs)
+
+    async def on_sample(self, pool: ModelPool, backend: BackendState, sample: EngineSample) -> None:
+        config = self._configs.get((pool.name, backend.origin))
+        if config is None:
+            return
+        key = (pool.name, backend.url)
+        state = self._states.get(key) or start(config)
+        stats = self._store.stats(pool.name)
+        demand = any(stats.queued_by_band) or stats.free_slots <= 0
+        proposed = next_limit(state, sample, demand, config)
+        try:
+            leads, slots = await self._store.share_limit(pool.name, backend.url, proposed.slots, self._lead_s)
+        except Exception as error:  # the store is unreachable: the limit holds, as when stale
+            log.warning("%s at %s: the shared limit is out of reach: %r", pool.name, backend.url, error)
+            return
+        # A follower takes the leader's limit, and would go on from there if it came to lead.
+        self._states[key] = proposed if leads else LimitState(float(slots))
+        slots = min(config.max_limit, max(config.min_limit, slots))
+        if slots != backend.known_slots:
+            log.info(
+                "%s at %s: concurrency limit %d -> %d", pool.name, backend.url, backend.known_slots, slots
+            )
+            backend.max_concurrency = int(slots)
+            self._store.backends_changed(pool.name)

@@ -1,0 +1,129 @@
+"""`max_concurrency: auto` in front of the continuous simulator: the gateway finds the engine's
+limit from its vLLM metrics, follows it when the engine slows, never goes above the cap, and
+replicas on one Redis run on one limit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+import redis
+
+from tests.eventually import eventually
+from tests.integration.servers import gateway_config, http_post
+from tests.redis_server import RedisServer, unique_prefix
+
+pytestmark = pytest.mark.anyio
+
+LOAD_S = 60.0  # no load below runs longer, whatever happens
+
+
+def auto_config(sim, *, cap=64, **backend):
+    config = gateway_config([(sim.url, 1)])
+    config["models"][0]["backends"][0].update(
+        {
+            "kind": "vllm",
+            "max_concurrency": "auto",
+            "metrics_url": sim.metrics_url,
+            "min_concurrency": 1,
+            "max_concurrency_cap": cap,
+            **backend,
+        }
+    )
+    config["priorities"] = [{"name": "high", "max_wait_ms": 60_000}, {"name": "low", "max_wait_ms": 60_000}]
+    config["signals"] = {"scrape_interval_ms": 100}
+    return config
+
+
+def engine(start_sim, max_num_seqs: int, step_ms: float = 5):
+    return start_sim(
+        extra_args=("--engine", "continuous", "--max-num-seqs", str(max_num_seqs), "--step-ms", str(step_ms))
+    )
+
+
+class ClosedLoop:
+    """`clients` that each send a chat request as soon as their last one is answered, until stopped."""
+
+    def __init__(self, gateways, clients: int, tokens: int = 30) -> None:
+        self.gateways = gateways
+        self.clients = clients
+        self.body = {"model": "sim", "prompt": "x", "max_tokens": tokens, "ignore_eos": True}
+        self.statuses: list[int] = []
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+
+    async def __aenter__(self) -> ClosedLoop:
+        self._http = aiohttp.ClientSession()
+        self._tasks = [asyncio.ensure_future(self._client(i)) for i in range(self.clients)]
+        return self
+
+    async def _client(self, index: int) -> None:
+        gateway = self.gateways[index % len(self.gateways)]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LOAD_S
+        while not self._stop.is_set() and loop.time() < deadline:
+            async with self._http.post(gateway.url + "/v1/completions", json=self.body) as reply:
+                await reply.read()
+                self.statuses.append(reply.status)
+
+    async def __aexit__(self, *exc) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+        await self._http.close()
+
+
+def limit_of(gateway, sim) -> float:
+    return gateway.metric("gateway_backend_slots", model="sim", backend=sim.url)
+
+
+async def test_the_limit_rises_to_what_the_engine_runs_and_stays_under_the_cap(start_sim, start_gateway):
+    sim = engine(start_sim, max_num_seqs=8)
+    gateway = start_gateway(auto_config(sim, cap=12))
+    assert limit_of(gateway, sim) == 1  # it starts at min_concurrency
+    async with ClosedLoop([gateway], clients=24) as load:
+        await eventually(lambda: 7 <= limit_of(gateway, sim) <= 9, timeout_s=20, what="a limit near 8")
+        sim.reset()  # from now on, peaks are those at the found limit
+        await eventually(lambda: len(load.statuses) > 200, timeout_s=20, what="some work at the limit")
+        assert 7 <= limit_of(gateway, sim) <= 9
+    stats = sim.stats()
+    assert stats["peak_inflight"] <= 12  # the cap, whatever the controller does
+    assert set(load.statuses) == {200}
+
+
+async def test_when_the_engine_slows_down_the_limit_follows_its_latency_objective(start_sim, start_gateway):
+    # 10 ms steps that double from 1 to 16 running: within 15 ms it runs 8 (10 x (1 + 7/15) = 14.7).
+    sim = engine(start_sim, max_num_seqs=16, step_ms=10)
+    gateway = start_gateway(auto_config(sim, itl_objective_ms=15, ttft_objective_ms=10_000))
+    async with ClosedLoop([gateway], clients=32):
+        await eventually(lambda: 7 <= limit_of(gateway, sim) <= 9, timeout_s=30, what="a limit near 8")
+        # Another tenant on the GPU: every step 25% longer; within 15 ms it now runs 4.
+        assert http_post(sim.url + "/sim/speed", json.dumps({"slowdown": 1.25}).encode())[0] == 200
+        await eventually(lambda: limit_of(gateway, sim) <= 5, timeout_s=10, what="the limit to follow")
+        await eventually(lambda: limit_of(gateway, sim) >= 3, timeout_s=5, what="no collapse")
+
+
+@pytest.mark.redis
+async def test_replicas_on_one_redis_run_on_one_limit(start_sim, start_gateway):
+    server = RedisServer()
+    try:
+        sim = engine(start_sim, max_num_seqs=8)
+        prefix = unique_prefix()
+        store = {"kind": "redis", "url": server.url, "key_prefix": prefix, "replicas": 2}
+        replicas = [start_gateway(auto_config(sim, cap=16) | {"store": store}) for _ in range(2)]
+        async with ClosedLoop(replicas, clients=24):
+            await eventually(
+                lambda: all(7 <= limit_of(g, sim) <= 9 for g in replicas), timeout_s=30, what="limits near 8"
+            )
+            sim.reset()
+            await eventually(
+                lambda: sim.stats()["completed"] > 100, timeout_s=20, what="some work at the shared limit"
+            )
+            limits = {limit_of(g, sim) for g in replicas}
+            shared = redis.Redis.from_url(server.url).hget(f"{{{prefix}:sim}}:limit:{sim.url}", "slots")
+        assert len(limits) <= 2 and max(limits) - min(limits) <= 1  # one limit (a scrape apart at most)
+        assert shared is not None and abs(float(shared) - min(limits)) <= 1  # the leader's, in Redis
+        assert sim.stats()["peak_inflight"] <= 16  # the cap holds for both replicas together
+    finally:
+        server.stop()

@@ -1,0 +1,297 @@
+"""A continuous-batching engine (issue 16): `max_concurrency: auto` against fixed limits that are too
+low, right and too high, and against HAProxy with `maxconn` tuned by hand.
+
+    python -m loadtests.continuous                 # 1x and 2x capacity, every target (~10 min)
+    python -m loadtests.continuous --quick         # a smoke run, about two minutes
+
+The engine is the simulator's continuous mode: 64 sequences at most, a 10 ms step alone that
+doubles with 64 running, 10 ms of prefill per 1,000 prompt tokens, a KV cache of 80,000 tokens.
+Chat requests (streamed) have prompts of 50-2,000 tokens and ask for 10-500 output tokens
+(`ignore_eos`, so they make exactly that many); the open-loop Poisson arrivals (seeded) are the
+same for every target, each in front of a fresh engine, at `--loads` x CAPACITY_RPS.
+
+The objective is a first token within TTFT_OBJECTIVE_MS of arrival. A request is good when its
+stream starts within it and ends complete; goodput counts good requests and their tokens per second
+of arrivals. Every gateway target prices requests in tokens (`cost: tokens`) and lets a request wait
+for the engine at most MAX_WAIT_MS; HAProxy queues as long (`timeout queue`).
+
+Targets:
+- auto: `max_concurrency: auto` (TTFT objective 1 s inside the engine, scraped every 250 ms);
+- fixed-16, fixed-64, fixed-256: a hand-set max_concurrency (too low, the engine's own, too high);
+- haproxy: maxconn 64 (the engine's max-num-seqs), a queue timeout of MAX_WAIT_MS.
+
+Per target: goodput (requests and tokens), TTFT p50 and p99 of the answered, refusals and late
+answers, the share of long (>= 250 output tokens) and short requests refused, the engine's peak
+sequences (running + waiting) and preemptions, and the gateway's final limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from loadtests.bench import HAProxy
+from loadtests.matrix import chosen_targets, results_path, run_matrix
+from loadtests.openloop import percentile, run_fast
+from tests.integration.servers import Gateway, Sim, gateway_config
+
+MAX_NUM_SEQS = 64
+ENGINE_ARGS = (
+    "--engine", "continuous", "--max-num-seqs", str(MAX_NUM_SEQS), "--step-ms", "10",
+    "--step-growth", "1", "--prefill-ms-per-1k", "10", "--kv-tokens", "80000",
+)  # fmt: skip
+CAPACITY_RPS = 10.0
+"""About what the engine serves: 64 x (1 / 20 ms steps) = 3,200 tokens/s over 255 tokens a request,
+less the prefills."""
+TTFT_OBJECTIVE_MS = 2000
+MAX_WAIT_MS = 1500
+LONG_TOKENS = 250
+TARGETS = ("auto", "fixed-16", "fixed-64", "fixed-256", "haproxy")
+
+
+@dataclass(frozen=True, slots=True)
+class Chat:
+    at_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(slots=True)
+class Result:
+    chat: Chat
+    status: int | None
+    ttft_s: float | None = None
+    complete: bool = False
+
+
+def schedule(rate_rps: float, duration_s: float, seed: int) -> list[Chat]:
+    rng = random.Random(seed)
+    chats, now = [], 0.0
+    while (now := now + rng.expovariate(rate_rps)) < duration_s:
+        chats.append(Chat(now, rng.randint(50, 2000), rng.randint(10, 500)))
+    return chats
+
+
+def body_of(chat: Chat) -> bytes:
+    # Four-letter words are one token each to the simulator's tokenizer.
+    prompt = " ".join(["abcd"] * chat.prompt_tokens)
+    request = {
+        "model": "sim",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": chat.output_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    return json.dumps(request).encode()
+
+
+async def send_all(url: str, chats: list[Chat]) -> list[Result]:
+    results: list[Result] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        started = time.monotonic()
+
+        async def one(chat: Chat) -> None:
+            scheduled = started + chat.at_s
+            result = Result(chat, None)
+            results.append(result)
+            timeout = aiohttp.ClientTimeout(total=60)
+            try:
+                async with session.post(
+                    url + "/v1/chat/completions",
+                    data=body_of(chat),
+                    headers={"Content-Type": "application/json"},
+                    timeout=timeout,
+                ) as reply:
+                    result.status = reply.status
+                    if reply.status != 200:
+                        await reply.read()
+                        return
+                    async for line in reply.content:
+                        if result.ttft_s is None and line.startswith(b"data: {"):
+                            result.ttft_s = time.monotonic() - scheduled
+                        if line.strip() == b"data: [DONE]":
+                            result.complete = True
+            except (aiohttp.ClientError, TimeoutError):
+                pass  # counted as failed: no answer, or a stream cut short
+
+        tasks = []
+        for chat in chats:
+            delay = started + chat.at_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(chat)))
+        await asyncio.gather(*tasks)
+    return results
+
+
+def start_target(target: str, log_dir: Path, sim: Sim, python: str) -> tuple[str, Any]:
+    if target == "haproxy":
+        proxy = HAProxy(log_dir, sim.url, slots=MAX_NUM_SEQS, queue_timeout_ms=MAX_WAIT_MS)
+        return proxy.url, proxy
+    classes = [{"name": "standard", "max_wait_ms": MAX_WAIT_MS}]
+    config = gateway_config([(sim.url, 1)], priorities=classes, default_priority="standard")
+    model = config["models"][0]
+    model.update({"cost": "tokens", "expected_service_ms": 5000})
+    backend = model["backends"][0]
+    backend.update({"kind": "vllm", "metrics_url": sim.metrics_url})
+    if target == "auto":
+        backend.update(
+            {
+                "max_concurrency": "auto",
+                "min_concurrency": 4,
+                "max_concurrency_cap": 256,
+                "ttft_objective_ms": 1000,
+            }
+        )
+        config["signals"] = {"scrape_interval_ms": 250}
+    else:
+        backend["max_concurrency"] = int(target.removeprefix("fixed-"))
+    config["health"] = {"interval_ms": 1000}
+    gateway = Gateway(log_dir, config, python=python)
+    gateway.wait_ready()
+    return gateway.url, gateway
+
+
+def run_one(
+    target: str, load: float, duration_s: float, seed: int, log_dir: Path, python: str
+) -> dict[str, Any]:
+    sim = Sim(log_dir, extra_args=ENGINE_ARGS)
+    server: Any = None
+    try:
+        url, server = start_target(target, log_dir, sim, python)
+        chats = schedule(load * CAPACITY_RPS, duration_s, seed)
+        peak = {"sequences": 0}
+
+        async def watched() -> list[Result]:
+            async def watch() -> None:
+                while True:
+                    engine = (await asyncio.to_thread(sim.stats))["continuous"]
+                    peak["sequences"] = max(peak["sequences"], engine["running"] + engine["waiting"])
+                    await asyncio.sleep(0.5)
+
+            watcher = asyncio.ensure_future(watch())
+            try:
+                return await send_all(url, chats)
+            finally:
+                watcher.cancel()
+
+        results = run_fast(watched())
+        engine = sim.stats()["continuous"]
+        limit = None
+        if isinstance(server, Gateway):
+            limit = server.metric("gateway_backend_slots", model="sim", backend=sim.url)
+    finally:
+        if server is not None:
+            server.stop()
+        sim.stop()
+    return summary(target, load, duration_s, results, peak["sequences"], engine["preemptions"], limit)
+
+
+def summary(
+    target: str,
+    load: float,
+    duration_s: float,
+    results: list[Result],
+    peak_sequences: int,
+    preemptions: int,
+    limit: float | None,
+) -> dict[str, Any]:
+    objective_s = TTFT_OBJECTIVE_MS / 1000
+    good = [r for r in results if r.complete and r.ttft_s is not None and r.ttft_s <= objective_s]
+    answered = [r.ttft_s * 1000 for r in results if r.ttft_s is not None]
+    refused = [r for r in results if r.status is not None and r.status != 200]
+    long = [r for r in results if r.chat.output_tokens >= LONG_TOKENS]
+    short = [r for r in results if r.chat.output_tokens < LONG_TOKENS]
+
+    def refused_share(group: list[Result]) -> float:
+        return round(sum(r in refused for r in group) / max(1, len(group)), 3)
+
+    return {
+        "target": target,
+        "load": load,
+        "offered_rps": round(len(results) / duration_s, 1),
+        "good_rps": round(len(good) / duration_s, 2),
+        "good_of_offered": round(len(good) / max(1, len(results)), 3),
+        "good_tokens_per_s": round(sum(r.chat.output_tokens for r in good) / duration_s),
+        "ttft_p50_ms": _rounded(percentile(answered, 0.5)),
+        "ttft_p99_ms": _rounded(percentile(answered, 0.99)),
+        "refused": len(refused),
+        "late": sum(r.ttft_s is not None and r.ttft_s > objective_s for r in results),
+        "failed": sum(r.status is None or (r.status == 200 and not r.complete) for r in results),
+        "refused_long": refused_share(long),
+        "refused_short": refused_share(short),
+        "peak_sequences": peak_sequences,
+        "preemptions": preemptions,
+        "final_limit": limit,
+    }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value)
+
+
+COLUMNS = (
+    "target", "load", "offered_rps", "good_rps", "good_of_offered", "good_tokens_per_s", "ttft_p50_ms",
+    "ttft_p99_ms", "refused", "late", "failed", "refused_long", "refused_short", "peak_sequences",
+    "preemptions", "final_limit",
+)  # fmt: skip
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    rows = [COLUMNS]
+    for r in results:
+        if "error" in r:
+            rows.append((r["target"], str(r["load"]), r["error"][:60], *[""] * (len(COLUMNS) - 3)))
+        else:
+            rows.append(tuple(str(r[c]) for c in COLUMNS))
+    widths = [max(len(row[k]) for row in rows) for k in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--targets", default=",".join(TARGETS), help=", ".join(TARGETS))
+    parser.add_argument("--loads", default="1,2", help="x CAPACITY_RPS, comma-separated")
+    parser.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per run")
+    parser.add_argument("--seed", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="10 s per run: a smoke run")
+    parser.add_argument(
+        "--gateway-python", default=sys.executable, help="the interpreter that runs the gateway"
+    )
+    args = parser.parse_args()
+    targets = chosen_targets(parser, args.targets, TARGETS)
+    duration_s = 10.0 if args.quick else args.duration
+    log_dir = Path(tempfile.mkdtemp(prefix="continuous-"))
+    out = results_path("continuous")
+    report: dict[str, Any] = {
+        "machine": f"{os.cpu_count()} cores",
+        "seed": args.seed,
+        "duration_s": duration_s,
+        "capacity_rps": CAPACITY_RPS,
+        "ttft_objective_ms": TTFT_OBJECTIVE_MS,
+        "results": [],
+    }
+
+    def one(target: str, load: float) -> dict[str, Any]:
+        return run_one(target, load, duration_s, args.seed, log_dir, args.gateway_python)
+
+    run_matrix(report, out, [float(x) for x in args.loads.split(",")], targets, one, table)
+    print(f"saved {out} (server logs in {log_dir})")
+
+
+if __name__ == "__main__":
+    main()

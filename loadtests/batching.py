@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.bench import HAProxy
-from loadtests.matrix import chosen_targets, results_path, run_matrix
+from loadtests.matrix import chosen_targets, result_table, results_path, run_matrix
 from loadtests.openloop import INFER_PATH, Arrival, TrafficClass, percentile, poisson_schedule, run, run_fast
 from tests.integration.servers import Gateway, Sim, gateway_config
 
@@ -109,14 +109,7 @@ COLUMNS = (
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    rows = [COLUMNS]
-    for r in results:
-        if "error" in r:
-            rows.append((r["target"], str(r["load"]), r["error"][:60], *[""] * (len(COLUMNS) - 3)))
-        else:
-            rows.append(tuple(str(r["offered_rps"] if c == "offered" else r[c]) for c in COLUMNS))
-    widths = [max(len(row[k]) for row in rows) for k in range(len(COLUMNS))]
-    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
+    return result_table(results, COLUMNS, lambda r, c: r["offered_rps"] if c == "offered" else r[c])
 
 
 def main() -> None:

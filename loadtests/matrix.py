@@ -50,3 +50,17 @@ def run_matrix(
             out.write_text(json.dumps(report, indent=1))
             print(table([result]).splitlines()[-1], flush=True)
     print(table(report["results"]))
+
+
+def result_table(
+    results: Sequence[Result], columns: Sequence[str], cell: Callable[[Result, str], Any]
+) -> str:
+    """Results as right-aligned columns; a failed run shows its error in place of its values."""
+    rows = [tuple(columns)]
+    for r in results:
+        if "error" in r:
+            rows.append((r["target"], str(r["load"]), r["error"][:60], *[""] * (len(columns) - 3)))
+        else:
+            rows.append(tuple(str(cell(r, c)) for c in columns))
+    widths = [max(len(row[k]) for row in rows) for k in range(len(columns))]
+    return "\n".join("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in rows)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.eventually import eventually
 from tests.integration.conftest import Launcher
-from tests.integration.servers import Gateway, Sim, gateway_config
+from tests.integration.servers import Gateway, Sim, gateway_config, http_post
 
 pytestmark = pytest.mark.anyio
 INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
@@ -61,7 +61,9 @@ async def test_budgets_shorter_than_the_service_never_overcommit_the_backend(lau
             asyncio.ensure_future(infer_status(http, gateway, **{"X-Request-Timeout-Ms": "250"}))
             for _ in range(2)
         ]
-        await eventually(lambda: sim.stats()["running"] == 2)
+        # Both on the backend (its peak, which stays: in abort mode the backend stops them at
+        # their budgets, so that "running" may have fallen back to 0 by the time it is read).
+        await eventually(lambda: sim.stats()["peak_inflight"] == 2)
         patient = [asyncio.ensure_future(infer_status(http, gateway)) for _ in range(2)]
         assert await asyncio.gather(*budgeted) == [(504, "upstream_timeout")] * 2
         assert [status for status, _ in await asyncio.gather(*patient)] == [200, 200]
@@ -102,9 +104,19 @@ async def test_streaming_clients_that_hang_up_never_overcommit_the_backend(launc
     assert stats["stopped"] == (statuses.count(200) if mode == "abort" else 0)
 
 
-async def send_and_leave(gateway: Gateway, sim: Sim, leave_when_running_s: float) -> float:
+async def set_fault(sim: Sim, fault: dict[str, Any]) -> None:
+    """The simulator's fault from now on (gateway.sim.faults): {"hang": True} holds the inference
+    requests it takes until it is cleared with {}, however slow the machine is."""
+    body = json.dumps(fault).encode()
+    assert (await asyncio.to_thread(http_post, sim.url + "/sim/fault", body))[0] == 200
+
+
+async def send_and_leave(
+    gateway: Gateway, sim: Sim, leave_when_running_s: float, *, held: bool = False
+) -> float:
     """Send an inference request on a raw socket and close it once the backend has computed it
-    for `leave_when_running_s`; returns when it closed."""
+    for `leave_when_running_s` (held: once it has been held that long by the simulator's hang
+    fault, which the caller has set); returns when it closed."""
     host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
     _, writer = await asyncio.open_connection(host, int(port))
     body = json.dumps(INFER).encode()
@@ -113,7 +125,10 @@ async def send_and_leave(gateway: Gateway, sim: Sim, leave_when_running_s: float
         % (PATH.encode(), len(body), body)
     )
     await writer.drain()
-    await eventually(lambda: sim.stats()["running"] == 1)
+    if held:  # a held request is counted as hanging, not as running
+        await eventually(lambda: sim.stats()["faults"]["hanging"] == 1)
+    else:
+        await eventually(lambda: sim.stats()["running"] == 1)
     await asyncio.sleep(leave_when_running_s)  # the client's patience is the behaviour under test
     writer.close()
     await writer.wait_closed()
@@ -149,7 +164,10 @@ async def test_client_leaving_frees_its_slot_at_once_on_an_abort_backend(launche
 async def test_client_leaving_keeps_its_slot_until_a_draining_backend_is_done(launcher):
     sim = start_backend(launcher, "drain", slots=1, base_ms=800)
     gateway = start_gateway_over(launcher, sim, 1, "drain", expected_service_ms=800, priorities=PATIENT)
-    await send_and_leave(gateway, sim, 0.1)
+    # The abandoned request is held on the backend until the next one has queued behind it; then
+    # it goes on for its 800 ms.
+    await set_fault(sim, {"hang": True})
+    await send_and_leave(gateway, sim, 0.1, held=True)
     await eventually(
         lambda: (
             gateway.metric(
@@ -158,21 +176,30 @@ async def test_client_leaving_keeps_its_slot_until_a_draining_backend_is_done(la
             == 1
         )
     )
-    async with aiohttp.ClientSession() as http, http.post(gateway.url + PATH, json=INFER) as reply:
-        assert reply.status == 200
-        assert queue_ms(reply) > 300  # it waited for the backend to finish the abandoned request
-    assert sim.stats()["peak_inflight"] == 1
+    async with aiohttp.ClientSession() as http:
+        sending = asyncio.ensure_future(http.post(gateway.url + PATH, json=INFER))
+        # (Were the slot freed, it would hang on the backend too, and never queue.)
+        await eventually(lambda: gateway.assert_metric("gateway_queue_depth", 1, priority="low"))
+        await set_fault(sim, {})
+        async with await sending as reply:
+            assert reply.status == 200
+            assert queue_ms(reply) > 300  # it waited for the backend to finish the abandoned request
+    stats = sim.stats()
+    assert stats["peak_inflight"] == 1 and stats["faults"]["peak_hanging"] == 1, stats
 
 
 async def test_budget_answers_504_at_once_and_holds_the_slot_until_the_backend_is_done(launcher):
     sim = start_backend(launcher, "drain", slots=1, base_ms=600)
     gateway = start_gateway_over(launcher, sim, 1, "drain", expected_service_ms=10)
+    await set_fault(sim, {"hang": True})  # the backend holds it until the 504 has been checked
     started = time.monotonic()
     async with aiohttp.ClientSession() as http:
         status = await infer_status(http, gateway, **{"X-Request-Timeout-Ms": "200"})
     assert status == (504, "upstream_timeout")
     assert time.monotonic() - started < 0.55  # answered at its budget, not when the backend is done
     gateway.assert_metric("gateway_inflight_requests", 1, model="sim")  # the backend still computes
+    await eventually(lambda: sim.stats()["faults"]["hanging"] == 1)
+    await set_fault(sim, {})  # it goes on for its 600 ms
     await settled(gateway, sim)
     # Its service time still counts, as at least what it took (the estimate starts at 10 ms).
     assert gateway.metric("gateway_service_time_seconds", model="sim") > 0.05

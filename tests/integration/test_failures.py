@@ -1,6 +1,7 @@
 """When things break: no backend, a backend that dies, a slow backend, shutdown, a bad config."""
 
 import asyncio
+import json
 import signal
 import socket
 import subprocess
@@ -10,7 +11,7 @@ import aiohttp
 import pytest
 
 from tests.eventually import eventually
-from tests.integration.servers import gateway_config, http_get
+from tests.integration.servers import gateway_config, http_get, http_post
 
 pytestmark = pytest.mark.anyio
 INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
@@ -21,6 +22,14 @@ def closed_port_url() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def set_fault(sim, fault):
+    """The simulator's fault from now on (gateway.sim.faults): {"hang": True} holds the inference
+    requests it takes until it is cleared with {}, however slow the machine is; a held request is
+    counted in the faults' "hanging", not in "inflight"."""
+    body = json.dumps(fault).encode()
+    assert (await asyncio.to_thread(http_post, sim.url + "/sim/fault", body))[0] == 200
 
 
 async def infer(gateway, **headers):
@@ -54,8 +63,10 @@ async def test_backend_death_fails_fast_and_recovery_restores_service(start_sim,
     sim = start_sim(slots=1, base_ms=400)
     classes = [{"name": "high", "max_wait_ms": 5000}, {"name": "low", "max_wait_ms": 5000}]
     gateway = start_gateway(gateway_config([(sim.url, 1)], priorities=classes, expected_service_ms=400))
+    await set_fault(sim, {"hang": True})  # the running request is on the backend when it dies
     running = asyncio.ensure_future(infer(gateway))
-    await eventually(lambda: gateway.assert_metric("gateway_inflight_requests", 1, model="sim"))
+    await eventually(lambda: sim.stats()["faults"]["hanging"] == 1, what="the request to reach the backend")
+    gateway.assert_metric("gateway_inflight_requests", 1, model="sim")
     queued = asyncio.ensure_future(infer(gateway))
     await eventually(lambda: gateway.assert_metric("gateway_queue_depth", 1, priority="low"))
     sim.kill()
@@ -89,13 +100,16 @@ async def test_backend_dying_mid_stream_breaks_the_stream(start_sim, start_gatew
 async def test_sigterm_drains_in_flight_work_and_refuses_new(start_sim, start_gateway):
     sim = start_sim(slots=2, base_ms=500)
     gateway = start_gateway(gateway_config([(sim.url, 2)], expected_service_ms=500))
+    await set_fault(sim, {"hang": True})  # it stays in flight until the new one has been refused
     in_flight = asyncio.ensure_future(infer(gateway))
-    await eventually(lambda: sim.stats()["inflight"] == 1, what="the request to reach the backend")
+    await eventually(lambda: sim.stats()["faults"]["hanging"] == 1, what="the request to reach the backend")
     gateway.signal(signal.SIGTERM)
     await eventually(lambda: http_get(gateway.url + "/readyz")[0] == 503, what="/readyz to say draining")
     status, headers, body = await infer(gateway)
     assert (status, body["reason"]) == (503, "draining")
     assert "Retry-After" in headers
+    assert not in_flight.done()  # the gateway waits for it
+    await set_fault(sim, {})
     assert (await in_flight)[0] == 200
     assert await asyncio.to_thread(gateway.wait, 10) == 0
 

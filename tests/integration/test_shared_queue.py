@@ -91,8 +91,9 @@ async def test_priority_is_global_across_replicas(start_sim, start_gateway, redi
         finished.append(name)
 
     async with aiohttp.ClientSession() as http:
+        set_fault(sim, {"hang": True})  # the first is held on the slot until all have queued
         tasks = [asyncio.ensure_future(tracked(http, "low-running@A", a, "low"))]
-        await eventually(lambda: sim.stats()["inflight"] == 1, what="the slot to be taken")
+        await eventually(lambda: sim.stats()["faults"]["hanging"] == 1, what="the slot to be taken")
         for name, gateway in (("low@A", a), ("low@B", b)):
             tasks.append(asyncio.ensure_future(tracked(http, name, gateway, "low")))
             expected = len(tasks) - 1.0
@@ -100,6 +101,8 @@ async def test_priority_is_global_across_replicas(start_sim, start_gateway, redi
                 lambda g=gateway, e=expected: g.metric("gateway_queue_depth", priority="low") == e
             )
         tasks.append(asyncio.ensure_future(tracked(http, "high@C", c, "high")))
+        await eventually(lambda: c.metric("gateway_queue_depth", priority="high") == 1, what="high to queue")
+        set_fault(sim, {})
         await asyncio.gather(*tasks)
     assert finished == ["low-running@A", "high@C", "low@A", "low@B"]
 

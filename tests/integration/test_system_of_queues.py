@@ -5,13 +5,14 @@ kept to a time window is refused outside it."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import pytest
 
 from tests.eventually import eventually
-from tests.integration.servers import gateway_config
+from tests.integration.servers import gateway_config, http_post
 from tests.redis_server import RedisServer, unique_prefix
 
 pytestmark = pytest.mark.anyio
@@ -54,6 +55,18 @@ async def flood(gateways, answered: list[str] | None = None) -> list[str]:
         ]
         await asyncio.gather(*sends)
     return answered
+
+
+async def set_fault(sim, fault):
+    """The simulator's fault from now on (gateway.sim.faults): {"hang": True} holds the inference
+    requests it takes, however slow the machine is, until it is cleared with {}. A held request
+    is counted in the faults' "hanging" and "peak_hanging", not in "inflight"."""
+    body = json.dumps(fault).encode()
+    assert (await asyncio.to_thread(http_post, sim.url + "/sim/fault", body))[0] == 200
+
+
+async def hanging(sim, count, what):
+    await eventually(lambda: sim.stats()["faults"]["hanging"] == count, what=what)
 
 
 def heavier_share(answered: list[str]) -> float:
@@ -196,17 +209,24 @@ async def test_a_reserved_slot_is_free_for_an_urgent_request_while_a_batch_class
             assert reply.status == 200, await reply.text()
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        # The backend holds what it takes until the urgent request has joined the flood on it.
+        await set_fault(sim, {"hang": True})
         flood = [asyncio.ensure_future(infer(http, "low")) for _ in range(12)]
         await eventually(lambda: gateway.metric("gateway_queue_depth", priority="low") == 9.0)
-        assert sim.stats()["inflight"] == 3  # the fourth slot is high's
-        await infer(http, "high")
+        await hanging(sim, 3, "three of the flood on the backend")
+        assert gateway.metric("gateway_inflight_requests", model="sim") == 3  # the fourth slot is high's
+        urgent = asyncio.ensure_future(infer(http, "high"))
+        await hanging(sim, 4, "the urgent request on the backend beside them")
+        await set_fault(sim, {})
+        await urgent
         await asyncio.gather(*flood)
-    # It found a slot free, rather than waiting in the queue for a 300 ms request to end.
+    # It found a slot free, rather than waiting in the queue for a request of the flood to end.
     waited = {"model": "sim", "priority": "high"}
     assert gateway.metric("gateway_queue_wait_seconds_count", **waited) == 1
     assert gateway.metric("gateway_queue_wait_seconds_bucket", le="0.025", **waited) == 1
     assert gateway.metric("gateway_admission_queued_total", model="sim", priority="low") == 9
-    assert sim.stats()["peak_inflight"] == 4
+    stats = sim.stats()
+    assert stats["faults"]["peak_hanging"] == 4 and stats["peak_inflight"] == 4, stats
 
 
 async def test_a_class_outside_its_window_is_refused_with_the_time_until_it_opens(start_sim, start_gateway):
@@ -253,12 +273,19 @@ async def test_a_tenant_over_its_quota_borrows_idle_capacity_unless_its_quota_is
             assert reply.status == 200
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await set_fault(sim, {"hang": True})  # those that run are held there until counted
         sent = asyncio.gather(*(infer(http) for _ in range(4)))
-        await eventually(lambda: sim.stats()["inflight"] == peak, what="team-a's requests to run")
+        await hanging(sim, peak, "team-a's requests to run")
+        await eventually(
+            lambda: gateway.metric("gateway_queue_depth", priority="low") == 4 - peak,
+            what="the rest to queue",
+        )
         borrowed = gateway.metric("gateway_tenant_borrowed_work", model="sim", tenant="team-a")
+        await set_fault(sim, {})
         await sent
     # The backend's own count: team-b's idle quota lent to team-a, or not.
-    assert sim.stats()["peak_inflight"] == peak
+    stats = sim.stats()
+    assert stats["faults"]["peak_hanging"] == peak and stats["peak_inflight"] == peak, stats
     assert borrowed == peak - 2
 
 
@@ -276,8 +303,9 @@ async def test_at_the_cap_an_urgent_arrival_displaces_a_queued_batch_request_whi
             return reply.status, await reply.json(), reply.headers.get("retry-after-ms")
 
     async with aiohttp.ClientSession() as http:
+        await set_fault(sim, {"hang": True})  # the slot stays taken until the displacement is seen
         running = asyncio.ensure_future(infer(http, "low"))
-        await eventually(lambda: sim.stats()["inflight"] == 1, what="the slot to be taken")
+        await hanging(sim, 1, "the slot to be taken")
         lows = []
         for expected in (1.0, 2.0):
             lows.append(asyncio.ensure_future(infer(http, "low")))
@@ -287,6 +315,7 @@ async def test_at_the_cap_an_urgent_arrival_displaces_a_queued_batch_request_whi
         assert (status, body["reason"], body["rule"]) == (429, "displaced", "models[sim].max_queued_work")
         assert advice is not None and float(advice) > 0
         assert not urgent.done() and not lows[0].done()
+        await set_fault(sim, {})
         results = await asyncio.gather(running, lows[0], urgent)
     assert [status for status, _, _ in results] == [200, 200, 200]
 

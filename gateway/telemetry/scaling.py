@@ -73,7 +73,8 @@ class ScalingHints(Collector):
             hint = self._hints[pool.name]
             flow = self._store.throughput(pool.name, now)
             # The store's rate forgets within seconds; the hint averages over the longer window.
-            instant = sum(flow.offered_rate_by_band)
+            # It counts work (tokens, batch items): a slot takes `handover_cost` of it per call.
+            instant = sum(flow.offered_rate_by_band) / max(flow.handover_cost, 1e-9)
             hint.arrival_rate = ewma_in_time(
                 None if first else hint.arrival_rate, instant, elapsed_s, self._config.window_s
             )
@@ -100,7 +101,8 @@ class ScalingHints(Collector):
         )
         arrivals = GaugeMetricFamily(
             "gateway_arrival_rate",
-            "Requests per second arriving for the model, averaged over the autoscaling window.",
+            "Requests per second arriving for the model (upstream calls: the arriving work over the "
+            "work one call carries), averaged over the autoscaling window.",
             labels=["model"],
         )
         utilization = GaugeMetricFamily(

@@ -95,7 +95,7 @@ class Backend(Frozen):
     url: str
     kind: Literal["kserve", "triton", "vllm"] = "kserve"
     """triton: readiness and capacity are discovered with tritonclient (model config)."""
-    max_concurrency: Annotated[int, Field(ge=1, le=100_000)] | Literal["auto"] | None = None
+    max_concurrency: int | Literal["auto"] | None = None
     """Slots; for kind triton it defaults to instances x max_batch_size (with dynamic batching).
     auto: found by the gateway from the backend's metrics (metrics_url), between min_concurrency
     and max_concurrency_cap, for engines with continuous batching (policies.concurrency_limit)."""
@@ -129,6 +129,18 @@ class Backend(Frozen):
     """For https:// backends."""
     forward_priority: ForwardPriority | None = None
     """Tell the backend each request's class (none: the body passes as the client sent it)."""
+
+    @field_validator("max_concurrency", mode="before")
+    @classmethod
+    def _slots_or_auto(cls, value: object) -> object:
+        """One clear message, where the union would give one per member."""
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError("Input should be a whole number of slots, or auto")
+        if not 1 <= value <= 100_000:
+            raise ValueError("Input should be greater than or equal to 1 and at most 100000 (or auto)")
+        return value
 
     @model_validator(mode="after")
     def _slots_known(self) -> Backend:

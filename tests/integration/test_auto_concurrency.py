@@ -97,11 +97,13 @@ async def test_when_the_engine_slows_down_the_limit_follows_its_latency_objectiv
     sim = engine(start_sim, max_num_seqs=16, step_ms=10)
     gateway = start_gateway(auto_config(sim, itl_objective_ms=15, ttft_objective_ms=10_000))
     async with ClosedLoop([gateway], clients=32):
-        await eventually(lambda: 7 <= limit_of(gateway, sim) <= 9, timeout_s=30, what="a limit near 8")
+        # A step takes a little longer than its nominal time on a busy machine (the event loop's
+        # lag): the limit found may be a slot or two below 8, never far above.
+        await eventually(lambda: 5 <= limit_of(gateway, sim) <= 9, timeout_s=30, what="a limit near 8")
         # Another tenant on the GPU: every step 25% longer; within 15 ms it now runs 4.
         assert http_post(sim.url + "/sim/speed", json.dumps({"slowdown": 1.25}).encode())[0] == 200
-        await eventually(lambda: limit_of(gateway, sim) <= 5, timeout_s=10, what="the limit to follow")
-        await eventually(lambda: limit_of(gateway, sim) >= 3, timeout_s=5, what="no collapse")
+        await eventually(lambda: limit_of(gateway, sim) <= 4, timeout_s=10, what="the limit to follow")
+        await eventually(lambda: limit_of(gateway, sim) >= 2, timeout_s=5, what="no collapse")
 
 
 @pytest.mark.redis

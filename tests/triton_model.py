@@ -12,6 +12,7 @@ The tests start it as a subprocess (see tests/integration/triton.py).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -28,10 +29,13 @@ def main() -> None:
     parser.add_argument("--sleep-ms", type=float, default=100.0)
     parser.add_argument("--max-batch-size", type=int, default=4)
     parser.add_argument("--dynamic-batching", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--hold-file", help="while this file exists, every inference waits before its work")
     args = parser.parse_args()
 
     @batch
     def sleep_then_echo(INPUT0: np.ndarray) -> dict[str, np.ndarray]:
+        while args.hold_file and os.path.exists(args.hold_file):
+            time.sleep(0.005)  # held by a test until what it needs has queued behind
         time.sleep(args.sleep_ms / 1000)  # the model's work: a fixed service time
         return {"OUTPUT0": INPUT0}
 

@@ -150,6 +150,9 @@ async def test_the_gateway_batches_for_a_triton_model_without_a_dynamic_batcher(
         alone = [await direct.infer("sleep_ms", **infer_request(a, f"r{i}")) for i, a in enumerate(arrays)]
         requests_before = triton_counter(unbatched_triton, "nv_inference_request_success")
         items_before = triton_counter(unbatched_triton, "nv_inference_count")
+        # The blocker is held inside Triton until the five have queued behind it, however slow
+        # the machine: its 150 ms alone could be over before they arrive.
+        unbatched_triton.hold()
         blocker = asyncio.ensure_future(client.infer("sim", **infer_request(arrays[0], "blocker")))
         await eventually(lambda: gateway.metric("gateway_inflight_requests", model="sim") == 1)
         sends = [
@@ -157,9 +160,11 @@ async def test_the_gateway_batches_for_a_triton_model_without_a_dynamic_batcher(
             for i, a in enumerate(arrays)
         ]
         await eventually(lambda: gateway.metric("gateway_queue_depth", model="sim", priority="low") == 5)
+        unbatched_triton.let_go()
         batched = await asyncio.gather(*sends)
         await blocker
     finally:
+        unbatched_triton.let_go()
         await client.close()
         await direct.close()
     for got, want in zip(batched, alone, strict=True):

@@ -38,6 +38,7 @@ class TritonServer:
             filter(None, [sysconfig.get_config_var("LIBDIR"), env.get("LD_LIBRARY_PATH")])
         )
         self.log_path = log_dir / f"triton-{self.http_port}.log"
+        self.hold_path = log_dir / f"triton-{self.http_port}.hold"
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 [
@@ -55,6 +56,8 @@ class TritonServer:
                     "--max-batch-size",
                     str(max_batch_size),
                     "--dynamic-batching" if dynamic_batching else "--no-dynamic-batching",
+                    "--hold-file",
+                    str(self.hold_path),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -66,6 +69,13 @@ class TritonServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+    def hold(self) -> None:
+        """From now on every inference waits before its work, until `let_go`."""
+        self.hold_path.touch()
+
+    def let_go(self) -> None:
+        self.hold_path.unlink(missing_ok=True)
 
     @property
     def metrics_url(self) -> str:

@@ -60,8 +60,9 @@ class AutoLimits:
         except Exception as error:  # the store is unreachable: the limit holds, as when stale
             log.warning("%s at %s: the shared limit is out of reach: %r", pool.name, backend.url, error)
             return
-        # A follower takes the leader's limit, and would go on from there if it came to lead.
-        self._states[key] = proposed if leads else LimitState(float(slots))
+        # A follower takes the leader's limit, and would go on from there if it came to lead:
+        # probing above it, not starting slowly again as if nothing were known.
+        self._states[key] = proposed if leads else LimitState(float(slots), ceiling=float(slots))
         slots = min(config.max_limit, max(config.min_limit, slots))
         if slots != backend.known_slots:
             log.info(

@@ -15,6 +15,7 @@ from typing import Any
 from starlette.types import Receive, Send
 
 from gateway.http.exchange import until_disconnect
+from gateway.http.pricing import max_tokens_of
 from gateway.sim.continuous import ContinuousEngine, Sequence
 from gateway.sim.replies import end_events, reply_json, send_event, start_events
 from gateway.sim.tokens import natural_output_tokens, prompt_text, prompt_tokens
@@ -58,8 +59,7 @@ class ContinuousChat:
 
     def output_tokens(self, request: dict[str, Any], *, chat: bool) -> tuple[int, str]:
         """How many tokens it will make, and its finish_reason: `stop` where the model ends of itself."""
-        cap = request.get("max_completion_tokens") or request.get("max_tokens")
-        cap = min(cap, MAX_OUTPUT_TOKENS) if isinstance(cap, int) and cap > 0 else MAX_OUTPUT_TOKENS
+        cap = min(max_tokens_of(request) or MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS)
         if request.get("ignore_eos") is True:
             return cap, "length"
         natural = natural_output_tokens(prompt_text(request, chat=chat), self.default_tokens)

@@ -263,10 +263,11 @@ class MemoryQueue:
         """
         granted = 0
         counters = queue.counters
+        # Read before taking the next tickets: taking the last of them ends the backlog, but the
+        # gap to this hand-over is still a clean sample. Only the freed slot's hand-over is one:
+        # others in the same dispatch go to slots that were free already (held for a batch).
+        backlogged_at = queue.backlogged_handover_at
         while queue.live and (index := pick_backend(queue.capacity)) is not None:
-            # Read before taking the next tickets: taking the last of them ends the backlog, but
-            # the gap to this hand-over is still a clean sample.
-            backlogged_at = queue.backlogged_handover_at
             popped = queue.pop_next()
             if not popped:
                 break
@@ -284,5 +285,6 @@ class MemoryQueue:
                 counters.drained_work += cost
                 counters.drained_s += now - backlogged_at
                 counters.drained_at = now
+                backlogged_at = None
             queue.backlogged_handover_at = now if (now is not None and queue.live) else None
         return granted

@@ -622,6 +622,9 @@ end
 local function dispatch(nbands, backends, ttl, now, drain_sample, caller)
   reap_absent(now)
   local granted, mine = 0, {}
+  -- Only the freed slot's hand-over is a drain sample: others in the same dispatch go to slots
+  -- that were free already (held for a batch).
+  local sample = drain_sample
   while true do
     local backend = pick_backend(backends)
     if backend == nil then break end
@@ -638,7 +641,8 @@ local function dispatch(nbands, backends, ttl, now, drain_sample, caller)
     granted = granted + 1
     redis.call('HINCRBY', tag .. ':stats', 'handovers', 1)
     redis.call('HINCRBYFLOAT', tag .. ':stats', 'handed_work', cost)
-    if drain_sample then
+    if sample then
+      sample = false
       local last = redis.call('HGET', tag .. ':stats', 'backlog_at')
       if last then
         redis.call('HINCRBYFLOAT', tag .. ':stats', 'drained_work', cost)

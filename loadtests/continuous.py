@@ -21,7 +21,8 @@ Targets:
 - haproxy: maxconn 64 (the engine's max-num-seqs), a queue timeout of MAX_WAIT_MS.
 
 Per target: goodput (requests and tokens), TTFT p50 and p99 of the answered, refusals and late
-answers, the share of long (>= 250 output tokens) and short requests refused, the engine's peak
+answers, the share of long (>= 250 output tokens) and short requests refused, and of the costliest
+and cheapest quarters in tokens as the gateway prices them (0.5 x prompt + output), the engine's peak
 sequences (running + waiting) and preemptions, and the gateway's final limit.
 """
 
@@ -81,6 +82,11 @@ def schedule(rate_rps: float, duration_s: float, seed: int) -> list[Chat]:
     while (now := now + rng.expovariate(rate_rps)) < duration_s:
         chats.append(Chat(now, rng.randint(50, 2000), rng.randint(10, 500)))
     return chats
+
+
+def token_cost(chat: Chat) -> float:
+    """What the request costs as the gateway prices it (`token_pricing`'s defaults), exactly."""
+    return 0.5 * chat.prompt_tokens + chat.output_tokens
 
 
 def body_of(chat: Chat) -> bytes:
@@ -214,6 +220,8 @@ def summary(
     refused = [r for r in results if r.status is not None and r.status != 200]
     long = [r for r in results if r.chat.output_tokens >= LONG_TOKENS]
     short = [r for r in results if r.chat.output_tokens < LONG_TOKENS]
+    by_cost = sorted(results, key=lambda r: token_cost(r.chat))
+    quarter = len(by_cost) // 4
 
     def refused_share(group: list[Result]) -> float:
         return round(sum(r in refused for r in group) / max(1, len(group)), 3)
@@ -232,6 +240,8 @@ def summary(
         "failed": sum(r.status is None or (r.status == 200 and not r.complete) for r in results),
         "refused_long": refused_share(long),
         "refused_short": refused_share(short),
+        "refused_costliest_q": refused_share(by_cost[len(by_cost) - quarter :]),
+        "refused_cheapest_q": refused_share(by_cost[:quarter]),
         "peak_sequences": peak_sequences,
         "preemptions": preemptions,
         "final_limit": limit,
@@ -244,7 +254,8 @@ def _rounded(value: float | None) -> float | None:
 
 COLUMNS = (
     "target", "load", "offered_rps", "good_rps", "good_of_offered", "good_tokens_per_s", "ttft_p50_ms",
-    "ttft_p99_ms", "refused", "late", "failed", "refused_long", "refused_short", "peak_sequences",
+    "ttft_p99_ms", "refused", "late", "failed", "refused_long", "refused_short", "refused_costliest_q",
+    "refused_cheapest_q", "peak_sequences",
     "preemptions", "final_limit",
 )  # fmt: skip
 

@@ -4,9 +4,11 @@ A request may wait in the queue at most its class's `max_queue_wait_s`, and, whe
 a budget, at most that budget less the time a slot takes to produce its answer (a request that
 starts later cannot finish in time, so a slot spent on it is wasted); the service time is taken
 as its mean. Admission refuses at arrival when the work
-ahead of the request (its own and more urgent bands, its own hand-over included, in cost units)
-would not be handed slots within that allowance. The same allowance sets when a queued request
-must leave the queue.
+ahead of the request (its own and more urgent bands, in cost units), with the room the request
+takes itself, would not be handed slots within that allowance. That room is its whole cost behind
+queued work (policies.wait.room_taken): a queue near its limit is kept for the work that fits, so
+that under overload long requests are refused where short ones still fit; with nothing queued
+ahead it is one hand-over. The same allowance sets when a queued request must leave the queue.
 
 Where the store tells when each slot in use was handed over, the prediction reads the pool
 (`work_limit`, policies.handovers): each busy slot hands over when its request ends, which
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 
 from policies.calibration import CalibrationConfig
+from policies.cost_ranks import room_limit
 from policies.handovers import PoolState, handovers_within, wait_for
 from policies.outcomes import Outcome
 from policies.retry_after import RetryAfterConfig, retry_after_s
@@ -55,6 +58,8 @@ class AdmissionConfig:
     """The queue wait's starting margin, in standard deviations (policies.calibration moves it)."""
     retry: RetryAfterConfig = field(default_factory=RetryAfterConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    room_for_costliest: float = 0.5
+    """The share of a contended queue's room the costliest requests may fill (policies.cost_ranks)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,9 @@ class AdmissionRequest:
     """Its work units."""
     tenant: str | None = None
     """Its flow's tenant, where its band is fair-queued: it waits for its turn (policies.fairness)."""
+    room_share: float = 1.0
+    """The share of the queue's room beyond one hand-over it may fill, by its cost's rank
+    (policies.cost_ranks)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +137,7 @@ def max_work(
     config: AdmissionConfig,
     queue_sigmas: float | None = None,
 ) -> float:
-    """The most work (its own hand-over included) the request may wait to be drained, by the
+    """The most work (the room it takes included) the request may wait to be drained, by the
     normal approximation with `queue_sigmas` of margin (`config.safety_sigmas` if not given); -1
     when it cannot be served in time at all."""
     allowed = allowed_wait_s(request, throughput)
@@ -174,7 +182,7 @@ def work_limit(
     confidence: float,
     config: AdmissionConfig,
 ) -> float:
-    """The most work (its own hand-over included) the request may wait to be drained: what the
+    """The most work (the room it takes included) the request may wait to be drained: what the
     hand-overs that reach its band within its allowed wait carry, with probability `confidence`,
     from the state of the pool (how long each request in flight has run, and the measured
     service times); by the normal approximation where the store does not tell. -1 when it cannot
@@ -213,8 +221,8 @@ def decide(
     config: AdmissionConfig,
 ) -> Admit | Reject:
     """Admit when the cautious wait fits the allowance, else Reject with a computed Retry-After."""
-    work = work_to_drain(stats, request.band, throughput.handover_cost, request.tenant)
-    limit = max_work(request, throughput, config)
+    work = work_to_drain(stats, request.band, throughput.handover_cost, request.tenant, request.cost)
+    limit = room_limit(max_work(request, throughput, config), throughput.handover_cost, request.room_share)
     if limit >= 0 and work <= limit:
         return Admit(predicted_wait_s=work / band_drain_rate_per_s(throughput, request.band))
     return refuse(request, stats, throughput, jitter_u, config)
@@ -235,11 +243,17 @@ def refuse(
     """
     drain = band_drain_rate_per_s(throughput, request.band)
     work = work_to_drain(stats, request.band, throughput.handover_cost, request.tenant)
+    # It is back in time when the queue has drained to leave room for its whole cost.
+    room = work_to_drain(stats, request.band, throughput.handover_cost, request.tenant, request.cost)
     allowed = allowed_wait_s(request, throughput)
     if reason is None:
         budget_binds = allowed < request.max_queue_wait_s
         reason = Outcome.DEADLINE_UNMEETABLE if budget_binds else Outcome.QUEUE_FULL
-    excess_s = cautious_wait_s(work, throughput, request.band, config.safety_sigmas) - max(allowed, 0.0)
+    # Its share of the room is a share of the time beyond one hand-over (limits grow with time).
+    handover_s = throughput.handover_cost / drain
+    if allowed > handover_s:
+        allowed = handover_s + (allowed - handover_s) * request.room_share
+    excess_s = cautious_wait_s(room, throughput, request.band, config.safety_sigmas) - max(allowed, 0.0)
     advice = retry_after_s(
         excess_wait_s=excess_s,
         band_drain_rate_per_s=drain,

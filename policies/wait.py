@@ -103,23 +103,41 @@ class Throughput:
 
 
 def work_to_drain(
-    stats: QueueStats, band: int, handover_cost: float = 1.0, tenant: str | None = None
+    stats: QueueStats,
+    band: int,
+    handover_cost: float = 1.0,
+    tenant: str | None = None,
+    cost: float | None = None,
 ) -> float:
     """The work that must be handed slots before a new request of `band` (of `tenant`'s flow, when
     given) gets one, its own hand-over included (0: a slot is free). Each free slot takes one
-    hand-over's work at once."""
+    hand-over's work at once. Given the request's `cost`, its own part is the room it takes in the
+    queue (`room_taken`): what admission checks against the work limit."""
     ahead = stats.work_ahead(band, tenant, handover_cost) + stats.external_waiting
-    return max(0.0, ahead + handover_cost * (1 - stats.free_for(band)))
+    own = handover_cost if cost is None else room_taken(ahead, handover_cost, cost)
+    return max(0.0, ahead + own - handover_cost * stats.free_for(band))
 
 
-def work_before_grant(queued_ahead: float, free_slots: int, handover_cost: float) -> float:
-    """What a store checks against an offer's `max_work`: the work queued ahead of it plus one
-    hand-over of its own, or none with a slot free and nothing queued ahead (it is granted now).
+def room_taken(queued_ahead: float, handover_cost: float, cost: float) -> float:
+    """The room a request of `cost` takes in the work limit of its queue.
+
+    Behind queued work, its whole cost (one hand-over at least, which it needs to start): a queue
+    near its limit keeps its room for the work that fits in it, so that under overload a long
+    request is refused where short ones still fit, not whichever happens to arrive first. With
+    nothing queued ahead, one hand-over whatever it costs: there is no queue for it to crowd, and
+    refusing it would refuse work a plain queue serves in time.
+    """
+    return max(handover_cost, cost) if queued_ahead > 0 else handover_cost
+
+
+def work_before_grant(queued_ahead: float, free_slots: int, handover_cost: float, cost: float) -> float:
+    """What a store checks against an offer's `max_work`: the work queued ahead of it plus the room
+    it takes (`room_taken`), or none with a slot free and nothing queued ahead (it is granted now).
 
     The Redis store checks the same in its offer script (gateway/queues/lua/offer.lua), atomically.
     """
     if queued_ahead > 0 or free_slots == 0:
-        return queued_ahead + handover_cost
+        return queued_ahead + room_taken(queued_ahead, handover_cost, cost)
     return 0.0
 
 

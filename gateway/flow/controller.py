@@ -35,6 +35,7 @@ from policies.admission import (
     min_budget_s,
     refuse,
 )
+from policies.cost_ranks import CostRanks, room_limit, room_share
 from policies.outcomes import Outcome
 from policies.queued_bytes import ByteLimits, bytes_excess_wait_s
 from policies.shedding import BacklogLimits, ClusterBacklog, backlog_retry_after_s, first_shed_band
@@ -108,6 +109,7 @@ class AdmissionController:
         self._jitter = jitter
         self._returns: dict[str, ReturnSchedules] = {}
         self._predictions: dict[str, Predictions] = {}
+        self._cost_ranks: dict[tuple[str, int], CostRanks] = {}
         self._rates_seen_s = rates_seen_s
         """How far back the arrival-rate estimates remember (settings.estimation.rate_window_s)."""
         self._settled_seen_s = settled_seen_s
@@ -139,7 +141,8 @@ class AdmissionController:
             closed_s, window = closed
             return self._refusal(model, band, Outcome.OUTSIDE_WINDOW, closed_s, f"windows[{window}]")
         arrived_at = self._clock()
-        request = AdmissionRequest(band, self._max_wait_s[band], budget_s, cost, flow.tenant)
+        share = room_share(self._rank(model, band, cost), self._admission.room_for_costliest)
+        request = AdmissionRequest(band, self._max_wait_s[band], budget_s, cost, flow.tenant, share)
         throughput = self._store.throughput(model, arrived_at)
         # Work the backends hold for other clients is ahead of every band: it comes off the
         # limit the store checks atomically.
@@ -180,6 +183,7 @@ class AdmissionController:
         confidence = self._calibrations.confidence(model, band)
         predictions = self._predictions_of(model)
         limit = predictions.work_limit(request, stats, throughput, arrived_at, confidence)
+        limit = room_limit(limit, throughput.handover_cost, request.room_share)
         # A held batch leaves while its most urgent member still has a service time to spare
         # beyond its allowed wait: a batch is served more slowly than one request.
         leave_by = arrived_at + allowed_s - throughput.service_time_s
@@ -307,6 +311,15 @@ class AdmissionController:
         """The refusal, with Retry-After the time its return is booked for (see ReturnSchedules)."""
         reject = refuse(request, stats, flow, self._jitter(), self._admission, reason=reason)
         return replace(reject, retry_after_s=self._book_return(model, request, reject.excess_wait_s, flow))
+
+    def _rank(self, model: str, band: int, cost: float) -> float:
+        """`cost`'s rank among the costs recently offered to the model's band, which it joins."""
+        ranks = self._cost_ranks.get((model, band))
+        if ranks is None:
+            ranks = self._cost_ranks[model, band] = CostRanks()
+        rank = ranks.rank(cost)
+        ranks.add(cost)
+        return rank
 
     def _predictions_of(self, model: str) -> Predictions:
         predictions = self._predictions.get(model)

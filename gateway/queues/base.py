@@ -188,8 +188,9 @@ class RequestQueue(Protocol):
     ) -> Offer:
         """Grant a free slot, queue, or refuse when the work to drain before it gets a slot
         exceeds `max_work`: the work queued ahead of it (its band and the more urgent ones) plus
-        one hand-over of its own, by the store's measure of the work a hand-over takes; none with
-        a slot free and nothing ahead. A negative limit refuses even then.
+        the room it takes (policies.wait.room_taken: its cost behind queued work, else one
+        hand-over, by the store's measure of the work a hand-over takes); none with a slot free
+        and nothing ahead. A negative limit refuses even then.
 
         `allowed_wait_s` is how long the request may wait; the store orders its flow by its
         configured Ordering, on its own clock. A queued ticket carries `on_grant` from the start,

@@ -98,7 +98,7 @@ class MemoryQueue:
         handover = queue.estimates.handover_cost
         ahead = queue.work_ahead(flow.band, flow.tenant, handover) if queue.live else 0.0
         free = queue.usable(flow.band)
-        to_drain = work_before_grant(ahead, free, handover)
+        to_drain = work_before_grant(ahead, free, handover, cost)
         if to_drain > max_work:
             return Full(queue.stats())
         immediate = free > 0 and ahead == 0 and queue.may_start(flow.tenant, cost)

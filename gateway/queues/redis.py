@@ -186,7 +186,7 @@ class RedisQueue:
         view, handover = state.view, state.estimates.handover_cost
         if (
             self._clock() - view.seen_at <= _VIEW_FRESH_S
-            and view.work_to_drain(flow.band, handover, flow.tenant) > max_work
+            and view.work_to_drain(flow.band, handover, flow.tenant, cost) > max_work
         ):
             # Clearly over the limit by a view a few milliseconds old: refuse without a round trip
             # (under overload most arrivals end here), and count the arrival with the next script.

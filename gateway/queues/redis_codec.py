@@ -119,12 +119,12 @@ class View:
         )
         return cls(seen_at, redis_now, stats, counters)
 
-    def work_to_drain(self, band: int, handover_cost: float, tenant: str) -> float:
-        """The work to drain before a new request of `band` and `tenant` gets a slot, as the offer
-        script counts it: what is queued ahead up to its turn plus its own hand-over (none with a
-        slot free and nothing queued ahead)."""
+    def work_to_drain(self, band: int, handover_cost: float, tenant: str, cost: float) -> float:
+        """The work to drain before a new request of `band`, `tenant` and `cost` gets a slot, as
+        the offer script counts it: what is queued ahead up to its turn plus the room it takes
+        (none with a slot free and nothing queued ahead)."""
         ahead = self.stats.work_ahead(band, tenant, handover_cost)
-        return work_before_grant(ahead, self.stats.free_for(band), handover_cost)
+        return work_before_grant(ahead, self.stats.free_for(band), handover_cost, cost)
 
 
 def _fair_turns(raw: Any) -> FairTurns | None:

@@ -142,6 +142,7 @@ class Settings(Frozen):
             safety_sigmas=self.admission.safety_sigmas,
             retry=self.retry_after.policy(),
             calibration=CalibrationConfig(target_expiry=self.admission.target_expiry),
+            room_for_costliest=self.admission.room_for_costliest,
         )
 
     def queued_byte_limits(self) -> ByteLimits:

@@ -31,6 +31,9 @@ class Admission(Frozen):
     target_expiry: float = Field(0.01, gt=0.0, lt=0.5)
     """The share of admitted requests that queued which may expire in the queue: the queue
     wait's margin is calibrated against outcomes to hold it."""
+    room_for_costliest: float = Field(0.5, ge=0.0, le=1.0)
+    """The share of a contended queue's room (its work limit beyond one hand-over) the costliest
+    requests may fill; cheaper ones fill more, by their rank among recent costs (1: cost-blind)."""
 
 
 class Signals(Frozen):

@@ -119,6 +119,29 @@ async def test_overload_is_refused_at_arrival_with_a_computed_retry_after(make_s
         waiter.cancel()
 
 
+async def test_a_contended_queue_keeps_its_room_for_the_cheaper_requests(make_store):
+    sut = await make_store(slots=(1,))
+    controller = controller_for(sut)
+    await controller.acquire(Flow(MODEL, 1), 1.0, None, never)
+    # Low may wait 1 s, in which the slot drains about 25 units: a queue of 14 leaves room for 11.
+    waiters = [asyncio.ensure_future(controller.acquire(Flow(MODEL, 1), 1.0, None, never)) for _ in range(14)]
+    await eventually(lambda: queued(sut) == (0, 14))
+    # Costlier than every request before it, it may fill half the room beyond its hand-over (12
+    # units): its 10 would take the queue to 24.
+    refusal = await controller.acquire(Flow(MODEL, 1), 10.0, None, never)
+    assert isinstance(refusal, Refusal) and refusal.outcome is Outcome.QUEUE_FULL
+    assert refusal.retry_after_s is not None and refusal.retry_after_s > 0
+    waiters.append(asyncio.ensure_future(controller.acquire(Flow(MODEL, 1), 1.0, None, never)))
+    await eventually(lambda: queued(sut) == (0, 15))  # a cheap one still fits
+    for waiter in waiters:
+        waiter.cancel()
+    await eventually(lambda: queued(sut) == (0, 0))
+    # With nothing queued ahead, the costliest request is queued for the next hand-over.
+    costly = asyncio.ensure_future(controller.acquire(Flow(MODEL, 1), 50.0, None, never))
+    await eventually(lambda: queued(sut) == (0, 1))
+    costly.cancel()
+
+
 async def test_grant_hook_runs_with_the_slot_inside_the_release(make_store):
     sut = await make_store(slots=(1,))
     controller = controller_for(sut)

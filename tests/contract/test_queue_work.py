@@ -75,6 +75,16 @@ async def test_the_admission_limit_is_in_work(make_store):
     assert isinstance(await offer(sut, band=1, cost=1.0, max_work=6.5), Full)  # 1 + 5 + 1
 
 
+async def test_behind_queued_work_a_request_takes_the_room_of_its_whole_cost(make_store):
+    sut = await make_store(slots=(1,))
+    await take_the_slot(sut)
+    assert isinstance(await offer(sut, cost=8.0, max_work=1.0), Queued)  # no queue to crowd: one hand-over
+    # 8 units queued: a long request needs room for its 6, a short one for a hand-over (1 unit).
+    assert isinstance(await offer(sut, cost=6.0, max_work=13.9), Full)
+    assert isinstance(await offer(sut, cost=0.5, max_work=9.0), Queued)
+    assert isinstance(await offer(sut, cost=6.0, max_work=14.5), Queued)  # 8.5 + 6
+
+
 async def test_a_free_slot_is_granted_under_any_limit_but_a_negative_one(make_store):
     sut = await make_store(slots=(2,))
     assert isinstance(await offer(sut, max_work=0.0), Granted)  # no time to wait, none needed

@@ -153,11 +153,21 @@ def test_count_variance_adds_service_variation_and_urgent_arrivals(cv, admitted,
 @pytest.mark.parametrize(
     ("ahead", "free", "cost", "expected"),
     [
-        (0.0, 1, 3.0, 0.0),  # a free slot and nobody ahead: granted now
-        (0.0, 0, 3.0, 3.0),  # every slot busy: its own hand-over
-        (4.0, 0, 3.0, 7.0),  # the work ahead, then its own hand-over
-        (4.0, 2, 3.0, 7.0),  # work ahead of it waits for those slots first
+        (0.0, 1, 9.0, 0.0),  # a free slot and nobody ahead: granted now, whatever it costs
+        (0.0, 0, 9.0, 3.0),  # every slot busy, nobody queued: its own hand-over
+        (4.0, 0, 1.0, 7.0),  # the work ahead, then its own hand-over, which a cheap request needs too
+        (4.0, 0, 9.0, 13.0),  # behind queued work, the room its whole cost takes
+        (4.0, 2, 1.0, 7.0),  # work ahead of it waits for those slots first
     ],
 )
 def test_the_work_a_store_checks_before_a_grant(ahead, free, cost, expected):
-    assert work_before_grant(ahead, free, cost) == expected
+    assert work_before_grant(ahead, free, 3.0, cost) == expected
+
+
+def test_behind_queued_work_a_long_request_is_refused_where_a_short_one_still_fits():
+    stats = QueueStats(queued_by_band=(0, 2), free_slots=0, queued_work_by_band=(0.0, 6.0))
+    limit = 10.0
+    short, long = (work_to_drain(stats, 1, 3.0, cost=c) for c in (1.0, 6.0))
+    assert short == 9.0 <= limit < long == 12.0
+    idle_queue = QueueStats(queued_by_band=(0, 0), free_slots=0)
+    assert work_to_drain(idle_queue, 1, 3.0, cost=60.0) == 3.0  # nothing queued for it to crowd

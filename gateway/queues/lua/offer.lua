@@ -4,8 +4,9 @@
 --    backends, bound_s, reserved, quotas, batch ({key, max, hold?} or absent), drain, overdue_sigmas and
 --    overdue_checked (absent: no displacement of overdue work), now (tests).
 -- The check (gateway/queues/base.RequestQueue.offer): refuse when the work queued ahead of it in
--- its band (up to its flow's turn) and the more urgent ones, plus one hand-over of its own,
--- exceeds max_work (none with a slot free and nothing ahead); a negative limit refuses even then.
+-- its band (up to its flow's turn) and the more urgent ones, plus the room it takes (its cost
+-- behind queued work, else one hand-over), exceeds max_work (none with a slot free and nothing
+-- ahead); a negative limit refuses even then.
 -- A replica whose heartbeat lapsed takes nothing: it must rejoin first (rejoin.lua).
 -- At the model's queue cap (A.cap) it displaces the newest queued work of less urgent bands, each
 -- victim told through its replica's list ({d = ticket id}), or is refused with cap = true.
@@ -21,9 +22,10 @@ local turn_of = nil  -- under EDF a band is not fair-queued: its whole work is a
 if not A.edf then turn_of = A.tenant end
 local ahead = work_ahead(A.band, turn_of, A.handover)
 local free = usable_free(A.band, A.backends, nbands)
--- policies.wait.work_before_grant, here where it must be atomic with the insert.
+-- policies.wait.work_before_grant (and room_taken), here where it must be atomic with the insert.
 local to_drain = 0
-if ahead > 0 or free == 0 then to_drain = ahead + A.handover end
+if ahead > 0 then to_drain = ahead + math.max(A.handover, A.cost)
+elseif free == 0 then to_drain = A.handover end
 if to_drain > A.max_work then
   return cjson.encode({kind = 'full', view = view(nbands, A.backends, now)})
 end

@@ -32,7 +32,7 @@ of the engine's metrics:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +80,8 @@ class LimitState:
     """The next probe above the ceiling."""
     rose_from: tuple[float, float] | None = None
     """(limit, throughput) before the last rise, to judge whether it brought more."""
+    cause: str = field(default="", compare=False)
+    """Why the limit last moved, for the operator's log."""
 
     @property
     def slots(self) -> int:
@@ -102,9 +104,9 @@ def next_limit(
     streak = state.waiting_streak + 1 if sample.waiting > 0 and not between_steps else 0
     cut = _congestion_cut(state.limit, sample, streak, config)
     if cut is not None:
-        limit, by_queue = cut
+        limit, by_queue, cause = cut
         limit = _clamp(limit, config)
-        return LimitState(limit, ceiling=limit if by_queue else state.limit)
+        return LimitState(limit, ceiling=limit if by_queue else state.limit, cause=cause)
     state = replace(state, waiting_streak=streak)
     if not demand or sample.waiting > 0:
         return replace(state, calm=0, rose_from=None)
@@ -112,49 +114,53 @@ def next_limit(
         before_limit, before = state.rose_from
         if before > 0 and sample.throughput < before * (1 + config.min_gain):
             # The rise brought nothing: the engine is full at what it had.
-            return LimitState(before_limit, ceiling=before_limit)
+            return LimitState(before_limit, ceiling=before_limit, cause="the last rise brought no throughput")
     rise = _rise(state, config)
     if rise is None:
         return replace(state, rose_from=None)
-    limit, ceiling, calm, probe = rise
+    limit, ceiling, calm, probe, cause = rise
     limit = _clamp(limit, config)
     # Judged only on whole slots: a rise within one slot changes nothing the engine sees.
     judged = math.floor(limit) >= max(state.slots + 1, state.slots * (1 + config.judged_rise))
     rose_from = (state.limit, sample.throughput) if judged and sample.throughput is not None else None
-    return LimitState(limit, ceiling, streak, calm, probe, rose_from)
+    return LimitState(limit, ceiling, streak, calm, probe, rose_from, cause)
 
 
 def _congestion_cut(
     limit: float, sample: EngineSample, streak: int, config: LimitConfig
-) -> tuple[float, bool] | None:
-    """(the lowered limit, whether by the queue inside) when the sample shows congestion, else None."""
+) -> tuple[float, bool, str] | None:
+    """(the lowered limit, whether by the queue inside, why) when the sample shows congestion."""
     floor = limit * (1 - config.min_decrease)
-    cuts: list[tuple[float, bool]] = []
+    cuts: list[tuple[float, bool, str]] = []
     if sample.preempted > 0:
-        cuts.append((floor, False))
+        cuts.append((floor, False, f"{sample.preempted:g} preempted"))
     if streak >= config.waiting_scrapes:
-        cuts.append((limit - max(1.0, sample.waiting / 2), True))
-    objectives = ((sample.ttft_s, config.ttft_objective_s), (sample.itl_s, config.itl_objective_s))
-    for measured, objective in objectives:
+        cuts.append((limit - max(1.0, sample.waiting / 2), True, f"{sample.waiting:g} waiting inside"))
+    objectives = (
+        ("first-token latency", sample.ttft_s, config.ttft_objective_s),
+        ("inter-token latency", sample.itl_s, config.itl_objective_s),
+    )
+    for name, measured, objective in objectives:
         if measured is not None and objective is not None and measured > objective:
-            cuts.append((min(floor, limit * max(0.5, objective / measured)), False))
+            cause = f"{name} {measured * 1000:.0f} ms over {objective * 1000:.0f} ms"
+            cuts.append((min(floor, limit * max(0.5, objective / measured)), False, cause))
     return min(cuts) if cuts else None
 
 
-def _rise(state: LimitState, config: LimitConfig) -> tuple[float, float | None, int, float] | None:
-    """(limit, ceiling, calm, probe) after a calm scrape that had demand; None when at the cap."""
+def _rise(state: LimitState, config: LimitConfig) -> tuple[float, float | None, int, float, str] | None:
+    """(limit, ceiling, calm, probe, why) after a calm scrape that had demand; None at the cap."""
     limit, ceiling, probe = state.limit, state.ceiling, state.probe
     if limit >= config.max_limit:
         return None
     if ceiling is None:
-        return max(limit + 1, limit * config.slow_start), None, 0, probe
+        return max(limit + 1, limit * config.slow_start), None, 0, probe, "slow start"
     if limit + 1 <= ceiling:
-        return max(limit + 1, limit + (ceiling - limit) / 2), ceiling, 0, probe
+        return max(limit + 1, limit + (ceiling - limit) / 2), ceiling, 0, probe, "toward the last ceiling"
     calm = state.calm + 1
     if calm < config.probe_every:
-        return limit, ceiling, calm, probe
+        return limit, ceiling, calm, probe, state.cause
     raised = limit + probe
-    return raised, max(ceiling, raised), 0, min(2 * probe, max(1.0, limit / 4))
+    return raised, max(ceiling, raised), 0, min(2 * probe, max(1.0, limit / 4)), "probing above the ceiling"
 
 
 def _clamp(limit: float, config: LimitConfig) -> float:

@@ -65,8 +65,10 @@ class AutoLimits:
         self._states[key] = proposed if leads else LimitState(float(slots), ceiling=float(slots))
         slots = min(config.max_limit, max(config.min_limit, slots))
         if slots != backend.known_slots:
+            cause = proposed.cause if leads else "the leading replica's"
             log.info(
-                "%s at %s: concurrency limit %d -> %d", pool.name, backend.url, backend.known_slots, slots
-            )
+                "%s at %s: concurrency limit %d -> %d (%s)",
+                pool.name, backend.url, backend.known_slots, slots, cause,
+            )  # fmt: skip
             backend.max_concurrency = int(slots)
             self._store.backends_changed(pool.name)

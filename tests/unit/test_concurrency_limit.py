@@ -147,6 +147,10 @@ def test_preemption_and_a_slow_first_token_bring_the_limit_down():
     lowered = next_limit(state, slow, True, config)
     assert lowered.limit == pytest.approx(25.0)
     assert lowered.ceiling == 50.0
+    # The operator's log says why.
+    assert next_limit(state, preempting, True, config).cause == "2 preempted"
+    assert lowered.cause == "first-token latency 2000 ms over 1000 ms"
+    assert next_limit(state, EngineSample(waiting=0, itl_s=0.02), True, config).cause == "slow start"
 
 
 def test_a_rise_that_brings_no_throughput_ends_the_climb():

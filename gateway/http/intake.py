@@ -19,7 +19,7 @@ from gateway.errors import ErrorStyle
 from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
 from gateway.flow.drain import DRAINING_RETRY_S
 from gateway.http.batches import Batches, BatchRelay
-from gateway.http.relay import Relay, send_error
+from gateway.http.relay import Relay, StreamRewrite, send_error
 from gateway.http.request_meta import RequestClassifier
 from gateway.queues.base import Batching
 from gateway.tensors.batch import Part
@@ -93,11 +93,12 @@ class AdmittedEndpoint:
         cost: float = 1.0,
         batching: tuple[Part, BatchLimits] | None = None,
         observe: Callable[[bytes], None] | None = None,
+        rewrite_stream: StreamRewrite | None = None,
     ) -> Awaitable[None]:
         """The admitted call of a request that is read and checked and costs `cost` work units
         (returned to be awaited, so that the hot path has no extra frame); `batching`: its part
         in a batch and the model's batching, when it may share its slot; `observe`: shown its
-        successful answer (gateway.http.relay)."""
+        successful answer, and `rewrite_stream`: passes its event stream on (gateway.http.relay)."""
         intake = self.intake
         intake.admission.metrics.observe_cost(pool.name, cost)
         in_body = self.style is ErrorStyle.OPENAI
@@ -116,7 +117,7 @@ class AdmittedEndpoint:
             )
             return call.run()
         work = intake.forwarder.exchange(pool, request, meta.budget_s)
-        relay = Relay(receive, send, self.style, work, drain, retry_s, observe)
+        relay = Relay(receive, send, self.style, work, drain, retry_s, observe, rewrite_stream)
         return AdmittedCall(admission, pool, meta, work, relay, body_bytes=len(body), cost=cost).run()
 
 

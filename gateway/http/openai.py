@@ -18,6 +18,7 @@ from gateway.http.exchange import read_body
 from gateway.http.intake import AdmittedEndpoint
 from gateway.http.pricing import UsageLearner, max_tokens_of, prompt_chars
 from gateway.http.request_meta import Problem, RequestClassifier
+from gateway.http.usage_stream import UsageChunkDropper, asking_usage
 from policies.outcomes import Outcome
 
 
@@ -55,7 +56,13 @@ class OpenAIEndpoint(AdmittedEndpoint):
             learner = UsageLearner(
                 costs, chars, estimate, meta.flow_tenant, partial(metrics.set_cost_model_error, pool.name)
             )
-            admitted = self.admit(scope, receive, send, pool, meta, body, estimate.cost, observe=learner)
+            # A stream carries usage only when asked: the gateway asks, and drops it again.
+            dropper = None
+            if (asked := asking_usage(body, payload)) is not None:
+                body, dropper = asked, UsageChunkDropper()
+            admitted = self.admit(
+                scope, receive, send, pool, meta, body, estimate.cost, observe=learner, rewrite_stream=dropper
+            )
         del body, payload, parsed  # the exchange holds the body now, and gives it up once it is serialized
         await admitted
 

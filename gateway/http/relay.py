@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from starlette.types import Receive, Send
 
@@ -26,6 +27,14 @@ from gateway.upstream.reply import ConnectFailed, Reply, UpstreamError
 from policies.outcomes import Outcome, answered
 
 log = logging.getLogger("gateway.proxy")
+
+
+class StreamRewrite(Protocol):
+    """What passes an event stream on, bytes in and bytes out (what it holds back, at `close`)."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+    def close(self) -> bytes: ...
+
 
 # What of a stream its observer sees: enough for the last event or two (an OpenAI usage chunk).
 _TAIL_BYTES = 4096
@@ -59,7 +68,9 @@ async def send_error(
 class Relay:
     """The client's side of one admitted HTTP request (a gateway.flow.admitted.Ingress)."""
 
-    __slots__ = ("_drain", "_no_backend_retry_s", "_observe", "_receive", "_send", "_style", "_work")
+    __slots__ = (
+        "_drain", "_no_backend_retry_s", "_observe", "_receive", "_rewrite_stream", "_send", "_style", "_work"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -70,6 +81,7 @@ class Relay:
         drain: Drain,
         no_backend_retry_s: float,
         observe: Callable[[bytes], None] | None = None,
+        rewrite_stream: StreamRewrite | None = None,
     ) -> None:
         self._receive = receive
         self._send = send
@@ -79,6 +91,8 @@ class Relay:
         self._no_backend_retry_s = no_backend_retry_s
         self._observe = observe
         """Shown a successful answer once it is out: its body, or a stream's last bytes."""
+        self._rewrite_stream = rewrite_stream
+        """Passes a successful event stream on (gateway.http.usage_stream), where one is given."""
 
     def until_disconnect(self) -> Awaitable[None]:
         return until_disconnect(self._receive)
@@ -143,14 +157,20 @@ class Relay:
         """
         headers.append(server_timing(lease.queue_wait_s, self._work.running_for_s(), lease.batch_wait_s))
         send, observe = self._send, self._observe
+        rewrite = self._rewrite_stream
+        if rewrite is not None and not (200 <= reply.status < 300 and _is_event_stream(headers)):
+            rewrite = None
         tail = b""
         try:
             await send({"type": "http.response.start", "status": reply.status, "headers": headers})
             async for chunk in reply.iter_chunks():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 if observe is not None:
                     tail = (tail + chunk)[-_TAIL_BYTES:]
-            await send({"type": "http.response.body", "body": b""})
+                if rewrite is not None and not (chunk := rewrite.feed(chunk)):
+                    continue
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            rest = rewrite.close() if rewrite is not None else b""
+            await send({"type": "http.response.body", "body": rest})
             if observe is not None and 200 <= reply.status < 300:
                 observe(tail)
         except ClientLeft:

@@ -89,3 +89,29 @@ async def test_a_model_priced_by_requests_costs_one_each_whatever_its_prompt(sta
     await client.close()
     assert gateway.metric("gateway_request_cost_sum", model="sim") == 2
     assert gateway.metric_by("gateway_cost_model_error", "model") == {}
+
+
+async def test_streams_that_do_not_ask_for_usage_teach_it_too_and_get_the_stream_they_asked_for(
+    start_sim, start_gateway
+):
+    sim = continuous(start_sim)
+    gateway = start_gateway(token_config(sim))
+    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+    rng = random.Random(5)
+    try:
+        for _ in range(20):
+            stream = await client.chat.completions.create(
+                model="sim",
+                messages=[{"role": "user", "content": a_prompt(rng)}],
+                max_tokens=30,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            chunks = [chunk async for chunk in stream]
+            # The gateway asked the engine for usage, and took its chunk out again.
+            assert all(chunk.choices for chunk in chunks)
+            assert all(chunk.usage is None for chunk in chunks)
+            assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+    finally:
+        await client.close()
+    await eventually(lambda: gateway.metric("gateway_cost_model_error", model="sim") < 0.1)

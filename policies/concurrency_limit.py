@@ -22,8 +22,10 @@ of the engine's metrics:
   by a probe that doubles with each calm window (1, 2, 4, ... at most a quarter of the limit) and
   is back to one after congestion, with the ceiling: a steady load sees the limit still, probing
   by one, and capacity that came back is found again in a few windows.
-  A rise of `judged_rise` or more that brought no more throughput (`min_gain`) ends the climb
-  there: the engine is full though it does not say so (smaller rises drown in the noise).
+  A rise of `judged_rise` or more that brought no more throughput (`min_gain`) within
+  `judge_scrapes` scrapes ends the climb there: the engine is full though it does not say so
+  (smaller rises drown in the noise). The limit holds while a rise is being judged: the scrape
+  right after it often catches the new sequences still in their prefill.
 - Without demand the limit holds: an idle engine says nothing about how much it can take.
 - A missing sample (the engine's metrics are stale) holds the limit where it was.
 - The limit stays within [min_limit, max_limit], and slots are whole: `slots` rounds it down.
@@ -47,6 +49,8 @@ class LimitConfig:
     min_decrease: float = 0.05
     probe_every: int = 5
     min_gain: float = 0.02
+    judge_scrapes: int = 2
+    """Scrapes a rise has to show more throughput (the first may catch its new sequences in prefill)."""
     judged_rise: float = 0.1
 
 
@@ -78,8 +82,9 @@ class LimitState:
     """Calm scrapes in a row at the ceiling."""
     probe: float = 1.0
     """The next probe above the ceiling."""
-    rose_from: tuple[float, float] | None = None
-    """(limit, throughput) before the last rise, to judge whether it brought more."""
+    rose_from: tuple[float, float, int] | None = None
+    """(limit, throughput) before the last rise, to judge whether it brought more, and the scrapes
+    since that did not show it yet."""
     cause: str = field(default="", compare=False)
     """Why the limit last moved, for the operator's log."""
 
@@ -111,8 +116,12 @@ def next_limit(
     if not demand or sample.waiting > 0:
         return replace(state, calm=0, rose_from=None)
     if state.rose_from is not None and sample.throughput is not None:
-        before_limit, before = state.rose_from
+        before_limit, before, waited = state.rose_from
         if before > 0 and sample.throughput < before * (1 + config.min_gain):
+            if waited + 1 < config.judge_scrapes:
+                # The scrape right after a rise catches its new sequences in their prefill, not yet
+                # generating: it is judged on the next one, and the limit holds meanwhile.
+                return replace(state, rose_from=(before_limit, before, waited + 1))
             # The rise brought nothing: the engine is full at what it had.
             return LimitState(before_limit, ceiling=before_limit, cause="the last rise brought no throughput")
     rise = _rise(state, config)
@@ -122,7 +131,7 @@ def next_limit(
     limit = _clamp(limit, config)
     # Judged only on whole slots: a rise within one slot changes nothing the engine sees.
     judged = math.floor(limit) >= max(state.slots + 1, state.slots * (1 + config.judged_rise))
-    rose_from = (state.limit, sample.throughput) if judged and sample.throughput is not None else None
+    rose_from = (state.limit, sample.throughput, 0) if judged and sample.throughput is not None else None
     return LimitState(limit, ceiling, streak, calm, probe, rose_from, cause)
 
 

@@ -159,7 +159,18 @@ def test_a_rise_that_brings_no_throughput_ends_the_climb():
     flat = EngineSample(waiting=0, itl_s=0.02, throughput=500.0)
     risen = next_limit(state, flat, True, config)
     assert risen.limit == 12.0
-    assert next_limit(risen, flat, True, config) == LimitState(8.0, ceiling=8.0)
+    judged = next_limit(risen, flat, True, config)
+    assert judged.limit == 12.0  # the next scrape may catch its new sequences in prefill: it holds
+    assert next_limit(judged, flat, True, config) == LimitState(8.0, ceiling=8.0)
+
+
+def test_a_rise_whose_gain_shows_a_scrape_late_goes_on():
+    config = LimitConfig(min_limit=8)
+    flat = EngineSample(waiting=0, itl_s=0.02, throughput=500.0)
+    risen = next_limit(start(config), flat, True, config)
+    waiting = next_limit(risen, flat, True, config)
+    gained = next_limit(waiting, EngineSample(waiting=0, itl_s=0.02, throughput=700.0), True, config)
+    assert gained.limit == 18.0 and gained.ceiling is None  # slow start goes on
 
 
 samples = st.one_of(

@@ -8,15 +8,22 @@ over mu a second while busy, makes n of them within the time left T only if n <=
 `sigmas` sqrt(mu T) (the count of hand-overs of busy slots wavers like a Poisson count, or less).
 Such a request is told at once (429 `displaced`) instead of expiring in the queue later.
 
+An owner reclaiming its quota pushes borrowers back the same way: while a tenant under its quota
+has work queued no new borrowing starts (policies.quotas), so the owners' queued work that will run
+within their quotas is certainly ahead of every request of a tenant that owns no quota, in any
+band (`owners_ahead`), and an owner's arrival checks those requests too.
+
 The test is lenient on purpose: it ignores the arrivals still to come and the other flows of the
 request's band, and allows the drain its luck. A request that might still be served is not
-displaced; one it does not catch expires at its leave-by time, as before.
+displaced; one it does not catch expires at its leave-by time, as before. So only tenants without
+a quota count as borrowers here: one over its quota runs within it again as its own requests
+finish, and then waits for no owner.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 OVERDUE_SIGMAS = 3.0
 OVERDUE_CHECKED = 8
@@ -61,3 +68,18 @@ def overdue_in_flow(
         if overdue(now, leave_by, max(ahead, 0.0), handovers_per_s, handover_cost):
             found.append(position)
     return found
+
+
+def owners_ahead(owners: Iterable[tuple[float, Sequence[float]]], bands: int) -> list[float]:
+    """Per band b, the owners' queued work in bands b and less urgent that will run within their
+    quotas (more urgent bands' work counts ahead anyway). `owners`: each owner's room under its
+    quota (its quota less its work in flight) and its queued work per band; its work is taken
+    most urgent first, as it is granted."""
+    ahead = [0.0] * bands
+    for room, queued in owners:
+        within = min(room, sum(queued))
+        before = 0.0
+        for band in range(bands):
+            ahead[band] += max(0.0, within - min(room, before))
+            before += queued[band]
+    return ahead

@@ -118,8 +118,9 @@ class MemoryQueue:
             on_grant=on_grant,
         )
         queue.insert(ticket, self._rank(queue, ticket, leave_by), next(self._sequence))
-        if any(b.count for b in queue.bands[flow.band + 1 :]):
-            self._displace_overdue(queue, flow.band, now)
+        reclaim = queue.reclaims(flow.tenant, cost)
+        if reclaim or any(b.count for b in queue.bands[flow.band + 1 :]):
+            self._displace_overdue(queue, flow.band, now, reclaim)
         if (
             (queue.quotas and free > 0)
             or (queue.reservations_move and queue.free_slots > 0)
@@ -131,13 +132,14 @@ class MemoryQueue:
             self._dispatch(queue, now=None)
         return Queued(ticket)
 
-    def _displace_overdue(self, queue: ModelQueue, band: int, now: float) -> None:
-        """Less urgent requests this arrival pushed past their allowance are told at once."""
+    def _displace_overdue(self, queue: ModelQueue, band: int, now: float, reclaim: bool) -> None:
+        """Less urgent requests (and borrowers', where it `reclaim`s a quota) this arrival pushed
+        past their allowance are told at once."""
         estimates = queue.estimates
         handover = estimates.handover_cost
         handovers_per_s = estimates.throughput(queue.total_slots, now).drain_rate_per_s / handover
         fifo = self._ordering is Ordering.FIFO
-        queue.displace_overdue(band, now, handovers_per_s, handover, in_arrival_order=fifo)
+        queue.displace_overdue(band, now, handovers_per_s, handover, in_arrival_order=fifo, reclaim=reclaim)
 
     def _rank(self, queue: ModelQueue, ticket: Ticket, leave_by: float) -> float:
         """The ticket's ordering score: its deadline under EDF, else its start tag in its band's

@@ -20,7 +20,7 @@ from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots
-from policies.displacement import OVERDUE_CHECKED, overdue_in_flow
+from policies.displacement import OVERDUE_CHECKED, overdue_in_flow, owners_ahead
 from policies.fairness import FairTurns, tags, virtual_time_after, work_ahead_in_turn
 from policies.outcomes import Outcome
 from policies.quotas import Quota, may_start, under_quota
@@ -221,22 +221,33 @@ class ModelQueue:
         return True
 
     def displace_overdue(
-        self, band: int, now: float, handovers_per_s: float, handover_cost: float, in_arrival_order: bool
+        self,
+        band: int,
+        now: float,
+        handovers_per_s: float,
+        handover_cost: float,
+        in_arrival_order: bool,
+        reclaim: bool = False,
     ) -> None:
-        """Tell the queued requests of bands less urgent than `band` that can no longer get a slot
-        by their leave-by time (policies.displacement) at once: 429 displaced. The newest
+        """Tell the queued requests of bands less urgent than `band` (and, on an owner's arrival
+        that `reclaim`s its quota, the borrowers' of every band) that can no longer get a slot by
+        their leave-by time (policies.displacement) at once: 429 displaced. The newest
         `OVERDUE_CHECKED` of each flow are checked, where a new urgent arrival bites first."""
         victims: list[Ticket] = []
-        for index in range(band + 1, len(self.bands)):
+        owners = self._owners_ahead() if self.quotas else None
+        for index in range(0 if reclaim else band + 1, len(self.bands)):
             lower = self.bands[index]
             if not lower.count:
                 continue
             urgent = sum(b.work for b in self.bands[:index])
             for tenant, arrivals in lower.arrivals.items():
+                borrower = owners is not None and tenant not in self.quotas
+                if index <= band and not borrower:
+                    continue
                 newest = list(itertools.islice(reversed(arrivals), OVERDUE_CHECKED))
                 found = overdue_in_flow(
                     now,
-                    urgent,
+                    urgent + (owners[index] if owners is not None and borrower else 0.0),
                     lower.queued.get(tenant, 0.0),
                     ((t.cost, t.leave_by) for t in newest),
                     handovers_per_s,
@@ -248,6 +259,19 @@ class ModelQueue:
             self.remove(ticket)
             ticket.overdue = True
             ticket.interrupt(Outcome.DISPLACED)
+
+    def reclaims(self, tenant: str, cost: float) -> bool:
+        """Whether a request of `tenant` and `cost` would run within its quota: an owner whose
+        queued work holds borrowers back."""
+        return bool(self.quotas) and under_quota(tenant, cost, self.inflight_by_tenant(), self.quotas)
+
+    def _owners_ahead(self) -> list[float]:
+        inflight = self.inflight_by_tenant()
+        owners = (
+            (max(0.0, q.nominal - inflight.get(owner, 0.0)), [b.queued.get(owner, 0.0) for b in self.bands])
+            for owner, q in self.quotas.items()
+        )
+        return owners_ahead(owners, len(self.bands))
 
     def held_by_band(self) -> list[int]:
         held = [0] * len(self.bands)

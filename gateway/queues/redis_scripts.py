@@ -61,6 +61,8 @@ class Scripts:
             for tenant, q in (quotas or {}).items()
         }
         """Tenant -> its quota as the scripts read it (policies.quotas; no key: no limit)."""
+        self.has_quotas = bool(self._quotas)
+        """Whether any tenant has a quota."""
         self._reserved = reserved
         """Per band, the slots its class keeps from the less urgent ones (none: an empty list)."""
         self._registered = {name: client.register_script(script_source(name)) for name in _NAMES}

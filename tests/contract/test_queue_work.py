@@ -325,6 +325,24 @@ async def test_a_tenant_borrows_the_quota_another_leaves_unused_and_gives_it_bac
     await eventually(lambda: mine[4].ticket.wakeup.done())
 
 
+async def test_an_owner_reclaiming_its_quota_displaces_borrowers_it_pushes_past_their_allowance(make_store):
+    # b owns nothing and runs on a's unused quota; c has a quota of 0 (it may only borrow).
+    sut = await make_store(slots=(2,), quotas={"a": Quota(100), "c": Quota(0)})
+    for _ in range(2):
+        assert isinstance(await offer(sut, tenant="b"), Granted)
+    borrowing = (await offer(sut, tenant="b", allowed_s=0.5)).ticket
+    over_quota = (await offer(sut, tenant="c", allowed_s=0.5)).ticket
+    # While a waits no borrowing starts, so a's queued work is ahead of b's request: 50 hand-overs
+    # a second (2 slots, 40 ms) make about 25 in its 0.5 s, and 40 at the most.
+    for _ in range(45):
+        await offer(sut, tenant="a")
+    await eventually(lambda: borrowing.wakeup.done())
+    assert borrowing.wakeup.result() is Outcome.DISPLACED
+    # c runs within its quota again as its own requests finish: it waits for no owner, and stays.
+    assert not over_quota.wakeup.done()
+    assert sut.store.stats(MODEL).queued_by_band == (0, 46)
+
+
 async def test_a_hard_quota_keeps_a_tenant_to_its_own_share_though_slots_are_free(make_store):
     sut = await make_store(slots=(4,), quotas={"a": Quota(1, borrowing_limit=0)})
     first, second = [await offer(sut, tenant="a") for _ in range(2)]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.displacement import OVERDUE_SIGMAS, overdue, overdue_in_flow
+from policies.displacement import OVERDUE_SIGMAS, overdue, overdue_in_flow, owners_ahead
 
 
 def test_a_request_is_overdue_only_past_what_a_lucky_drain_hands_over():
@@ -62,3 +63,19 @@ def test_in_a_fifo_flow_the_older_requests_count_ahead_of_each():
 def test_a_patient_request_stays_while_an_impatient_one_behind_it_goes():
     newest_first = [(1.0, 1.0), (1.0, 30.0)]  # the older one may wait 30 s
     assert overdue_in_flow(0.0, 45.0, 2.0, newest_first, 25.0) == [0]
+
+
+def test_owners_count_ahead_what_runs_within_their_quotas_most_urgent_first():
+    # Room for 5: its 2 urgent units, then 3 of its 4 in band 1; nothing of band 2 runs within it.
+    assert owners_ahead([(5.0, [2.0, 4.0, 3.0])], 3) == [5.0, 3.0, 0.0]
+    assert owners_ahead([(5.0, [2.0, 4.0, 3.0]), (1.0, [0.0, 0.0, 9.0])], 3) == [6.0, 4.0, 1.0]
+    assert owners_ahead([(0.0, [7.0, 7.0])], 2) == [0.0, 0.0]  # at its quota: it waits like anyone
+
+
+@given(st.lists(st.tuples(st.floats(0, 100), st.lists(st.floats(0, 50), min_size=3, max_size=3)), max_size=4))
+def test_owners_ahead_never_exceeds_their_room_nor_their_work_and_falls_with_the_band(owners):
+    ahead = owners_ahead(owners, 3)
+    assert ahead[0] <= sum(min(room, sum(queued)) for room, queued in owners) + 1e-9
+    assert all(later <= earlier + 1e-9 for earlier, later in itertools.pairwise(ahead))
+    for band in range(3):
+        assert ahead[band] <= sum(sum(queued[band:]) for _, queued in owners) + 1e-9

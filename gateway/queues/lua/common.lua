@@ -440,45 +440,6 @@ local function room_for(band, cost, nbands)
   return true
 end
 
--- policies.displacement.overdue, here where it must be atomic with the insert that caused it.
--- A.drain: the pool's hand-overs per second while busy, A.handover the work of one.
-local function overdue(now, leave_by, ahead)
-  if leave_by == nil then return false end
-  local left = leave_by - now
-  if left <= 0 then return true end
-  local needed = ahead / A.handover + 1
-  local expected = A.drain * left
-  return needed > expected + A.overdue_sigmas * math.sqrt(expected)
-end
-
--- policies.displacement.overdue_in_flow over each flow of the bands less urgent than `band`: the
--- newest A.overdue_checked tickets of each that can no longer get a slot by their leave-by time are
--- displaced, each victim told through its replica's list: {d = ticket id, o = 1} (as the memory
--- store's ModelQueue.displace_overdue does).
-local function displace_overdue(band, nbands, now)
-  local urgent = 0
-  for b = 0, nbands - 1 do
-    if b > band then
-      for _, tenant in ipairs(redis.call('ZRANGE', tag .. ':flows:' .. b, 0, -1)) do
-        local flow_work = tonumber(redis.call('HGET', tag .. ':fwork:' .. b, tenant) or '0')
-        local victims, behind = {}, 0
-        for _, id in ipairs(redis.call('ZREVRANGE', flow_key(b, tenant), 0, A.overdue_checked - 1)) do
-          local info = ticket_info(id)
-          behind = behind + info.c
-          local ahead = urgent
-          if not A.edf then ahead = ahead + math.max(0, flow_work - behind) end
-          if overdue(now, tonumber(info.e), ahead) then victims[#victims + 1] = {id, info.r} end
-        end
-        for _, victim in ipairs(victims) do
-          unqueue(victim[1])
-          redis.call('RPUSH', tag .. ':grants:' .. victim[2], cjson.encode({d = victim[1], o = 1}))
-        end
-      end
-    end
-    urgent = urgent + tonumber(redis.call('HGET', tag .. ':queued', 'w' .. b) or '0')
-  end
-end
-
 -- policies.quotas.may_start, here where it must be atomic with the grant. A.quotas: tenant ->
 -- {n = nominal, b = borrowing limit, l = lending limit} (b, l absent: no limit).
 local function tenant_inflight()
@@ -532,6 +493,74 @@ local function may_start(tenant, cost, backends, nbands)
   local total = 0
   for name, work in pairs(inflight) do total = total + borrowed_of(name, work) end
   return total <= math.max(0, capacity - owned) + unused
+end
+
+-- policies.displacement.overdue, here where it must be atomic with the insert that caused it.
+-- A.drain: the pool's hand-overs per second while busy, A.handover the work of one.
+local function overdue(now, leave_by, ahead)
+  if leave_by == nil then return false end
+  local left = leave_by - now
+  if left <= 0 then return true end
+  local needed = ahead / A.handover + 1
+  local expected = A.drain * left
+  return needed > expected + A.overdue_sigmas * math.sqrt(expected)
+end
+
+-- policies.displacement.owners_ahead: per band b (at b + 1), the owners' queued work in bands b and
+-- less urgent that will run within their quotas, taken most urgent first.
+local function owners_ahead(nbands)
+  local inflight, ahead = tenant_inflight(), {}
+  for b = 1, nbands do ahead[b] = 0 end
+  for owner, quota in pairs(A.quotas) do
+    local queued, total = {}, 0
+    for b = 0, nbands - 1 do
+      queued[b] = tonumber(redis.call('HGET', tag .. ':fwork:' .. b, owner) or '0')
+      total = total + queued[b]
+    end
+    local room = math.max(0, quota.n - (inflight[owner] or 0))
+    local within, before = math.min(room, total), 0
+    for b = 0, nbands - 1 do
+      ahead[b + 1] = ahead[b + 1] + math.max(0, within - math.min(room, before))
+      before = before + queued[b]
+    end
+  end
+  return ahead
+end
+
+-- policies.displacement.overdue_in_flow over each flow of the bands less urgent than `band` (and,
+-- on an owner's arrival that `reclaim`s its quota, over the borrowers' flows of every band, with
+-- the owners' work ahead of them): the newest A.overdue_checked tickets of each that can no longer
+-- get a slot by their leave-by time are displaced, each victim told through its replica's list:
+-- {d = ticket id, o = 1} (as the memory store's ModelQueue.displace_overdue does).
+local function displace_overdue(band, nbands, now, reclaim)
+  local owners = nil
+  if A.quotas ~= nil then owners = owners_ahead(nbands) end
+  local urgent = 0
+  for b = 0, nbands - 1 do
+    if b > band or reclaim then
+      for _, tenant in ipairs(redis.call('ZRANGE', tag .. ':flows:' .. b, 0, -1)) do
+        local borrower = owners ~= nil and A.quotas[tenant] == nil
+        if b > band or borrower then
+          local flow_work = tonumber(redis.call('HGET', tag .. ':fwork:' .. b, tenant) or '0')
+          local base = urgent
+          if borrower then base = base + owners[b + 1] end
+          local victims, behind = {}, 0
+          for _, id in ipairs(redis.call('ZREVRANGE', flow_key(b, tenant), 0, A.overdue_checked - 1)) do
+            local info = ticket_info(id)
+            behind = behind + info.c
+            local ahead = base
+            if not A.edf then ahead = ahead + math.max(0, flow_work - behind) end
+            if overdue(now, tonumber(info.e), ahead) then victims[#victims + 1] = {id, info.r} end
+          end
+          for _, victim in ipairs(victims) do
+            unqueue(victim[1])
+            redis.call('RPUSH', tag .. ':grants:' .. victim[2], cjson.encode({d = victim[1], o = 1}))
+          end
+        end
+      end
+    end
+    urgent = urgent + tonumber(redis.call('HGET', tag .. ':queued', 'w' .. b) or '0')
+  end
 end
 
 -- With quotas, the band's flow that goes next: the first by head score (ties: the earlier head)

@@ -54,8 +54,15 @@ if A.batch then
   info.m = A.batch.max
 end
 enqueue(id, info, score)
--- Less urgent requests it pushed past their allowance are told at once.
-if A.drain ~= nil and A.drain > 0 then displace_overdue(A.band, nbands, now) end
+-- Less urgent requests it pushed past their allowance are told at once, and borrowers' where it is
+-- an owner reclaiming its quota (policies.quotas.under_quota).
+local reclaim = false
+if A.quotas ~= nil and A.quotas[A.tenant] ~= nil then
+  reclaim = (tenant_inflight()[A.tenant] or 0) + A.cost <= A.quotas[A.tenant].n
+end
+if A.drain ~= nil and A.drain > 0 and (reclaim or A.band < nbands - 1) then
+  displace_overdue(A.band, nbands, now, reclaim)
+end
 -- The heads may be held back by quotas where this one is not, by a reservation that has since
 -- shrunk (A.reserved_move: a window closed), or a batch may be held for companions (this one joins
 -- it and lets it go, or is not for it and must not wait behind a free slot): their grants go onto

@@ -82,3 +82,38 @@ async def test_two_replicas_under_contention_keep_the_count():
         if keys:
             await admin.delete(*keys)
         await admin.aclose()
+
+
+async def test_each_replica_knows_how_many_share_the_queue():
+    url = redis_url_or_skip()
+    prefix = unique_prefix()
+    admin = Redis.from_url(url)
+    stores: list[RedisQueue] = []
+    try:
+        for name in ("a", "b"):
+            store = RedisQueue(
+                Redis.from_url(url),
+                Redis.from_url(url),
+                [make_pool((1,))],
+                2,
+                Estimation(),
+                key_prefix=prefix,
+                replica_id=name,
+                lease_ttl_s=5.0,
+                close_clients=True,
+            )
+            await store.start()
+            stores.append(store)
+        for store in stores:  # each offer brings back a fresh view
+            await store.offer(Flow(MODEL, 1), 1.0, 1.0, 10.0, 0.0)
+            assert store.stats(MODEL).replicas == 2  # each books its share of the returns
+        await stores.pop().stop()
+        await stores[0].offer(Flow(MODEL, 1), 1.0, 1.0, 10.0, 0.0)
+        assert stores[0].stats(MODEL).replicas == 1
+    finally:
+        for store in stores:
+            await store.stop()
+        keys = [key async for key in admin.scan_iter(match=f"{{{prefix}:*")]
+        if keys:
+            await admin.delete(*keys)
+        await admin.aclose()

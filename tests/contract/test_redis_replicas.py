@@ -26,6 +26,23 @@ async def never() -> None:
     await asyncio.Event().wait()
 
 
+async def started_replica(client: Redis, url: str, prefix: str, name: str, slots: int) -> RedisQueue:
+    """A replica of one model of `slots` on the Redis at `url`, under `prefix`, started."""
+    store = RedisQueue(
+        client,
+        Redis.from_url(url),
+        [make_pool((slots,))],
+        2,
+        Estimation(),
+        key_prefix=prefix,
+        replica_id=name,
+        lease_ttl_s=5.0,
+        close_clients=True,
+    )
+    await store.start()
+    return store
+
+
 async def test_two_replicas_under_contention_keep_the_count():
     url = redis_url_or_skip()
     prefix = unique_prefix()
@@ -33,19 +50,7 @@ async def test_two_replicas_under_contention_keep_the_count():
     replicas: list[tuple[RedisQueue, AdmissionController]] = []
     for name in ("a", "b"):
         client = Redis(connection_pool=BlockingConnectionPool.from_url(url, max_connections=32, timeout=5))
-        listener = Redis.from_url(url)
-        store = RedisQueue(
-            client,
-            listener,
-            [make_pool((3,))],
-            2,
-            Estimation(),
-            key_prefix=prefix,
-            replica_id=name,
-            lease_ttl_s=5.0,
-            close_clients=True,
-        )
-        await store.start()
+        store = await started_replica(client, url, prefix, name, slots=3)
         controller = AdmissionController(store, CLASSES, GatewayMetrics(CollectorRegistry()))
         replicas.append((store, controller))
 
@@ -90,20 +95,9 @@ async def test_each_replica_knows_how_many_share_the_queue():
     admin = Redis.from_url(url)
     stores: list[RedisQueue] = []
     try:
-        for name in ("a", "b"):
-            store = RedisQueue(
-                Redis.from_url(url),
-                Redis.from_url(url),
-                [make_pool((1,))],
-                2,
-                Estimation(),
-                key_prefix=prefix,
-                replica_id=name,
-                lease_ttl_s=5.0,
-                close_clients=True,
-            )
-            await store.start()
-            stores.append(store)
+        stores.extend(
+            [await started_replica(Redis.from_url(url), url, prefix, name, slots=1) for name in "ab"]
+        )
         for store in stores:  # each offer brings back a fresh view
             await store.offer(Flow(MODEL, 1), 1.0, 1.0, 10.0, 0.0)
             assert store.stats(MODEL).replicas == 2  # each books its share of the returns

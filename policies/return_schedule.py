@@ -194,22 +194,19 @@ def advise_return(
     jitter_u: float,
     config: RetryAfterConfig,
     rates_tau_s: float,
-    replicas: int = 1,
 ) -> Booking:
     """Seconds until a refused request of `band` and `cost` should come back, its return booked.
 
-    Never below `earliest_return_s`, never above `max_s`. With `replicas` sharing the band's queue
-    (and its rates), each books on its own schedule: it takes its share of the spare rate, and the
-    returns of the others, which it does not see, are taken to be as many as its own.
+    Never below `earliest_return_s`, never above `max_s`.
     """
     schedule = advance(schedule, now, rates_tau_s)
-    spare_now = spare_rate_per_s(throughput, band, schedule.returning_per_s * replicas)
-    returning = (schedule.settled_returning.per_s or 0.0) * replicas
+    spare_now = spare_rate_per_s(throughput, band, schedule.returning_per_s)
+    returning = schedule.settled_returning.per_s or 0.0
     settled = settled_spare_rate_per_s(throughput, band, spare_now, returning)
     # An overload younger than the rates' memory is given that long: its age says nothing yet,
     # and the first refusals of a burst would otherwise be sent back into it.
     overload_left_s = max(now - schedule.refusing_since, rates_tau_s)
-    spare = Spare(spare_now / replicas, settled / replicas, until=now + overload_left_s)
+    spare = Spare(spare_now, settled, until=now + overload_left_s)
     earliest_s = earliest_return_s(excess_wait_s, throughput, band, config)
     return book_return(schedule, cost, earliest_s, spare, now, jitter_u, config)
 

@@ -44,9 +44,6 @@ class QueueStats:
     free_by_band: tuple[int, ...] = ()
     """The free slots each band may take, where more urgent classes reserve some
     (policies.reservations); every band may take `free_slots` when not given."""
-    replicas: int = 1
-    """The replicas that share this queue (the live ones, on the Redis store): each books the
-    returns of its own refusals (policies.return_schedule)."""
     fair_turns: tuple[FairTurns | None, ...] = field(default=(), compare=False)
     """Per band, its fair-queuing state while flows wait in it (None where none does; empty under
     EDF ordering): a request waits for its flow's turn, not for the whole band."""

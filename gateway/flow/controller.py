@@ -278,10 +278,10 @@ class AdmissionController:
     ) -> Refusal:
         """queue_full for a body the queued-bytes bound has no room for, with the time the queue
         needs to hand out enough bodies."""
-        stats = self._store.stats(model)
-        held, queued_work = self._queued_bytes.held.get(model, 0), sum(stats.queued_work_by_band)
+        queued_work = sum(self._store.stats(model).queued_work_by_band)
+        held = self._queued_bytes.held.get(model, 0)
         excess_s = bytes_excess_wait_s(excess, held, queued_work, throughput.drain_rate_per_s)
-        advice = self._book_return(model, request, excess_s, throughput, stats.replicas)
+        advice = self._book_return(model, request, excess_s, throughput)
         return self._refusal(model, request.band, Outcome.QUEUE_FULL, advice, "limits.max_queued_bytes")
 
     def _shed(
@@ -310,8 +310,7 @@ class AdmissionController:
     ) -> Reject:
         """The refusal, with Retry-After the time its return is booked for (see ReturnSchedules)."""
         reject = refuse(request, stats, flow, self._jitter(), self._admission, reason=reason)
-        advice = self._book_return(model, request, reject.excess_wait_s, flow, stats.replicas)
-        return replace(reject, retry_after_s=advice)
+        return replace(reject, retry_after_s=self._book_return(model, request, reject.excess_wait_s, flow))
 
     def _rank(self, model: str, band: int, cost: float) -> float:
         """`cost`'s rank among the costs recently offered to the model's band, which it joins."""
@@ -329,7 +328,7 @@ class AdmissionController:
         return predictions
 
     def _book_return(
-        self, model: str, request: AdmissionRequest, excess_wait_s: float, flow: Throughput, replicas: int
+        self, model: str, request: AdmissionRequest, excess_wait_s: float, flow: Throughput
     ) -> float:
         schedules = self._returns.get(model)
         if schedules is None:
@@ -338,7 +337,7 @@ class AdmissionController:
                 bands, self._admission.retry, self._rates_seen_s, self._settled_seen_s
             )
         now, jitter_u = self._clock(), self._jitter()
-        return schedules.advise(request.band, request.cost, excess_wait_s, flow, now, jitter_u, replicas)
+        return schedules.advise(request.band, request.cost, excess_wait_s, flow, now, jitter_u)
 
     def _bound(self, request: AdmissionRequest, outcome: Outcome, allowed_s: float) -> str:
         """Which limit refused the request: its budget (less the service time), or its class's

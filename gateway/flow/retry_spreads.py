@@ -31,19 +31,16 @@ class ReturnSchedules:
         throughput: Throughput,
         now: float,
         jitter_u: float,
-        replicas: int = 1,
     ) -> float:
         """Seconds until this refused request should come back; books its return.
 
         `excess_wait_s`: how much longer than allowed it would have waited (admission's);
-        `jitter_u`: a uniform sample in [0, 1), drawn by the caller; `replicas`: how many share the
-        queue, each booking its own refusals.
+        `jitter_u`: a uniform sample in [0, 1), drawn by the caller.
         """
         schedule = self._schedules[band] or empty_schedule(now, self._config, self._settled_seen_s)
         booking = advise_return(
-            schedule, cost, excess_wait_s, throughput, band, now, jitter_u, self._config, self._rates_seen_s,
-            replicas,
-        )  # fmt: skip
+            schedule, cost, excess_wait_s, throughput, band, now, jitter_u, self._config, self._rates_seen_s
+        )
         self._schedules[band] = booking.schedule
         return booking.advice_s
 

@@ -106,7 +106,6 @@ class View:
             # Grant times on Redis's clock, moved to the local one: the reply left Redis about now.
             started_at=tuple(seen_at - (redis_now - float(t)) for t in raw.get("st") or ()),
             fair_turns=tuple(_fair_turns(band) for band in as_list(raw.get("ft"))),
-            replicas=max(1, int(raw.get("rp") or 1)),
         )
         counters = StoreCounters(
             offered_work=[float(x) for x in raw["off"]],

@@ -88,26 +88,3 @@ async def test_two_replicas_under_contention_keep_the_count():
             await admin.delete(*keys)
         await admin.aclose()
 
-
-async def test_each_replica_knows_how_many_share_the_queue():
-    url = redis_url_or_skip()
-    prefix = unique_prefix()
-    admin = Redis.from_url(url)
-    stores: list[RedisQueue] = []
-    try:
-        stores.extend(
-            [await started_replica(Redis.from_url(url), url, prefix, name, slots=1) for name in "ab"]
-        )
-        for store in stores:  # each offer brings back a fresh view
-            await store.offer(Flow(MODEL, 1), 1.0, 1.0, 10.0, 0.0)
-            assert store.stats(MODEL).replicas == 2  # each books its share of the returns
-        await stores.pop().stop()
-        await stores[0].offer(Flow(MODEL, 1), 1.0, 1.0, 10.0, 0.0)
-        assert stores[0].stats(MODEL).replicas == 1
-    finally:
-        for store in stores:
-            await store.stop()
-        keys = [key async for key in admin.scan_iter(match=f"{{{prefix}:*")]
-        if keys:
-            await admin.delete(*keys)
-        await admin.aclose()

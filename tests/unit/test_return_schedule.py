@@ -94,15 +94,6 @@ def test_refusals_at_one_instant_are_spread_over_their_work_over_the_spare_rate(
         assert most <= spare * window_s + 2, (window_s, most)
 
 
-def test_replicas_sharing_a_queue_each_book_their_share_of_the_spare_rate():
-    # Two replicas refuse alike and each books its own: each at half the spare, together at all of it.
-    count, spare = 150, 50.0
-    schedules = ReturnSchedules(1, CONFIG)
-    booked = [schedules.advise(0, 1.0, 0.0, flow(150.0), 0.0, i / count, replicas=2) for i in range(count)]
-    advice = sorted(booked)
-    assert advice[-1] == pytest.approx(count / (spare / 2), rel=0.05)
-
-
 def test_costly_refusals_take_slots_in_proportion_to_their_cost():
     schedules = ReturnSchedules(1, CONFIG)
     first = schedules.advise(0, 32.0, 0.0, flow(100.0), 0.0, 0.0)

@@ -738,6 +738,5 @@ local function view(nbands, backends, now)
     h = stat('handovers'), hw = stat('handed_work'), st = started_times(),
     g = redis.call('HGETALL', tag .. ':granted'),
     th = redis.call('HGETALL', tag .. ':tenant_held'),
-    rp = redis.call('ZCOUNT', tag .. ':replicas', '(' .. fmt(now), '+inf'),
   }
 end

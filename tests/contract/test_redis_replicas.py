@@ -87,4 +87,3 @@ async def test_two_replicas_under_contention_keep_the_count():
         if keys:
             await admin.delete(*keys)
         await admin.aclose()
-

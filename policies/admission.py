@@ -250,9 +250,7 @@ def refuse(
         budget_binds = allowed < request.max_queue_wait_s
         reason = Outcome.DEADLINE_UNMEETABLE if budget_binds else Outcome.QUEUE_FULL
     # Its share of the room is a share of the time beyond one hand-over (limits grow with time).
-    handover_s = throughput.handover_cost / drain
-    if allowed > handover_s:
-        allowed = handover_s + (allowed - handover_s) * request.room_share
+    allowed = room_limit(allowed, throughput.handover_cost / drain, request.room_share)
     excess_s = cautious_wait_s(room, throughput, request.band, config.safety_sigmas) - max(allowed, 0.0)
     advice = retry_after_s(
         excess_wait_s=excess_s,

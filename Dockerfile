@@ -26,8 +26,8 @@ COPY deploy/config/gateway.yaml /etc/inference-gateway/gateway.yaml
 # Numeric, so that Kubernetes' runAsNonRoot can check it.
 USER 10001:10001
 EXPOSE 8080
-# slim has no curl: ask /healthz with the standard library (urlopen raises on a non-2xx answer).
+# The probe reads the config to ask /healthz where it is served: the client port, or admin_listen's.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]
+    CMD ["inference-gateway", "probe", "--config", "/etc/inference-gateway/gateway.yaml"]
 ENTRYPOINT ["inference-gateway", "serve"]
 CMD ["--config", "/etc/inference-gateway/gateway.yaml"]

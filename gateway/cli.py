@@ -1,4 +1,4 @@
-"""`inference-gateway serve | sim | demo | plan | simulate`: the command line."""
+"""`inference-gateway serve | probe | sim | demo | plan | simulate`: the command line."""
 
 from __future__ import annotations
 
@@ -51,6 +51,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="override listen.host")
     serve.add_argument("--port", type=int, help="override listen.port (0 picks a free port)")
     serve.set_defaults(command=_serve)
+
+    check = commands.add_parser(
+        "probe", help="ask a running gateway's /healthz (or /readyz) on the listener its config names"
+    )
+    check.add_argument("--config", required=True, help="the YAML config the gateway runs with")
+    check.add_argument("--ready", action="store_true", help="ask /readyz instead of /healthz")
+    check.add_argument("--port", type=int, help="the port to ask, where the config says 0")
+    check.add_argument("--timeout-ms", type=float, default=2000.0)
+    check.set_defaults(command=_probe)
 
     sim = commands.add_parser("sim", help="run the simulated GPU model server")
     sim.add_argument("--host", default="127.0.0.1")
@@ -164,6 +173,27 @@ def _serve(args: argparse.Namespace) -> int:
 
     run(main)
     return 0
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from gateway.probe import CannotProbe, probe, probe_url
+    from gateway.settings import load_settings
+
+    settings = load_settings(args.config)
+    path = "/readyz" if args.ready else "/healthz"
+    if args.port is not None:
+        listener = settings.admin_listen or settings.listen
+        moved = listener.model_copy(update={"port": args.port})
+        key = "admin_listen" if settings.admin_listen else "listen"
+        settings = settings.model_copy(update={key: moved})
+    try:
+        url = probe_url(settings, path)
+    except CannotProbe as error:
+        print(f"inference-gateway probe: {error}", file=sys.stderr)
+        return 2
+    ok, line = probe(url, args.timeout_ms / 1000)
+    print(line, file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
 
 
 def _sim(args: argparse.Namespace) -> int:

@@ -45,12 +45,11 @@ def test_it_runs_serve_as_a_non_root_user_with_the_config_kubernetes_mounts():
     assert instructions("EXPOSE") == [str(sample["listen"]["port"])]
 
 
-def test_the_healthcheck_asks_healthz_with_the_standard_library():
+def test_the_healthcheck_probes_with_the_config_the_image_serves():
     [check] = instructions("HEALTHCHECK")
     command = json.loads(check.split("CMD", 1)[1])
-    assert command[:2] == ["python", "-c"]
-    assert "urllib.request.urlopen('http://127.0.0.1:8080/healthz'" in command[2]
-    compile(command[2], "healthcheck", "exec")
+    serve_config = json.loads(instructions("CMD")[0])
+    assert command == ["inference-gateway", "probe", *serve_config]
 
 
 def test_dockerignore_lets_every_copied_path_into_the_build_context():

@@ -153,16 +153,28 @@ class Quiet:
     """Its count of answer events (heads, body chunks, ends) when last looked at."""
 
 
-def watch_quiet(quiet: Quiet, answer_events: int, busy_since: float | None, now: float) -> Quiet:
+def watch_quiet(
+    quiet: Quiet,
+    answer_events: int,
+    busy_since: float | None,
+    now: float,
+    *,
+    owed_nothing: bool = False,
+) -> Quiet:
     """The watch after looking at `now`: the backend has sent `answer_events` so far and has had
     requests in flight without a break since `busy_since` (None: none in flight).
+
+    `owed_nothing`: every answer in flight waits on its client (the gateway stopped reading it
+    because the client stopped taking it), so no byte is due from the backend and its silence is
+    not a stall; the watch starts over from `now`. Else one client that stops reading would open
+    the circuit of a healthy backend for every other client.
 
     The count is only compared between looks, so a byte is dated to the look that first sees it:
     a stall is found late by at most one look's interval, never early.
     """
     if busy_since is None:
         return Quiet(None, answer_events)
-    if answer_events != quiet.answer_events:
+    if owed_nothing or answer_events != quiet.answer_events:
         return Quiet(now, answer_events)
     since = busy_since if quiet.since is None else max(quiet.since, busy_since)
     return Quiet(since, answer_events)

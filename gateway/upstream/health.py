@@ -144,7 +144,10 @@ class HealthChecker:
 
     def _look_at(self, pool: ModelPool, backend: BackendState, now: float) -> None:
         flight = backend.in_flight
-        backend.quiet = quiet = watch_quiet(backend.quiet, flight.answer_events, flight.busy_since, now)
+        owed_nothing = all(reply.waits_on_reader for reply in flight.replies)
+        backend.quiet = quiet = watch_quiet(
+            backend.quiet, flight.answer_events, flight.busy_since, now, owed_nothing=owed_nothing
+        )
         if admits(backend.circuit) and stalled(quiet, now, self._stall_s):
             assert quiet.since is not None, "a stalled backend has been quiet since some time"
             self._stalled(pool, backend, now - quiet.since)

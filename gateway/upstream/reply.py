@@ -121,6 +121,12 @@ class Reply:
         return self.complete or self.error is not None
 
     @property
+    def waits_on_reader(self) -> bool:
+        """Its reader is behind a streamed answer: reading from the backend is paused (or pauses
+        soon) until the reader takes what is buffered, so no byte is due from the backend."""
+        return self._buffered_bytes >= RESUME_BELOW_BYTES and self._head.done()
+
+    @property
     def buffered_bytes(self) -> int:
         """Body bytes received and not yet taken by the reader."""
         return self._buffered_bytes

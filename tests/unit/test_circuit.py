@@ -139,6 +139,15 @@ def test_a_new_busy_spell_after_an_unseen_idle_one_counts_from_its_start():
     assert quiet == Quiet(6.0, 4)
 
 
+def test_answers_that_wait_on_their_clients_are_not_a_stall():
+    # Silent for 10 s, but the gateway stopped reading because the client stopped taking the answer.
+    quiet = watch_quiet(Quiet(1.0, 4), 4, busy_since=1.0, now=11.0, owed_nothing=True)
+    assert quiet == Quiet(11.0, 4)
+    assert not stalled(quiet, 11.0, 3.0)
+    # Once a byte is owed again, the silence counts from the last look that owed nothing.
+    assert stalled(watch_quiet(quiet, 4, busy_since=1.0, now=14.0), 14.0, 3.0)
+
+
 # -- invariants over any sequence of events -------------------------------------------------------
 
 _events = st.lists(

@@ -13,6 +13,10 @@ The rules this module keeps:
   error, and the connection closes. Bytes are counted as they are read, so a head that never ends is
   cut at the limit (give or take the one read it began in), never buffered whole. Trailers of a
   chunked body are held to the same byte bound; they cut the connection, as the app owns the answer;
+- an answer's bytes must be taken by the client: once the connection's write buffer is full (the
+  client stopped reading), it must drain within `send_timeout_ms` or the connection is cut. The app
+  then sees its client leave, so a slot held for a client that stopped reading goes back as for one
+  that left (the backend's `on_abandon`), instead of waiting on it up to the upstream timeout;
 - after a 431 the connection reads and drops what the client still sends, for up to LINGER_S, so
   that the client reads the answer instead of a reset;
 - the process holds at most `max_connections` client connections, every listener together (one
@@ -31,11 +35,13 @@ import resource
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httptools
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from gateway.connection_table import ConnectionTable
 
 if TYPE_CHECKING:
     from gateway.settings import Limits
@@ -55,6 +61,7 @@ class Cut(StrEnum):
     BODY_TIMEOUT = "body_timeout"
     HEADERS_TOO_LARGE = "headers_too_large"
     TOO_MANY_HEADERS = "too_many_headers"
+    SEND_TIMEOUT = "send_timeout"  # the client did not take its answer's bytes
     EVICTED = "evicted"  # closed for a new connection at `max_connections`
     REFUSED = "refused"  # a new connection at `max_connections`, every other one busy
 
@@ -72,6 +79,7 @@ class ClientLimits:
     max_headers: int
     header_timeout_s: float
     body_timeout_s: float
+    send_timeout_s: float
     max_connections: int
 
     @classmethod
@@ -86,54 +94,9 @@ class ClientLimits:
             max_headers=limits.max_headers,
             header_timeout_s=limits.header_timeout_ms / 1000,
             body_timeout_s=limits.body_timeout_ms / 1000,
+            send_timeout_s=limits.send_timeout_ms / 1000,
             max_connections=limits.max_connections or connections_for(open_files, backend_files),
         )
-
-
-C = TypeVar("C")
-
-
-class ConnectionTable(Generic[C]):
-    """The open client connections, and which to close for a new one at the limit.
-
-    Sans-IO: the caller says what happens to its connections and closes the one it is told to.
-    """
-
-    def __init__(self, max_connections: int) -> None:
-        self.max_connections = max_connections
-        self._open: set[C] = set()
-        # Insertion-ordered: a connection goes to the end each time it starts waiting, so the
-        # first one is the one that has waited longest.
-        self._waiting: dict[C, None] = {}
-
-    def opened(self, connection: C) -> C | None:
-        """Count `connection` in, waiting for its first request. Returns the connection to close
-        now: None under the limit, else the one waiting longest, which is `connection` itself when
-        every other one has a request in progress. The connection returned is counted out."""
-        self._open.add(connection)
-        self._waiting[connection] = None
-        if len(self._open) <= self.max_connections:
-            return None
-        victim = next(iter(self._waiting))
-        self.closed(victim)
-        return victim
-
-    def busy(self, connection: C) -> None:
-        """A request is in progress on `connection`: it is not closed for a newcomer."""
-        self._waiting.pop(connection, None)
-
-    def waiting(self, connection: C) -> None:
-        """`connection` has no request in progress any more; it has waited since now."""
-        if connection in self._open:
-            self._waiting.pop(connection, None)
-            self._waiting[connection] = None
-
-    def closed(self, connection: C) -> None:
-        self._open.discard(connection)
-        self._waiting.pop(connection, None)
-
-    def __len__(self) -> int:
-        return len(self._open)
 
 
 def refusal_body(cut: Cut, limits: ClientLimits, *, openai: bool) -> bytes:
@@ -166,6 +129,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._clock: tuple[Cut | None, float] | None = None
         """What is cut when the time is up (None: the linger after a 431 ends), and how long it is."""
         self._timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
+        """Runs while the write buffer is full: the client has that long to take its answer."""
         self._reading_head = True  # the bytes that come next belong to a request's head
         self._head_begun = self._in_body = self._body_read = self._head_ended_in_read = False
         # Bytes read while this head was incomplete, from the first read that began inside it; the
@@ -189,6 +154,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._stop_send_clock()
         self.clients.table.closed(self)
         super().connection_lost(exc)
 
@@ -226,6 +192,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                     return
             if self._clock is None:
                 self._arm(Cut.BODY_TIMEOUT, limits.body_timeout_s)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self._limits.send_timeout_s, self._send_time_up)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_send_clock()
 
     # httptools callbacks
 
@@ -341,6 +316,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._hold()
         elif self._timer is None:
             self._timer = self.loop.call_later(seconds, self._time_up)
+
+    def _stop_send_clock(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_time_up(self) -> None:
+        self._send_timer = None
+        self._cut(Cut.SEND_TIMEOUT)
 
     def _time_up(self) -> None:
         self._timer = None

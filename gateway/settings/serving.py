@@ -291,6 +291,9 @@ class Limits(Frozen):
     """A request's head must arrive within this long of its first byte (of a new connection's start)."""
     body_timeout_ms: PositiveMs = 60_000.0
     """A request's body must arrive within this long of its headers."""
+    send_timeout_ms: PositiveMs = 30_000.0
+    """A client that takes none of its answer for this long, once the socket's buffer is full, is
+    cut: a slot it holds goes back as if it had left."""
     max_connections: int | None = Field(None, ge=16)
     """Client connections at once, both listeners together (default: from the open-file limit); at
     it, the one waiting longest without a request in progress is closed for a new one."""

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from gateway.connections import ClientLimits, ConnectionTable, Cut, connections_for, refusal_body
+from gateway.connection_table import ConnectionTable
+from gateway.connections import ClientLimits, Cut, connections_for, refusal_body
 from gateway.settings import Limits
 
 

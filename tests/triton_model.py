@@ -1,5 +1,6 @@
 """A real tritonserver (bundled by nvidia-pytriton) serving `sleep_ms`: a model that sleeps a fixed
-time per batch and returns its input, with dynamic batching on.
+time per batch and returns its input, with dynamic batching on; and `typed_echo`, which does the
+same for one input of each datatype the gateway's batching must carry (FP16, INT64, BOOL, BYTES).
 
     python -m tests.triton_model --http-port P --grpc-port G --metrics-port M --sleep-ms 100
 
@@ -39,6 +40,13 @@ def main() -> None:
         time.sleep(args.sleep_ms / 1000)  # the model's work: a fixed service time
         return {"OUTPUT0": INPUT0}
 
+    @batch
+    def typed_echo(**inputs: np.ndarray) -> dict[str, np.ndarray]:
+        while args.hold_file and os.path.exists(args.hold_file):
+            time.sleep(0.005)
+        time.sleep(args.sleep_ms / 1000)
+        return {name.replace("IN_", "OUT_"): value for name, value in inputs.items()}
+
     config = TritonConfig(
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port, allow_metrics=True
     )
@@ -48,6 +56,18 @@ def main() -> None:
             infer_func=sleep_then_echo,
             inputs=[Tensor(name="INPUT0", dtype=np.float32, shape=(-1,))],
             outputs=[Tensor(name="OUTPUT0", dtype=np.float32, shape=(-1,))],
+            config=ModelConfig(
+                max_batch_size=args.max_batch_size,
+                batcher=DynamicBatcher(max_queue_delay_microseconds=2000) if args.dynamic_batching else None,
+            ),
+            strict=False,
+        )
+        typed = [("FP16", np.float16), ("INT64", np.int64), ("BOOL", np.bool_), ("BYTES", np.bytes_)]
+        triton.bind(
+            model_name="typed_echo",
+            infer_func=typed_echo,
+            inputs=[Tensor(name=f"IN_{name}", dtype=dtype, shape=(-1,)) for name, dtype in typed],
+            outputs=[Tensor(name=f"OUT_{name}", dtype=dtype, shape=(-1,)) for name, dtype in typed],
             config=ModelConfig(
                 max_batch_size=args.max_batch_size,
                 batcher=DynamicBatcher(max_queue_delay_microseconds=2000) if args.dynamic_batching else None,

@@ -118,13 +118,33 @@ def unbatched_triton(tmp_path_factory):
     server.stop()
 
 
-def triton_counter(server: TritonServer, name: str) -> float:
+def triton_counter(server: TritonServer, name: str, model: str = "sleep_ms") -> float:
     """One of Triton's own counters for the model (see ../shared/reference/metric-formats.md)."""
     for family in text_string_to_metric_families(http_get(server.metrics_url)[1].decode()):
         for sample in family.samples:  # the parser names a counter's samples <name>_total
-            if family.name == name and sample.labels.get("model") == "sleep_ms":
+            if family.name == name and sample.labels.get("model") == model:
                 return sample.value
-    raise AssertionError(f"Triton exports no {name} for sleep_ms")
+    raise AssertionError(f"Triton exports no {name} for {model}")
+
+
+class TritonCounts:
+    """Triton's own counts of a model's successful requests and items from now on. Triton updates
+    them a little after it answers, so a count is read when it settles, never right after."""
+
+    def __init__(self, server: TritonServer, model: str) -> None:
+        self.server, self.model = server, model
+        self.requests = triton_counter(server, "nv_inference_request_success", model)
+        self.items = triton_counter(server, "nv_inference_count", model)
+
+    async def grew_by(self, *, requests: int, items: int) -> None:
+        def check() -> None:
+            grown = (
+                triton_counter(self.server, "nv_inference_request_success", self.model) - self.requests,
+                triton_counter(self.server, "nv_inference_count", self.model) - self.items,
+            )
+            assert grown == (requests, items), f"requests and items grew by {grown}"
+
+        await eventually(check, timeout_s=10, what=f"Triton counts {requests} requests of {items} items")
 
 
 def infer_request(array: np.ndarray, request_id: str) -> dict:
@@ -132,6 +152,72 @@ def infer_request(array: np.ndarray, request_id: str) -> dict:
     item.set_data_from_numpy(array, binary_data=True)
     wanted = [triton_aio.InferRequestedOutput("OUTPUT0", binary_data=True)]
     return {"inputs": [item], "outputs": wanted, "request_id": request_id}
+
+
+def typed_request(rows: int, seed: int, request_id: str, *, binary: bool) -> dict:
+    """A request to `typed_echo`: `rows` rows of FP16, INT64, BOOL and BYTES (of varied lengths)."""
+    rng = np.random.default_rng(seed)
+    arrays = {
+        "FP16": rng.standard_normal((rows, 3)).astype(np.float16),
+        "INT64": rng.integers(-(2**40), 2**40, (rows, 2), dtype=np.int64),
+        "BOOL": rng.random((rows, 4)) < 0.5,
+        "BYTES": np.array(
+            [
+                [bytes(rng.integers(0, 256, int(rng.integers(0, 9)), dtype=np.uint8)) for _ in range(2)]
+                for _ in range(rows)
+            ],
+            dtype=np.object_,
+        ),
+    }
+    inputs, outputs = [], []
+    for name, array in arrays.items():
+        item = triton_aio.InferInput(f"IN_{name}", list(array.shape), name)
+        # Triton takes FP16 only binary, and JSON cannot carry arbitrary bytes: those two go
+        # binary whatever the rest does, so a "json" request mixes both encodings.
+        as_binary = binary or name in ("FP16", "BYTES")
+        item.set_data_from_numpy(array, binary_data=as_binary)
+        inputs.append(item)
+        outputs.append(triton_aio.InferRequestedOutput(f"OUT_{name}", binary_data=as_binary))
+    return {"inputs": inputs, "outputs": outputs, "request_id": request_id}
+
+
+async def batched_behind_a_blocker(server: TritonServer, gateway, requests: list[dict]) -> list:
+    """Send `requests` through the gateway while a first one is held inside Triton, so that all
+    of them queue and leave as one batch; their answers, in order."""
+    client = triton_aio.InferenceServerClient(gateway.url.removeprefix("http://"))
+    try:
+        # The blocker is held inside Triton until the rest have queued behind it, however slow
+        # the machine: its service time alone could be over before they arrive.
+        server.hold()
+        blocker = asyncio.ensure_future(client.infer("sim", **{**requests[0], "request_id": "blocker"}))
+        await eventually(lambda: gateway.metric("gateway_inflight_requests", model="sim") == 1)
+        sends = [asyncio.ensure_future(client.infer("sim", **request)) for request in requests]
+        await eventually(
+            lambda: gateway.metric("gateway_queue_depth", model="sim", priority="low") == len(requests)
+        )
+        server.let_go()
+        batched = await asyncio.gather(*sends)
+        await blocker
+    finally:
+        server.let_go()
+        await client.close()
+    return batched
+
+
+async def unbatched(server: TritonServer, model: str, requests: list[dict]) -> list:
+    direct = triton_aio.InferenceServerClient(server.url.removeprefix("http://"))
+    try:
+        return [await direct.infer(model, **request) for request in requests]
+    finally:
+        await direct.close()
+
+
+def assert_same_answers(batched: list, alone: list, outputs: list[str]) -> None:
+    for got, want in zip(batched, alone, strict=True):
+        assert got.get_response() == want.get_response()  # id, outputs, shapes, datatypes
+        for name in outputs:
+            assert got.as_numpy(name).tolist() == want.as_numpy(name).tolist(), name
+            assert got.as_numpy(name).dtype == want.as_numpy(name).dtype, name
 
 
 async def test_the_gateway_batches_for_a_triton_model_without_a_dynamic_batcher(
@@ -144,36 +230,36 @@ async def test_the_gateway_batches_for_a_triton_model_without_a_dynamic_batcher(
     arrays = [
         np.arange(n * 3, dtype=np.float32).reshape(n, 3) + 100 * i for i, n in enumerate([1, 2, 3, 1, 1])
     ]
-    direct = triton_aio.InferenceServerClient(unbatched_triton.url.removeprefix("http://"))
-    client = triton_aio.InferenceServerClient(gateway.url.removeprefix("http://"))
-    try:
-        alone = [await direct.infer("sleep_ms", **infer_request(a, f"r{i}")) for i, a in enumerate(arrays)]
-        requests_before = triton_counter(unbatched_triton, "nv_inference_request_success")
-        items_before = triton_counter(unbatched_triton, "nv_inference_count")
-        # The blocker is held inside Triton until the five have queued behind it, however slow
-        # the machine: its 150 ms alone could be over before they arrive.
-        unbatched_triton.hold()
-        blocker = asyncio.ensure_future(client.infer("sim", **infer_request(arrays[0], "blocker")))
-        await eventually(lambda: gateway.metric("gateway_inflight_requests", model="sim") == 1)
-        sends = [
-            asyncio.ensure_future(client.infer("sim", **infer_request(a, f"r{i}")))
-            for i, a in enumerate(arrays)
-        ]
-        await eventually(lambda: gateway.metric("gateway_queue_depth", model="sim", priority="low") == 5)
-        unbatched_triton.let_go()
-        batched = await asyncio.gather(*sends)
-        await blocker
-    finally:
-        unbatched_triton.let_go()
-        await client.close()
-        await direct.close()
+    requests = [infer_request(a, f"r{i}") for i, a in enumerate(arrays)]
+    calls = TritonCounts(unbatched_triton, "sleep_ms")
+    alone = await unbatched(unbatched_triton, "sleep_ms", requests)
+    batched = await batched_behind_a_blocker(unbatched_triton, gateway, requests)
     for got, want in zip(batched, alone, strict=True):
         assert got.get_response()["id"] == want.get_response()["id"]
         assert got.get_response()["outputs"] == want.get_response()["outputs"]
         assert got.as_numpy("OUTPUT0").tobytes() == want.as_numpy("OUTPUT0").tobytes()
-    # Triton's own count: the blocker and one request of all five, eight items.
-    assert triton_counter(unbatched_triton, "nv_inference_request_success") - requests_before == 2
-    assert triton_counter(unbatched_triton, "nv_inference_count") - items_before == 1 + 8
+    # Triton's own count: five alone, then the blocker (one item) and one call of all five (eight).
+    await calls.grew_by(requests=5 + 2, items=8 + 1 + 8)
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+async def test_batched_fp16_int64_bool_and_bytes_answer_as_triton_answers_each_alone(
+    unbatched_triton, start_gateway, binary
+):
+    config = triton_config(unbatched_triton, served_model="typed_echo")
+    config["models"][0]["batching"] = {"max_delay_ms": 0}
+    gateway = start_gateway(config)
+    requests = [
+        typed_request(rows, seed, f"t{seed}", binary=binary) for seed, rows in enumerate([2, 1, 3, 1, 1])
+    ]
+    calls = TritonCounts(unbatched_triton, "typed_echo")
+    alone = await unbatched(unbatched_triton, "typed_echo", requests)
+    batched = await batched_behind_a_blocker(unbatched_triton, gateway, requests)
+    assert_same_answers(batched, alone, [f"OUT_{name}" for name in ("FP16", "INT64", "BOOL", "BYTES")])
+    # Triton's own count: five alone, then the blocker (two rows) and one call of all five.
+    await calls.grew_by(requests=5 + 2, items=8 + 2 + 8)
+    assert gateway.metric("gateway_batch_size_count", model="sim") == 2
+    assert gateway.metric("gateway_batch_size_sum", model="sim") == 2 + 8
 
 
 def test_a_triton_model_with_its_own_dynamic_batcher_is_left_to_it(tritonserver, start_gateway):

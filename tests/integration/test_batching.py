@@ -138,6 +138,43 @@ async def test_a_batch_takes_at_most_max_batch_size_items(start_sim, start_gatew
     assert gateway.metric("gateway_batch_size_bucket", model="sim", le="4.0") == 4
 
 
+@pytest.mark.parametrize("store", STORES)
+async def test_the_most_urgent_band_is_batched_first(start_sim, start_gateway, store):
+    redis_server = RedisServer() if store == "redis" else None
+    try:
+        sim = start_sim(slots=1, base_ms=100)
+        config = batching_config(sim, store=None if redis_server is None else redis_store(redis_server))
+        gateway = start_gateway(config)
+        client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
+        finished: list[str] = []
+
+        async def send(request_id: str, priority: str):
+            result = await infer(client, rows(1, len(finished)), request_id, headers={"X-Priority": priority})
+            finished.append(priority)
+            return result
+
+        try:
+            blocker = await hold_the_slot(client, sim)
+            sends = [asyncio.ensure_future(send(f"low-{i}", "low")) for i in range(3)]
+            await queued(gateway, 3)
+            sends += [asyncio.ensure_future(send(f"high-{i}", "high")) for i in range(3)]
+            await eventually(
+                lambda: gateway.assert_metric("gateway_queue_depth", 3, model="sim", priority="high")
+            )
+            await let_go(sim)
+            await asyncio.gather(*sends)
+            await blocker
+        finally:
+            await client.close()
+        # Queued later, the high requests leave first, as one call; the low ones as the next.
+        assert finished == ["high"] * 3 + ["low"] * 3
+        assert sim.stats()["completed"] == 3
+        assert gateway.metric("gateway_batch_size_sum", model="sim") == 1 + 3 + 3
+    finally:
+        if redis_server is not None:
+            redis_server.stop()
+
+
 async def test_a_request_that_cannot_merge_passes_alone_and_one_alone_passes_byte_for_byte(
     start_sim, start_gateway
 ):

@@ -2,11 +2,17 @@
 
 More urgent work that arrives goes ahead of every less urgent request already queued. A queued
 request is *overdue* once even a favourable drain cannot hand it a slot by its leave-by time: the
-work certainly ahead of it (every more urgent band's queued work and, within a flow that leaves in
-arrival order, its own flow's requests queued before it) needs n hand-overs, and the pool, handing
-over mu a second while busy, makes n of them within the time left T only if n <= mu T +
-`sigmas` sqrt(mu T) (the count of hand-overs of busy slots wavers like a Poisson count, or less).
-Such a request is told at once (429 `displaced`) instead of expiring in the queue later.
+requests certainly ahead of it (every more urgent band's queued requests and, within a flow that
+leaves in arrival order, its own flow's requests queued before it) need n hand-overs, and the
+pool, handing over mu a second while busy, makes n of them within the time left T only if n <= mu
+T + `sigmas` sqrt(mu T) (the count of hand-overs of busy slots wavers like a Poisson count, or
+less). Such a request is told at once (429 `displaced`) instead of expiring in the queue later.
+
+What is ahead is counted in requests, not in work: in a pool of slots each request takes one
+hand-over whatever its cost. Work divided by the pool's mean work per hand-over would count a
+class of large requests (16-item batch jobs behind 1-item interactive ones) several hand-overs
+per request and displace requests that would have been served. Where requests are batched, one
+hand-over carries up to `per_handover` of them, and the count is divided by it.
 
 An owner reclaiming its quota pushes borrowers back the same way: while a tenant under its quota
 has work queued no new borrowing starts (policies.quotas), so the owners' queued work that will run
@@ -31,55 +37,58 @@ OVERDUE_CHECKED = 8
 arrival bites first, at a bounded cost per arrival."""
 
 
-def overdue(
-    now: float, leave_by: float, work_ahead: float, handovers_per_s: float, handover_cost: float = 1.0
-) -> bool:
-    """Whether a request with `work_ahead` certainly ahead of it cannot get a slot by `leave_by`
-    from a pool that hands over `handovers_per_s` (of `handover_cost` work each) while busy."""
+def overdue(now: float, leave_by: float, handovers_ahead: float, handovers_per_s: float) -> bool:
+    """Whether a request with `handovers_ahead` certainly ahead of it cannot get a slot by
+    `leave_by` from a pool that hands over `handovers_per_s` while busy."""
     if handovers_per_s <= 0 or math.isinf(leave_by):
         return False
     left_s = leave_by - now
     if left_s <= 0:
         return True
-    needed = work_ahead / handover_cost + 1  # its own hand-over too
+    needed = handovers_ahead + 1  # its own hand-over too
     expected = handovers_per_s * left_s
     return needed > expected + OVERDUE_SIGMAS * math.sqrt(expected)
 
 
 def overdue_in_flow(
     now: float,
-    urgent_work: float,
-    flow_work: float,
-    newest_first: Iterable[tuple[float, float]],
+    urgent_requests: float,
+    flow_requests: int,
+    newest_first: Iterable[tuple[float, int]],
     handovers_per_s: float,
-    handover_cost: float = 1.0,
     *,
     in_arrival_order: bool = True,
 ) -> list[int]:
-    """The positions (0: the newest) of the flow's queued requests, given newest first as (cost,
-    leave_by), that are overdue. `urgent_work`: the more urgent bands' queued work; `flow_work`:
-    all the flow's queued work. With `in_arrival_order` (FIFO within the flow) the flow's older
-    requests count as ahead of each one; otherwise (EDF) only the urgent work does."""
+    """The positions (0: the newest) of the flow's queued requests, given newest first as
+    (leave_by, per_handover: the most requests a hand-over of it carries, 1 unbatched), that are
+    overdue. `urgent_requests`: the requests certainly ahead from elsewhere (the more urgent bands'
+    queued ones); `flow_requests`: all the flow's queued requests. With `in_arrival_order` (FIFO
+    within the flow) the flow's older requests count as ahead of each one; otherwise (EDF) only
+    the urgent ones do."""
     found: list[int] = []
-    behind_and_own = 0.0
-    for position, (cost, leave_by) in enumerate(newest_first):
-        behind_and_own += cost
-        ahead = urgent_work + (flow_work - behind_and_own if in_arrival_order else 0.0)
-        if overdue(now, leave_by, max(ahead, 0.0), handovers_per_s, handover_cost):
+    for position, (leave_by, per_handover) in enumerate(newest_first):
+        older = flow_requests - position - 1 if in_arrival_order else 0
+        ahead = (urgent_requests + max(older, 0)) / max(per_handover, 1)
+        if overdue(now, leave_by, ahead, handovers_per_s):
             found.append(position)
     return found
 
 
-def owners_ahead(owners: Iterable[tuple[float, Sequence[float]]], bands: int) -> list[float]:
-    """Per band b, the owners' queued work in bands b and less urgent that will run within their
-    quotas (more urgent bands' work counts ahead anyway). `owners`: each owner's room under its
-    quota (its quota less its work in flight) and its queued work per band; its work is taken
-    most urgent first, as it is granted."""
+def owners_ahead(owners: Iterable[tuple[float, Sequence[tuple[float, int]]]], bands: int) -> list[float]:
+    """Per band b, the owners' queued requests in bands b and less urgent that will run within
+    their quotas (more urgent bands' requests count ahead anyway). `owners`: each owner's room
+    under its quota (its quota less its work in flight) and its queued (work, requests) per band;
+    its work is taken most urgent first, as it is granted, and a band's share of it counted in
+    that band's requests at their mean cost."""
     ahead = [0.0] * bands
     for room, queued in owners:
-        within = min(room, sum(queued))
         before = 0.0
         for band in range(bands):
-            ahead[band] += max(0.0, within - min(room, before))
-            before += queued[band]
+            work, requests = queued[band]
+            within = max(0.0, min(room, before + work) - min(room, before))  # of this band's work
+            if work > 0:
+                runs = within / work * requests
+                for counted in range(band + 1):
+                    ahead[counted] += runs
+            before += work
     return ahead

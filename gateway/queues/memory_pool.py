@@ -225,7 +225,6 @@ class ModelQueue:
         band: int,
         now: float,
         handovers_per_s: float,
-        handover_cost: float,
         in_arrival_order: bool,
         reclaim: bool = False,
     ) -> None:
@@ -239,7 +238,7 @@ class ModelQueue:
             lower = self.bands[index]
             if not lower.count:
                 continue
-            urgent = sum(b.work for b in self.bands[:index])
+            urgent = sum(b.count for b in self.bands[:index])
             for tenant, arrivals in lower.arrivals.items():
                 borrower = owners is not None and tenant not in self.quotas
                 if index <= band and not borrower:
@@ -248,10 +247,9 @@ class ModelQueue:
                 found = overdue_in_flow(
                     now,
                     urgent + (owners[index] if owners is not None and borrower else 0.0),
-                    lower.queued.get(tenant, 0.0),
-                    ((t.cost, t.leave_by) for t in newest),
+                    len(arrivals),
+                    ((t.leave_by, _per_handover(t)) for t in newest),
                     handovers_per_s,
-                    handover_cost,
                     in_arrival_order=in_arrival_order,
                 )
                 victims += (newest[i] for i in found)
@@ -268,7 +266,10 @@ class ModelQueue:
     def _owners_ahead(self) -> list[float]:
         inflight = self.inflight_by_tenant()
         owners = (
-            (max(0.0, q.nominal - inflight.get(owner, 0.0)), [b.queued.get(owner, 0.0) for b in self.bands])
+            (
+                max(0.0, q.nominal - inflight.get(owner, 0.0)),
+                [(b.queued.get(owner, 0.0), len(b.arrivals.get(owner, ()))) for b in self.bands],
+            )
             for owner, q in self.quotas.items()
         )
         return owners_ahead(owners, len(self.bands))
@@ -373,3 +374,9 @@ class ModelQueue:
         while heap and heap[0][2] not in self.live:
             heapq.heappop(heap)
         return bool(heap)
+
+
+def _per_handover(ticket: Ticket) -> int:
+    """The most requests a hand-over of `ticket` carries: a batch's (each request costs at least
+    one unit, so a batch of `max_cost` holds at most that many), else one."""
+    return max(1, int(ticket.batching.max_cost)) if ticket.batching is not None else 1

@@ -396,6 +396,23 @@ async def test_queued_work_pushed_past_its_allowance_by_urgent_arrivals_is_displ
     assert sut.store.stats(MODEL).queued_by_band == (60, 1)
 
 
+async def test_a_large_queued_request_counts_one_hand_over_however_much_work_it_carries(make_store):
+    # Batch jobs of 16 units behind urgent requests of 1, on one slot of 40 ms (25 hand-overs in
+    # 1 s, 40 by luck). Ten urgent arrivals put 10 + 2 requests ahead of the newest job: 13
+    # hand-overs with its own, so it stays (counted as work, 10 + 32 units, it would have gone).
+    sut = await make_store(slots=(1,))
+    await take_the_slot(sut)
+    jobs = [(await offer(sut, band=1, cost=16.0, allowed_s=1.0)).ticket for _ in range(3)]
+    urgent = [(await offer(sut, band=0, allowed_s=30.0)).ticket for _ in range(10)]
+    await sut.settle()
+    assert not any(t.wakeup.done() for t in jobs)
+    # Thirty more: 40 urgent requests ahead of every job, which no drain beats in 1 s.
+    urgent += [(await offer(sut, band=0, allowed_s=30.0)).ticket for _ in range(30)]
+    await eventually(lambda: all(t.wakeup.done() for t in jobs), what="the jobs to be told")
+    assert [t.wakeup.result() for t in jobs] == [Outcome.DISPLACED] * 3
+    assert not any(t.wakeup.done() for t in urgent)
+
+
 async def test_at_its_cap_a_request_with_nothing_less_urgent_to_displace_is_refused(make_store):
     sut = await make_store(slots=(1,), bands=2, cap=2.0)
     await take_the_slot(sut)

@@ -20,11 +20,6 @@ def test_a_request_is_overdue_only_past_what_a_lucky_drain_hands_over():
     assert not overdue(0.0, 1.0, 1e9, 0.0)  # a drain not known yet: never
 
 
-def test_work_ahead_is_counted_in_hand_overs():
-    assert overdue(0.0, 1.0, 80.0, 25.0, handover_cost=2.0)
-    assert not overdue(0.0, 1.0, 78.0, 25.0, handover_cost=2.0)
-
-
 @given(
     left_s=st.floats(0.01, 60.0),
     rate=st.floats(0.1, 1000.0),
@@ -48,34 +43,53 @@ def test_more_work_ahead_or_less_time_never_makes_a_request_less_overdue(ahead, 
 
 
 def test_in_a_fifo_flow_the_older_requests_count_ahead_of_each():
-    # Four requests of 1, newest first, each allowed 1 s at 25 hand-overs a second (40 at most).
-    newest_first = [(1.0, 1.0)] * 4
+    # Four requests, newest first, each allowed 1 s at 25 hand-overs a second (40 at most).
+    newest_first = [(1.0, 1)] * 4
     # 36 urgent: the newest has 36 + 3 ahead and its own (40, possible), none is overdue yet;
     # 37: the newest is, then the next with 37 + 2 ahead is not.
-    assert overdue_in_flow(0.0, 36.0, 4.0, newest_first, 25.0) == []
-    assert overdue_in_flow(0.0, 37.0, 4.0, newest_first, 25.0) == [0]
-    assert overdue_in_flow(0.0, 39.0, 4.0, newest_first, 25.0) == [0, 1, 2]
-    assert overdue_in_flow(0.0, 40.0, 4.0, newest_first, 25.0) == [0, 1, 2, 3]
-    # Under EDF a flow's requests leave by deadline: only the urgent work is surely ahead.
-    assert overdue_in_flow(0.0, 37.0, 4.0, newest_first, 25.0, in_arrival_order=False) == []
+    assert overdue_in_flow(0.0, 36, 4, newest_first, 25.0) == []
+    assert overdue_in_flow(0.0, 37, 4, newest_first, 25.0) == [0]
+    assert overdue_in_flow(0.0, 39, 4, newest_first, 25.0) == [0, 1, 2]
+    assert overdue_in_flow(0.0, 40, 4, newest_first, 25.0) == [0, 1, 2, 3]
+    # Under EDF a flow's requests leave by deadline: only the urgent requests are surely ahead.
+    assert overdue_in_flow(0.0, 37, 4, newest_first, 25.0, in_arrival_order=False) == []
+
+
+def test_requests_ahead_count_one_hand_over_each_whatever_they_cost():
+    # Batch jobs of 16 items behind interactive requests of 1: in a pool of slots each job is one
+    # hand-over. 20 jobs queued before the newest, 4 hand-overs a second, 9 s left: 20 + 1 needed
+    # of 36 expected, so it stays; counted in work at a pool mean of 4 items a hand-over it would
+    # have needed 81 and gone.
+    assert overdue_in_flow(0.0, 0, 21, [(9.0, 1)], 4.0) == []
+    assert overdue_in_flow(0.0, 0, 60, [(9.0, 1)], 4.0) == [0]
+
+
+def test_a_batched_request_counts_what_is_ahead_in_the_batches_it_takes():
+    # 60 ahead leave in batches of up to 4: 15 hand-overs and its own, within 36 expected.
+    assert overdue_in_flow(0.0, 0, 61, [(9.0, 4)], 4.0) == []
+    assert overdue_in_flow(0.0, 0, 61, [(9.0, 1)], 4.0) == [0]
 
 
 def test_a_patient_request_stays_while_an_impatient_one_behind_it_goes():
-    newest_first = [(1.0, 1.0), (1.0, 30.0)]  # the older one may wait 30 s
-    assert overdue_in_flow(0.0, 45.0, 2.0, newest_first, 25.0) == [0]
+    newest_first = [(1.0, 1), (30.0, 1)]  # the older one may wait 30 s
+    assert overdue_in_flow(0.0, 45, 2, newest_first, 25.0) == [0]
 
 
-def test_owners_count_ahead_what_runs_within_their_quotas_most_urgent_first():
-    # Room for 5: its 2 urgent units, then 3 of its 4 in band 1; nothing of band 2 runs within it.
-    assert owners_ahead([(5.0, [2.0, 4.0, 3.0])], 3) == [5.0, 3.0, 0.0]
-    assert owners_ahead([(5.0, [2.0, 4.0, 3.0]), (1.0, [0.0, 0.0, 9.0])], 3) == [6.0, 4.0, 1.0]
-    assert owners_ahead([(0.0, [7.0, 7.0])], 2) == [0.0, 0.0]  # at its quota: it waits like anyone
+def test_owners_count_ahead_the_requests_that_run_within_their_quotas_most_urgent_first():
+    # Room for 5 units: its 2 urgent units (2 requests), then 3 of its 4 units in band 1 (2
+    # requests of 2: 1.5 of them at their mean cost); nothing of band 2 runs within it.
+    assert owners_ahead([(5.0, [(2.0, 2), (4.0, 2), (3.0, 3)])], 3) == [3.5, 1.5, 0.0]
+    two = [(5.0, [(2.0, 2), (4.0, 2), (3.0, 3)]), (1.0, [(0.0, 0), (0.0, 0), (9.0, 3)])]
+    assert owners_ahead(two, 3) == [3.5 + 1 / 3, 1.5 + 1 / 3, 1 / 3]
+    assert owners_ahead([(0.0, [(7.0, 1), (7.0, 1)])], 2) == [0.0, 0.0]  # at its quota: it waits like anyone
 
 
-@given(st.lists(st.tuples(st.floats(0, 100), st.lists(st.floats(0, 50), min_size=3, max_size=3)), max_size=4))
-def test_owners_ahead_never_exceeds_their_room_nor_their_work_and_falls_with_the_band(owners):
+_queued = st.lists(st.tuples(st.floats(0.5, 50), st.integers(1, 20)), min_size=3, max_size=3)
+
+
+@given(st.lists(st.tuples(st.floats(0, 100), _queued), max_size=4))
+def test_owners_ahead_never_exceeds_their_queued_requests_and_falls_with_the_band(owners):
     ahead = owners_ahead(owners, 3)
-    assert ahead[0] <= sum(min(room, sum(queued)) for room, queued in owners) + 1e-9
     assert all(later <= earlier + 1e-9 for earlier, later in itertools.pairwise(ahead))
     for band in range(3):
-        assert ahead[band] <= sum(sum(queued[band:]) for _, queued in owners) + 1e-9
+        assert ahead[band] <= sum(n for _, queued in owners for _, n in queued[band:]) + 1e-9

@@ -496,32 +496,32 @@ local function may_start(tenant, cost, backends, nbands)
 end
 
 -- policies.displacement.overdue, here where it must be atomic with the insert that caused it.
--- A.drain: the pool's hand-overs per second while busy, A.handover the work of one.
+-- A.drain: the pool's hand-overs per second while busy; `ahead`: the hand-overs ahead.
 local function overdue(now, leave_by, ahead)
   if leave_by == nil then return false end
   local left = leave_by - now
   if left <= 0 then return true end
-  local needed = ahead / A.handover + 1
+  local needed = ahead + 1
   local expected = A.drain * left
   return needed > expected + A.overdue_sigmas * math.sqrt(expected)
 end
 
--- policies.displacement.owners_ahead: per band b (at b + 1), the owners' queued work in bands b and
--- less urgent that will run within their quotas, taken most urgent first.
+-- policies.displacement.owners_ahead: per band b (at b + 1), the owners' queued requests in bands b
+-- and less urgent that will run within their quotas, their work taken most urgent first and each
+-- band's share of it counted in that band's requests at their mean cost.
 local function owners_ahead(nbands)
   local inflight, ahead = tenant_inflight(), {}
   for b = 1, nbands do ahead[b] = 0 end
   for owner, quota in pairs(A.quotas) do
-    local queued, total = {}, 0
+    local room, before = math.max(0, quota.n - (inflight[owner] or 0)), 0
     for b = 0, nbands - 1 do
-      queued[b] = tonumber(redis.call('HGET', tag .. ':fwork:' .. b, owner) or '0')
-      total = total + queued[b]
-    end
-    local room = math.max(0, quota.n - (inflight[owner] or 0))
-    local within, before = math.min(room, total), 0
-    for b = 0, nbands - 1 do
-      ahead[b + 1] = ahead[b + 1] + math.max(0, within - math.min(room, before))
-      before = before + queued[b]
+      local work = tonumber(redis.call('HGET', tag .. ':fwork:' .. b, owner) or '0')
+      local within = math.max(0, math.min(room, before + work) - math.min(room, before))
+      if work > 0 then
+        local runs = within / work * redis.call('ZCARD', flow_key(b, owner))
+        for counted = 1, b + 1 do ahead[counted] = ahead[counted] + runs end
+      end
+      before = before + work
     end
   end
   return ahead
@@ -529,7 +529,8 @@ end
 
 -- policies.displacement.overdue_in_flow over each flow of the bands less urgent than `band` (and,
 -- on an owner's arrival that `reclaim`s its quota, over the borrowers' flows of every band, with
--- the owners' work ahead of them): the newest A.overdue_checked tickets of each that can no longer
+-- the owners' requests ahead of them), counted in requests (a batch's hand-over carries up to its
+-- max of them): the newest A.overdue_checked tickets of each that can no longer
 -- get a slot by their leave-by time are displaced, each victim told through its replica's list:
 -- {d = ticket id, o = 1} (as the memory store's ModelQueue.displace_overdue does).
 local function displace_overdue(band, nbands, now, reclaim)
@@ -541,15 +542,16 @@ local function displace_overdue(band, nbands, now, reclaim)
       for _, tenant in ipairs(redis.call('ZRANGE', tag .. ':flows:' .. b, 0, -1)) do
         local borrower = owners ~= nil and A.quotas[tenant] == nil
         if b > band or borrower then
-          local flow_work = tonumber(redis.call('HGET', tag .. ':fwork:' .. b, tenant) or '0')
+          local flow_requests = redis.call('ZCARD', flow_key(b, tenant))
           local base = urgent
           if borrower then base = base + owners[b + 1] end
-          local victims, behind = {}, 0
-          for _, id in ipairs(redis.call('ZREVRANGE', flow_key(b, tenant), 0, A.overdue_checked - 1)) do
+          local victims = {}
+          local newest = redis.call('ZREVRANGE', flow_key(b, tenant), 0, A.overdue_checked - 1)
+          for position, id in ipairs(newest) do
             local info = ticket_info(id)
-            behind = behind + info.c
             local ahead = base
-            if not A.edf then ahead = ahead + math.max(0, flow_work - behind) end
+            if not A.edf then ahead = ahead + math.max(0, flow_requests - position) end
+            ahead = ahead / math.max(1, math.floor(info.m or 1))
             if overdue(now, tonumber(info.e), ahead) then victims[#victims + 1] = {id, info.r} end
           end
           for _, victim in ipairs(victims) do
@@ -559,7 +561,7 @@ local function displace_overdue(band, nbands, now, reclaim)
         end
       end
     end
-    urgent = urgent + tonumber(redis.call('HGET', tag .. ':queued', 'w' .. b) or '0')
+    urgent = urgent + tonumber(redis.call('HGET', tag .. ':queued', 'n' .. b) or '0')
   end
 end
 

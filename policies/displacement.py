@@ -30,6 +30,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+
+class Queued(NamedTuple):
+    """A queued request as displacement at the cap weighs it."""
+
+    band: int
+    borrower: bool
+    """Its tenant owns no quota, while others do: what it runs is borrowed."""
+    score: float
+    """Its ordering score in its flow (higher: later in line)."""
+    sequence: int
+    """The order it was queued in (ties of score: the later goes first)."""
+    cost: float
+
 
 OVERDUE_SIGMAS = 3.0
 OVERDUE_CHECKED = 8
@@ -92,3 +107,21 @@ def owners_ahead(owners: Iterable[tuple[float, Sequence[tuple[float, int]]]], ba
                     ahead[counted] += runs
             before += work
     return ahead
+
+
+def cap_victims(queued: Sequence[Queued], arriving_band: int, excess: float) -> list[int]:
+    """Which queued requests (indexes into `queued`) make room for `excess` more work at the
+    model's queue cap for an arrival of `arriving_band`: the least urgent band's first, in a band
+    the borrowers' before the owners', each the newest first; only bands less urgent than the
+    arrival's. Nothing when even all of those would not make the room."""
+    order = sorted(
+        (i for i, q in enumerate(queued) if q.band > arriving_band),
+        key=lambda i: (-queued[i].band, queued[i].borrower is False, -queued[i].score, -queued[i].sequence),
+    )
+    victims: list[int] = []
+    for index in order:
+        if excess <= 0:
+            break
+        victims.append(index)
+        excess -= queued[index].cost
+    return victims if excess <= 0 else []

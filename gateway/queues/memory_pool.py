@@ -20,7 +20,7 @@ from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots
-from policies.displacement import OVERDUE_CHECKED, overdue_in_flow, owners_ahead
+from policies.displacement import OVERDUE_CHECKED, Queued, cap_victims, overdue_in_flow, owners_ahead
 from policies.fairness import FairTurns, tags, virtual_time_after, work_ahead_in_turn
 from policies.outcomes import Outcome
 from policies.quotas import Quota, may_start, under_quota
@@ -199,21 +199,23 @@ class ModelQueue:
 
     def room_for(self, band: int, cost: float) -> bool:
         """Whether `cost` more work of `band` fits under the model's queue cap, displacing (429
-        displaced) the newest requests of the least urgent bands below it if that makes it fit;
-        nothing is displaced when even that would not."""
+        displaced) requests of less urgent bands as policies.displacement.cap_victims picks them
+        if that makes it fit; nothing is displaced when even that would not."""
         cap = self.pool.max_queued_work
         excess = sum(b.work for b in self.bands) + cost - cap if cap is not None else 0.0
         if excess <= 0:
             return True
-        victims: list[Ticket] = []
-        for index in range(len(self.bands) - 1, band, -1):
-            live = [e for heap in self.bands[index].flows.values() for e in heap if e[2] in self.live]
-            for _, _, ticket in sorted(live, key=lambda entry: entry[:2], reverse=True):
-                if excess <= 0:
-                    break
-                victims.append(ticket)
-                excess -= ticket.cost
-        if excess > 0:
+        tickets: list[Ticket] = []
+        candidates: list[Queued] = []
+        for index in range(band + 1, len(self.bands)):
+            for tenant, heap in self.bands[index].flows.items():
+                borrower = bool(self.quotas) and tenant not in self.quotas
+                for score, sequence, ticket in heap:
+                    if ticket in self.live:
+                        tickets.append(ticket)
+                        candidates.append(Queued(index, borrower, score, sequence, ticket.cost))
+        victims = [tickets[i] for i in cap_victims(candidates, band, excess)]
+        if not victims:
             return False
         for ticket in victims:
             self.remove(ticket)

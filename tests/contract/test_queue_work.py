@@ -374,6 +374,21 @@ async def test_at_its_cap_the_queue_displaces_the_newest_least_urgent_work_for_m
     assert sut.store.stats(MODEL).queued_by_band == (1, 1, 1)
 
 
+async def test_at_its_cap_the_queue_displaces_borrowed_work_before_owned_work(make_store):
+    # a owns a quota of 1, b none (what b runs is borrowed). The older low request is b's, the
+    # newer a's: an urgent arrival at the cap takes the place of b's, not of the newest.
+    sut = await make_store(slots=(1,), bands=2, cap=2.0, quotas={"a": Quota(1)})
+    held = await offer(sut, tenant="a")
+    assert isinstance(held, Granted)
+    borrowed = (await offer(sut, band=1, tenant="b")).ticket
+    owned = (await offer(sut, band=1, tenant="a")).ticket
+    assert isinstance(await offer(sut, band=0, tenant="b"), Queued)
+    await eventually(lambda: borrowed.wakeup.done())
+    assert borrowed.wakeup.result() is Outcome.DISPLACED
+    assert not owned.wakeup.done()
+    assert sut.store.stats(MODEL).queued_by_band == (1, 1)
+
+
 @pytest.mark.parametrize("ordering", [Ordering.FIFO, Ordering.EDF])
 async def test_queued_work_pushed_past_its_allowance_by_urgent_arrivals_is_displaced_at_once(
     make_store, ordering

@@ -8,7 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.displacement import OVERDUE_SIGMAS, overdue, overdue_in_flow, owners_ahead
+from policies.displacement import OVERDUE_SIGMAS, Queued, cap_victims, overdue, overdue_in_flow, owners_ahead
 
 
 def test_a_request_is_overdue_only_past_what_a_lucky_drain_hands_over():
@@ -93,3 +93,50 @@ def test_owners_ahead_never_exceeds_their_queued_requests_and_falls_with_the_ban
     assert all(later <= earlier + 1e-9 for earlier, later in itertools.pairwise(ahead))
     for band in range(3):
         assert ahead[band] <= sum(n for _, queued in owners for _, n in queued[band:]) + 1e-9
+
+
+def test_at_the_cap_the_least_urgent_borrowers_newest_work_goes_first():
+    queued = [
+        Queued(band=2, borrower=False, score=5.0, sequence=5, cost=1.0),  # an owner's, newest
+        Queued(band=2, borrower=True, score=1.0, sequence=1, cost=1.0),  # a borrower's, oldest
+        Queued(band=2, borrower=True, score=3.0, sequence=3, cost=1.0),
+        Queued(band=1, borrower=True, score=9.0, sequence=9, cost=1.0),
+        Queued(band=0, borrower=True, score=9.5, sequence=10, cost=1.0),
+    ]
+    assert cap_victims(queued, 0, 1.0) == [2]
+    assert cap_victims(queued, 0, 3.0) == [2, 1, 0]
+    assert cap_victims(queued, 0, 4.0) == [2, 1, 0, 3]
+    assert cap_victims(queued, 1, 4.0) == []  # only band 2 is less urgent: not room enough
+    assert cap_victims(queued, 0, 0.5) == [2]
+
+
+_candidates = st.lists(
+    st.builds(
+        Queued,
+        band=st.integers(0, 2),
+        borrower=st.booleans(),
+        score=st.floats(0, 100),
+        sequence=st.integers(0, 1000),
+        cost=st.floats(0.5, 8),
+    ),
+    max_size=12,
+)
+
+
+@given(_candidates, st.integers(0, 2), st.floats(0.1, 40))
+def test_cap_victims_make_the_room_from_less_urgent_work_borrowed_before_owned(queued, band, excess):
+    victims = cap_victims(queued, band, excess)
+    assert all(queued[i].band > band for i in victims), "displaced work as urgent as the arrival"
+    if victims:
+        assert sum(queued[i].cost for i in victims) >= excess
+    else:
+        assert sum(q.cost for q in queued if q.band > band) < excess
+    kept = [q for i, q in enumerate(queued) if i not in victims and q.band > band]
+    for i in victims:
+        taken = queued[i]
+        for other in kept:
+            # No victim was chosen while work of a less urgent band stays, nor owned work while
+            # borrowed work of its band stays.
+            assert other.band <= taken.band
+            if other.band == taken.band:
+                assert other.borrower <= taken.borrower

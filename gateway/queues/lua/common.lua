@@ -404,9 +404,10 @@ local function reap_absent(now)
   return #lapsed
 end
 
--- Room for `cost` more work of `band` under the model's queue cap (A.cap), displacing the newest
--- queued work of the least urgent bands below it if that makes it fit (as the memory store's
--- ModelQueue.room_for does); nothing is displaced when even that would not. Each victim's replica
+-- Room for `cost` more work of `band` under the model's queue cap (A.cap), displacing queued work of
+-- less urgent bands if that makes it fit, in policies.displacement.cap_victims' order (the least
+-- urgent band first, borrowers before owners, the newest first), as the memory store's
+-- ModelQueue.room_for does; nothing is displaced when even that would not. Each victim's replica
 -- is told through its list: {d = ticket id}.
 local function room_for(band, cost, nbands)
   local queued = 0
@@ -417,10 +418,14 @@ local function room_for(band, cost, nbands)
   for b = nbands - 1, band + 1, -1 do
     local entries = {}
     for _, tenant in ipairs(redis.call('ZRANGE', tag .. ':flows:' .. b, 0, -1)) do
+      local borrower = A.quotas ~= nil and A.quotas[tenant] == nil
       local items = redis.call('ZRANGE', flow_key(b, tenant), 0, -1, 'WITHSCORES')
-      for i = 1, #items, 2 do entries[#entries + 1] = {id = items[i], s = tonumber(items[i + 1])} end
+      for i = 1, #items, 2 do
+        entries[#entries + 1] = {id = items[i], s = tonumber(items[i + 1]), o = borrower}
+      end
     end
     table.sort(entries, function(x, y)
+      if x.o ~= y.o then return x.o end  -- borrowers' work goes before owners'
       if x.s ~= y.s then return x.s > y.s end
       return x.id > y.id
     end)

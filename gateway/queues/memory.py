@@ -222,8 +222,12 @@ class MemoryQueue:
 
     def withdraw_nowait(self, ticket: Ticket, outcome: Outcome) -> None:
         queue = self._models[ticket.model]
-        queue.remove(ticket)
+        removed = queue.remove(ticket)
         ticket.interrupt(outcome)
+        if removed and queue.quotas and queue.free_slots:
+            # It may have been a head its quota held back, or an owner's that kept borrowers
+            # waiting: what was behind it may start now, on a slot that would otherwise idle.
+            self._dispatch(queue, now=None)
         if not ticket.wakeup.cancelled() and isinstance(slot := ticket.wakeup.result(), Slot):
             if not slot.batch:  # a batch's slot is released by whoever runs the batch's call
                 self.release_nowait(slot, now=None)

@@ -325,6 +325,20 @@ async def test_a_tenant_borrows_the_quota_another_leaves_unused_and_gives_it_bac
     await eventually(lambda: mine[4].ticket.wakeup.done())
 
 
+async def test_a_withdrawn_head_its_quota_held_back_lets_what_is_behind_it_start(make_store):
+    # b (quota 1) may not borrow the 2 its first request needs; its second, of 1, fits its own
+    # quota but waits behind it. When the first leaves, the second starts on the idle slot.
+    sut = await make_store(slots=(2,), quotas={"a": Quota(2, borrowing_limit=0), "b": Quota(1)})
+    assert isinstance(await offer(sut, tenant="a", cost=2.0), Granted)
+    held = (await offer(sut, tenant="b", cost=2.0)).ticket
+    behind = (await offer(sut, tenant="b", cost=1.0)).ticket
+    await sut.settle()
+    assert not behind.wakeup.done()
+    await sut.store.withdraw(held, Outcome.CLIENT_DISCONNECTED)
+    await eventually(lambda: behind.wakeup.done(), what="the request behind the withdrawn head to start")
+    assert isinstance(behind.wakeup.result(), Slot)
+
+
 async def test_an_owner_reclaiming_its_quota_displaces_borrowers_it_pushes_past_their_allowance(make_store):
     # b owns nothing and runs on a's unused quota; c has a quota of 0 (it may only borrow).
     sut = await make_store(slots=(2,), quotas={"a": Quota(100), "c": Quota(0)})

@@ -86,6 +86,7 @@ def build_runtime(
         rates_seen_s=settings.estimation.rate_window_s,
         settled_seen_s=settings.estimation.settled_window_s,
         windows=windows,
+        quotas=settings.quotas(),
         clock=clock,
         jitter=jitter,
     )

@@ -77,3 +77,27 @@ def under_quota(tenant: str, cost: float, inflight: Mapping[str, float], quotas:
     """Whether a request of `tenant` and `cost` would run within its own quota: an owner."""
     quota = quotas.get(tenant)
     return quota is not None and inflight.get(tenant, 0.0) + cost <= quota.nominal
+
+
+def quota_wait_s(
+    tenant: str,
+    cost: float,
+    queued_ahead: float,
+    inflight: Mapping[str, float],
+    quotas: Mapping[str, Quota],
+    service_time_s: float,
+) -> float:
+    """The wait a request of `tenant` and `cost` has by its own quota alone, where the quota caps
+    what the tenant may run (a finite borrowing limit): its work in flight and its `queued_ahead`
+    must first come down to what leaves room for it under the cap, and at most the cap of its work
+    runs at once, each request for about `service_time_s`. 0 where it may borrow without bound
+    (what it waits for then is the pool, which admission predicts); inf where the cap is below its
+    cost (it can never start)."""
+    quota = quotas.get(tenant)
+    if quota is None or math.isinf(quota.borrowing_limit):
+        return 0.0
+    cap = quota.nominal + quota.borrowing_limit
+    if cap < cost:
+        return math.inf
+    must_finish = inflight.get(tenant, 0.0) + queued_ahead + cost - cap
+    return max(0.0, must_finish) / cap * service_time_s

@@ -13,7 +13,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -21,6 +21,7 @@ from gateway.flow.batch_holds import BatchHolds
 from gateway.flow.calibration import Calibrations
 from gateway.flow.predictions import Predictions
 from gateway.flow.queued_bytes import QueuedBytes
+from gateway.flow.quota_waits import QuotaWaits
 from gateway.flow.retry_spreads import ReturnSchedules
 from gateway.flow.windows import WindowClock
 from gateway.queues.base import Batching, Flow, Full, Granted, Queued, RequestQueue, Slot, Ticket, Unavailable
@@ -38,6 +39,8 @@ from policies.admission import (
 from policies.cost_ranks import CostRanks, room_limit, room_share
 from policies.outcomes import Outcome
 from policies.queued_bytes import ByteLimits, bytes_excess_wait_s
+from policies.quotas import Quota
+from policies.retry_after import retry_after_s
 from policies.shedding import BacklogLimits, ClusterBacklog, backlog_retry_after_s, first_shed_band
 from policies.wait import QueueStats, Throughput
 
@@ -93,6 +96,7 @@ class AdmissionController:
         rates_seen_s: float = 2.0,
         settled_seen_s: float = 30.0,
         windows: WindowClock | None = None,
+        quotas: Mapping[str, Quota] | None = None,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
     ) -> None:
@@ -115,6 +119,7 @@ class AdmissionController:
         self._settled_seen_s = settled_seen_s
         """And the settled-times rate (settings.estimation.settled_window_s)."""
         self._windows = windows if windows is not None and windows.restricts else None
+        self._quota_waits = QuotaWaits(quotas or {})
         self._calibrations = Calibrations(
             self._class_names, admission.calibration, admission.safety_sigmas, metrics
         )
@@ -151,6 +156,8 @@ class AdmissionController:
             return self._hopeless(model, request, throughput)
         if (shed := self._shed(model, request, throughput, external)) is not None:
             return shed
+        if self._quota_waits.applies(flow.tenant) and (over := self._over_quota(request, throughput, flow)):
+            return over
         if body_bytes and (excess := self._queued_bytes.hold(model, body_bytes)) > 0:
             # No room to queue its body; a slot free this moment it may still take (a limit of no
             # work ahead), since bodies count only while they wait.
@@ -283,6 +290,20 @@ class AdmissionController:
         excess_s = bytes_excess_wait_s(excess, held, queued_work, throughput.drain_rate_per_s)
         advice = self._book_return(model, request, excess_s, throughput)
         return self._refusal(model, request.band, Outcome.QUEUE_FULL, advice, "limits.max_queued_bytes")
+
+    def _over_quota(self, request: AdmissionRequest, throughput: Throughput, flow: Flow) -> Refusal | None:
+        """Refuse at once what the tenant's capped quota keeps waiting past its allowance."""
+        excess_s = self._quota_waits.excess_s(request, self._store.stats(flow.model), throughput)
+        rule = f"tenants[{flow.tenant}].quota"
+        if excess_s <= 0:
+            return None
+        if math.isinf(excess_s):  # above what the tenant may ever run: coming back cannot help
+            return Refusal(Outcome.QUEUE_FULL, None, "the request costs more than its quota lets run", rule)
+        drain = self._quota_waits.drain_rate_per_s(flow.tenant, throughput)
+        advice = retry_after_s(excess_s, drain, self._jitter(), self._admission.retry)
+        budget_binds = allowed_wait_s(request, throughput) < request.max_queue_wait_s
+        outcome = Outcome.DEADLINE_UNMEETABLE if budget_binds else Outcome.QUEUE_FULL
+        return self._refusal(flow.model, request.band, outcome, advice, rule)
 
     def _shed(
         self, model: str, request: AdmissionRequest, throughput: Throughput, external: float

@@ -360,3 +360,52 @@ async def test_queued_work_an_urgent_flood_pushes_past_its_allowance_is_told_at_
     finally:
         if redis_server is not None:
             redis_server.stop()
+
+
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_what_a_hard_quota_would_keep_past_its_allowance_is_refused_at_arrival(
+    start_sim, start_gateway, store
+):
+    # team-a runs one request at a time (quota 1, borrowing_limit 0), each taken to last 1 s; a
+    # request may wait 5.5 s. Behind 1 running and 4 queued the sixth waits 5 s and is admitted;
+    # the seventh would wait 6 s, so it is refused at once, naming the quota, although the pool
+    # has three idle slots and would admit it on its own drain.
+    redis_server = RedisServer() if store == "redis" else None
+    try:
+        sim = start_sim(slots=4, base_ms=1000)
+        tenants = [{"name": "team-a", "quota": 1, "borrowing_limit": 0}, {"name": "team-b"}]
+        classes = [{"name": "high", "max_wait_ms": 5500}, {"name": "low", "max_wait_ms": 5500}]
+        config = gateway_config([(sim.url, 4)], expected_service_ms=1000, tenants=tenants, priorities=classes)
+        if redis_server is not None:
+            config["store"] = {"kind": "redis", "url": redis_server.url, "key_prefix": unique_prefix()}
+        gateway = start_gateway(config)
+
+        async def infer(http, tenant):
+            async with http.post(gateway.url + PATH, json=INFER, headers={"X-Tenant": tenant}) as reply:
+                return reply.status, await reply.json(), reply.headers.get("retry-after-ms")
+
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            await set_fault(sim, {"hang": True})  # nothing finishes while the queue is built
+            admitted = [asyncio.ensure_future(infer(http, "team-a"))]
+            await hanging(sim, 1, "team-a's first request to run")
+            for queued in range(1, 5 + 1):
+                admitted.append(asyncio.ensure_future(infer(http, "team-a")))
+                await eventually(
+                    lambda n=queued: gateway.assert_metric(
+                        "gateway_queue_depth", n, model="sim", priority="low"
+                    )
+                )
+            for _ in range(2):
+                status, body, advice = await infer(http, "team-a")
+                assert (status, body["reason"], body["rule"]) == (429, "queue_full", "tenants[team-a].quota")
+                assert advice is not None and float(advice) >= 500  # its own queue must come down first
+            other = asyncio.ensure_future(infer(http, "team-b"))  # the pool itself has room
+            await hanging(sim, 2, "team-b's request to run beside team-a's")
+            await set_fault(sim, {})
+            assert (await other)[0] == 200
+            for call in admitted:
+                call.cancel()
+        assert gateway.metric_by("gateway_requests_total", "outcome", model="sim").get("queue_full") == 2
+    finally:
+        if redis_server is not None:
+            redis_server.stop()

@@ -2,10 +2,11 @@
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.quotas import Quota, borrowed, lendable, may_start, under_quota
+from policies.quotas import Quota, borrowed, lendable, may_start, quota_wait_s, under_quota
 
 QUOTAS = {"a": Quota(4), "b": Quota(4)}
 
@@ -71,3 +72,34 @@ def test_granting_only_what_may_start_keeps_every_limit(quotas, arrivals, capaci
             # may take back what is lent: reclaim, done as the borrowed requests finish.)
             total = sum(borrowed(name, inflight, quotas) for name in inflight)
             assert total <= lendable(inflight, quotas, capacity) + 1e-9
+
+
+def test_a_hard_quota_makes_a_tenant_wait_for_its_own_work_to_come_down():
+    quotas = {"a": Quota(2.0, borrowing_limit=0.0), "b": Quota(2.0)}
+    # Under its cap: no wait of its own.
+    assert quota_wait_s("a", 1.0, 0.0, {"a": 1.0}, quotas, 0.2) == 0.0
+    # 2 in flight and 3 queued ahead: 4 must finish before it fits, 2 at a time, 0.2 s each.
+    assert quota_wait_s("a", 1.0, 3.0, {"a": 2.0}, quotas, 0.2) == pytest.approx(0.4)
+    # A quota that may borrow without bound, or none: only the pool's wait, which admission reads.
+    assert quota_wait_s("b", 1.0, 9.0, {"b": 9.0}, quotas, 0.2) == 0.0
+    assert quota_wait_s("c", 1.0, 9.0, {"c": 9.0}, quotas, 0.2) == 0.0
+    # A request larger than the cap never starts.
+    assert quota_wait_s("a", 3.0, 0.0, {}, quotas, 0.2) == math.inf
+
+
+@given(
+    st.floats(0, 10),
+    st.floats(0, 20),
+    st.floats(0, 20),
+    st.floats(0.5, 5),
+    st.floats(0, 3),
+    st.floats(0.01, 2),
+)
+def test_quota_wait_grows_with_what_the_tenant_has_ahead(cost, inflight, ahead, nominal, limit, service):
+    quotas = {"a": Quota(nominal, borrowing_limit=limit)}
+    wait = quota_wait_s("a", cost, ahead, {"a": inflight}, quotas, service)
+    assert wait >= 0
+    assert quota_wait_s("a", cost, ahead + 1, {"a": inflight}, quotas, service) >= wait
+    assert quota_wait_s("a", cost, ahead, {"a": inflight + 1}, quotas, service) >= wait
+    if inflight + ahead + cost <= nominal + limit:
+        assert wait == 0

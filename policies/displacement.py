@@ -52,6 +52,12 @@ OVERDUE_CHECKED = 8
 arrival bites first, at a bounded cost per arrival."""
 
 
+def requests_per_handover(batch_max_cost: float | None) -> int:
+    """The most requests one hand-over carries: a batch's (each request costs at least one unit,
+    so a batch of `batch_max_cost` holds at most that many), else one."""
+    return 1 if batch_max_cost is None else max(1, int(batch_max_cost))
+
+
 def overdue(now: float, leave_by: float, handovers_ahead: float, handovers_per_s: float) -> bool:
     """Whether a request with `handovers_ahead` certainly ahead of it cannot get a slot by
     `leave_by` from a pool that hands over `handovers_per_s` while busy."""

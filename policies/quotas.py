@@ -96,8 +96,13 @@ def quota_wait_s(
     quota = quotas.get(tenant)
     if quota is None or math.isinf(quota.borrowing_limit):
         return 0.0
-    cap = quota.nominal + quota.borrowing_limit
+    cap = run_cap(quota)
     if cap < cost:
         return math.inf
     must_finish = inflight.get(tenant, 0.0) + queued_ahead + cost - cap
     return max(0.0, must_finish) / cap * service_time_s
+
+
+def run_cap(quota: Quota) -> float:
+    """The most work its tenant may run at once: its quota and all it may borrow."""
+    return quota.nominal + quota.borrowing_limit

@@ -294,9 +294,9 @@ class AdmissionController:
     def _over_quota(self, request: AdmissionRequest, throughput: Throughput, flow: Flow) -> Refusal | None:
         """Refuse at once what the tenant's capped quota keeps waiting past its allowance."""
         excess_s = self._quota_waits.excess_s(request, self._store.stats(flow.model), throughput)
-        rule = f"tenants[{flow.tenant}].quota"
         if excess_s <= 0:
             return None
+        rule = f"tenants[{flow.tenant}].quota"
         if math.isinf(excess_s):  # above what the tenant may ever run: coming back cannot help
             return Refusal(Outcome.QUEUE_FULL, None, "the request costs more than its quota lets run", rule)
         drain = self._quota_waits.drain_rate_per_s(flow.tenant, throughput)

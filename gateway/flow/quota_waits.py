@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 
 from policies.admission import AdmissionRequest, allowed_wait_s
-from policies.quotas import Quota, quota_wait_s
+from policies.quotas import Quota, quota_wait_s, run_cap
 from policies.wait import QueueStats, Throughput
 
 
@@ -37,5 +37,4 @@ class QuotaWaits:
 
     def drain_rate_per_s(self, tenant: str, throughput: Throughput) -> float:
         """How fast the tenant's own work comes down at most: its cap of work each service time."""
-        quota = self._capped[tenant]
-        return (quota.nominal + quota.borrowing_limit) / throughput.service_time_s
+        return run_cap(self._capped[tenant]) / throughput.service_time_s

@@ -20,7 +20,14 @@ from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots
-from policies.displacement import OVERDUE_CHECKED, Queued, cap_victims, overdue_in_flow, owners_ahead
+from policies.displacement import (
+    OVERDUE_CHECKED,
+    Queued,
+    cap_victims,
+    overdue_in_flow,
+    owners_ahead,
+    requests_per_handover,
+)
 from policies.fairness import FairTurns, tags, virtual_time_after, work_ahead_in_turn
 from policies.outcomes import Outcome
 from policies.quotas import Quota, may_start, under_quota
@@ -250,7 +257,7 @@ class ModelQueue:
                     now,
                     urgent + (owners[index] if owners is not None and borrower else 0.0),
                     len(arrivals),
-                    ((t.leave_by, _per_handover(t)) for t in newest),
+                    ((t.leave_by, requests_per_handover(_batch_max(t))) for t in newest),
                     handovers_per_s,
                     in_arrival_order=in_arrival_order,
                 )
@@ -378,7 +385,5 @@ class ModelQueue:
         return bool(heap)
 
 
-def _per_handover(ticket: Ticket) -> int:
-    """The most requests a hand-over of `ticket` carries: a batch's (each request costs at least
-    one unit, so a batch of `max_cost` holds at most that many), else one."""
-    return max(1, int(ticket.batching.max_cost)) if ticket.batching is not None else 1
+def _batch_max(ticket: Ticket) -> float | None:
+    return ticket.batching.max_cost if ticket.batching is not None else None

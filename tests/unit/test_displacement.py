@@ -8,7 +8,15 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.displacement import OVERDUE_SIGMAS, Queued, cap_victims, overdue, overdue_in_flow, owners_ahead
+from policies.displacement import (
+    OVERDUE_SIGMAS,
+    Queued,
+    cap_victims,
+    overdue,
+    overdue_in_flow,
+    owners_ahead,
+    requests_per_handover,
+)
 
 
 def test_a_request_is_overdue_only_past_what_a_lucky_drain_hands_over():
@@ -140,3 +148,9 @@ def test_cap_victims_make_the_room_from_less_urgent_work_borrowed_before_owned(q
             assert other.band <= taken.band
             if other.band == taken.band:
                 assert other.borrower <= taken.borrower
+
+
+def test_a_hand_over_carries_one_request_or_at_most_a_batch_s_worth():
+    assert requests_per_handover(None) == 1
+    assert requests_per_handover(8.0) == 8
+    assert requests_per_handover(0.5) == 1

@@ -556,7 +556,7 @@ local function displace_overdue(band, nbands, now, reclaim)
             local info = ticket_info(id)
             local ahead = base
             if not A.edf then ahead = ahead + math.max(0, flow_requests - position) end
-            ahead = ahead / math.max(1, math.floor(info.m or 1))
+            ahead = ahead / math.max(1, math.floor(info.m or 1))  -- requests_per_handover
             if overdue(now, tonumber(info.e), ahead) then victims[#victims + 1] = {id, info.r} end
           end
           for _, victim in ipairs(victims) do

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from tests.integration.servers import Gateway, ServerProcess, Sim
+from tests.redis_server import RedisServer, unique_prefix
 
 
 class Launcher:
@@ -55,6 +56,20 @@ def start_sim(launcher: Launcher) -> Callable[..., Sim]:
 @pytest.fixture
 def start_gateway(launcher: Launcher) -> Callable[..., Gateway]:
     return launcher.gateway
+
+
+@pytest.fixture
+def store_section(store: str) -> Iterator[dict[str, Any] | None]:
+    """The gateway config's `store:` for a test parametrized on `store`: None for "memory", a Redis
+    of its own (started here, stopped after the test) under a key prefix of its own for "redis"."""
+    if store != "redis":
+        yield None
+        return
+    server = RedisServer()
+    try:
+        yield {"kind": "redis", "url": server.url, "key_prefix": unique_prefix()}
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import tritonclient.http.aio as triton
 
 from tests.eventually import eventually
 from tests.integration.servers import gateway_config, http_post
-from tests.redis_server import RedisServer, unique_prefix
 
 pytestmark = pytest.mark.anyio
 STORES = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
@@ -73,48 +72,38 @@ async def queued(gateway, count):
     )
 
 
-def redis_store(redis_server):
-    return {"kind": "redis", "url": redis_server.url, "key_prefix": unique_prefix()}
-
-
 @pytest.mark.parametrize("store", STORES)
 async def test_queued_requests_merge_into_one_call_and_each_gets_its_own_rows(
-    start_sim, start_gateway, store
+    start_sim, start_gateway, store_section
 ):
-    redis_server = RedisServer() if store == "redis" else None
+    sim = start_sim(slots=1, base_ms=150)
+    config = batching_config(sim, store=store_section)
+    gateway = start_gateway(config)
+    client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
     try:
-        sim = start_sim(slots=1, base_ms=150)
-        config = batching_config(sim, store=None if redis_server is None else redis_store(redis_server))
-        gateway = start_gateway(config)
-        client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
-        try:
-            blocker = await hold_the_slot(client, sim)
-            binary = [(rows(n, i), f"bin-{i}") for i, n in enumerate([1, 3, 2, 4])]
-            sends = [asyncio.ensure_future(infer(client, a, rid)) for a, rid in binary]
-            await queued(gateway, 4)
-            # JSON tensors have another key: they queue behind and merge among themselves.
-            inline = [(rows(n, 10 + i, "INT64"), f"json-{i}") for i, n in enumerate([2, 1])]
-            sends += [
-                asyncio.ensure_future(infer(client, a, rid, binary=False, datatype="INT64"))
-                for a, rid in inline
-            ]
-            await queued(gateway, 6)
-            await let_go(sim)
-            results = await asyncio.gather(*sends)
-            check_own_rows(await blocker, rows(1, 99), "blocker")
-        finally:
-            await client.close()
-        for result, (array, request_id) in zip(results, binary + inline, strict=True):
-            check_own_rows(result, array, request_id)
-        stats = sim.stats()
-        assert stats["completed"] == 3  # the blocker, one batch of 10 items, one of 3
-        assert stats["peak_inflight"] == 1
-        assert gateway.metric("gateway_batch_size_count", model="sim") == 3
-        assert gateway.metric("gateway_batch_size_sum", model="sim") == 1 + 10 + 3
-        assert gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="ok") == 7
+        blocker = await hold_the_slot(client, sim)
+        binary = [(rows(n, i), f"bin-{i}") for i, n in enumerate([1, 3, 2, 4])]
+        sends = [asyncio.ensure_future(infer(client, a, rid)) for a, rid in binary]
+        await queued(gateway, 4)
+        # JSON tensors have another key: they queue behind and merge among themselves.
+        inline = [(rows(n, 10 + i, "INT64"), f"json-{i}") for i, n in enumerate([2, 1])]
+        sends += [
+            asyncio.ensure_future(infer(client, a, rid, binary=False, datatype="INT64")) for a, rid in inline
+        ]
+        await queued(gateway, 6)
+        await let_go(sim)
+        results = await asyncio.gather(*sends)
+        check_own_rows(await blocker, rows(1, 99), "blocker")
     finally:
-        if redis_server is not None:
-            redis_server.stop()
+        await client.close()
+    for result, (array, request_id) in zip(results, binary + inline, strict=True):
+        check_own_rows(result, array, request_id)
+    stats = sim.stats()
+    assert stats["completed"] == 3  # the blocker, one batch of 10 items, one of 3
+    assert stats["peak_inflight"] == 1
+    assert gateway.metric("gateway_batch_size_count", model="sim") == 3
+    assert gateway.metric("gateway_batch_size_sum", model="sim") == 1 + 10 + 3
+    assert gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="ok") == 7
 
 
 async def test_a_batch_takes_at_most_max_batch_size_items(start_sim, start_gateway):
@@ -139,40 +128,35 @@ async def test_a_batch_takes_at_most_max_batch_size_items(start_sim, start_gatew
 
 
 @pytest.mark.parametrize("store", STORES)
-async def test_the_most_urgent_band_is_batched_first(start_sim, start_gateway, store):
-    redis_server = RedisServer() if store == "redis" else None
+async def test_the_most_urgent_band_is_batched_first(start_sim, start_gateway, store_section):
+    sim = start_sim(slots=1, base_ms=100)
+    config = batching_config(sim, store=store_section)
+    gateway = start_gateway(config)
+    client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
+    finished: list[str] = []
+
+    async def send(request_id: str, priority: str):
+        result = await infer(client, rows(1, len(finished)), request_id, headers={"X-Priority": priority})
+        finished.append(priority)
+        return result
+
     try:
-        sim = start_sim(slots=1, base_ms=100)
-        config = batching_config(sim, store=None if redis_server is None else redis_store(redis_server))
-        gateway = start_gateway(config)
-        client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
-        finished: list[str] = []
-
-        async def send(request_id: str, priority: str):
-            result = await infer(client, rows(1, len(finished)), request_id, headers={"X-Priority": priority})
-            finished.append(priority)
-            return result
-
-        try:
-            blocker = await hold_the_slot(client, sim)
-            sends = [asyncio.ensure_future(send(f"low-{i}", "low")) for i in range(3)]
-            await queued(gateway, 3)
-            sends += [asyncio.ensure_future(send(f"high-{i}", "high")) for i in range(3)]
-            await eventually(
-                lambda: gateway.assert_metric("gateway_queue_depth", 3, model="sim", priority="high")
-            )
-            await let_go(sim)
-            await asyncio.gather(*sends)
-            await blocker
-        finally:
-            await client.close()
-        # Queued later, the high requests leave first, as one call; the low ones as the next.
-        assert finished == ["high"] * 3 + ["low"] * 3
-        assert sim.stats()["completed"] == 3
-        assert gateway.metric("gateway_batch_size_sum", model="sim") == 1 + 3 + 3
+        blocker = await hold_the_slot(client, sim)
+        sends = [asyncio.ensure_future(send(f"low-{i}", "low")) for i in range(3)]
+        await queued(gateway, 3)
+        sends += [asyncio.ensure_future(send(f"high-{i}", "high")) for i in range(3)]
+        await eventually(
+            lambda: gateway.assert_metric("gateway_queue_depth", 3, model="sim", priority="high")
+        )
+        await let_go(sim)
+        await asyncio.gather(*sends)
+        await blocker
     finally:
-        if redis_server is not None:
-            redis_server.stop()
+        await client.close()
+    # Queued later, the high requests leave first, as one call; the low ones as the next.
+    assert finished == ["high"] * 3 + ["low"] * 3
+    assert sim.stats()["completed"] == 3
+    assert gateway.metric("gateway_batch_size_sum", model="sim") == 1 + 3 + 3
 
 
 async def test_a_request_that_cannot_merge_passes_alone_and_one_alone_passes_byte_for_byte(

@@ -134,51 +134,44 @@ async def test_three_redis_replicas_keep_the_same_shares(start_sim, start_gatewa
 
 @pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
 async def test_a_light_tenant_is_admitted_on_its_turn_while_a_heavy_one_floods(
-    start_sim, start_gateway, store
+    start_sim, start_gateway, store_section
 ):
     # 4 slots of 40 ms drain 100 requests a second: a 500 ms queue wait holds about 50 of them,
     # which the heavy tenant's 80 clients keep full (each back as soon as it is answered, or after
     # the Retry-After it is given, up to 50 ms). The light tenant's request is served on its turn
     # in the band's fair queuing, a request or so ahead, and is admitted on that.
-    redis_server = RedisServer() if store == "redis" else None
-    try:
-        sim = start_sim(slots=4, base_ms=40)
-        overrides = {}
-        if redis_server is not None:
-            overrides["store"] = {"kind": "redis", "url": redis_server.url, "key_prefix": unique_prefix()}
-        classes = [{"name": "low", "max_wait_ms": 500}]
-        gateway = start_gateway(weighted_config(sim, priorities=classes, expected_service_ms=40, **overrides))
-        heavy_statuses: list[int] = []
-        flooding = True
+    sim = start_sim(slots=4, base_ms=40)
+    overrides = {} if store_section is None else {"store": store_section}
+    classes = [{"name": "low", "max_wait_ms": 500}]
+    gateway = start_gateway(weighted_config(sim, priorities=classes, expected_service_ms=40, **overrides))
+    heavy_statuses: list[int] = []
+    flooding = True
 
-        async def post(http, tenant):
-            async with http.post(gateway.url + PATH, json=INFER, headers={"X-Tenant": tenant}) as reply:
-                await reply.read()
-                return reply.status, float(reply.headers.get("retry-after-ms", 0))
+    async def post(http, tenant):
+        async with http.post(gateway.url + PATH, json=INFER, headers={"X-Tenant": tenant}) as reply:
+            await reply.read()
+            return reply.status, float(reply.headers.get("retry-after-ms", 0))
 
-        async def heavy_client(http):
-            for _ in range(200):  # bounded; stops once the light tenant is done
-                if not flooding:
-                    return
-                status, advice_ms = await post(http, "team-a")
-                heavy_statuses.append(status)
-                if status == 429:
-                    await asyncio.sleep(min(advice_ms, 50) / 1000)
+    async def heavy_client(http):
+        for _ in range(200):  # bounded; stops once the light tenant is done
+            if not flooding:
+                return
+            status, advice_ms = await post(http, "team-a")
+            heavy_statuses.append(status)
+            if status == 429:
+                await asyncio.sleep(min(advice_ms, 50) / 1000)
 
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-            heavy = asyncio.gather(*(heavy_client(http) for _ in range(80)))
-            await eventually(lambda: heavy_statuses.count(429) >= 20, what="the heavy tenant to be refused")
-            refused_before = heavy_statuses.count(429)
-            light = [(await post(http, "team-b"))[0] for _ in range(20)]
-            refused_meanwhile = heavy_statuses.count(429) - refused_before
-            flooding = False
-            await heavy
-        assert light == [200] * 20
-        assert refused_meanwhile >= 20  # the queue stayed full while the light tenant was served
-        assert sim.stats()["peak_inflight"] <= 4
-    finally:
-        if redis_server is not None:
-            redis_server.stop()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        heavy = asyncio.gather(*(heavy_client(http) for _ in range(80)))
+        await eventually(lambda: heavy_statuses.count(429) >= 20, what="the heavy tenant to be refused")
+        refused_before = heavy_statuses.count(429)
+        light = [(await post(http, "team-b"))[0] for _ in range(20)]
+        refused_meanwhile = heavy_statuses.count(429) - refused_before
+        flooding = False
+        await heavy
+    assert light == [200] * 20
+    assert refused_meanwhile >= 20  # the queue stayed full while the light tenant was served
+    assert sim.stats()["peak_inflight"] <= 4
 
 
 @pytest.mark.parametrize(
@@ -322,90 +315,78 @@ async def test_at_the_cap_an_urgent_arrival_displaces_a_queued_batch_request_whi
 
 @pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
 async def test_queued_work_an_urgent_flood_pushes_past_its_allowance_is_told_at_once(
-    start_sim, start_gateway, store
+    start_sim, start_gateway, store_section
 ):
     # One slot of 50 ms a batch item: 20 hand-overs a second, within the low class's 1.5 s at most
     # 30 + 3 x 5.5. Three low requests queue behind a running batch of 40 (2 s); 60 urgent ones then
     # go ahead of them: the low ones cannot be served in time and hear so at once, not when their
     # 1.5 s runs out.
-    redis_server = RedisServer() if store == "redis" else None
-    try:
-        sim = start_sim(slots=1, base_ms=0, per_item_ms=50)
-        classes = [{"name": "high", "max_wait_ms": 30_000}, {"name": "low", "max_wait_ms": 1500}]
-        config = gateway_config([(sim.url, 1)], priorities=classes, expected_service_ms=50)
-        if redis_server is not None:
-            config["store"] = {"kind": "redis", "url": redis_server.url, "key_prefix": unique_prefix()}
-        gateway = start_gateway(config)
+    sim = start_sim(slots=1, base_ms=0, per_item_ms=50)
+    classes = [{"name": "high", "max_wait_ms": 30_000}, {"name": "low", "max_wait_ms": 1500}]
+    config = gateway_config([(sim.url, 1)], priorities=classes, expected_service_ms=50)
+    if store_section is not None:
+        config["store"] = store_section
+    gateway = start_gateway(config)
 
-        async def infer(http, priority, body=INFER):
-            async with http.post(gateway.url + PATH, json=body, headers={"X-Priority": priority}) as reply:
-                return reply.status, await reply.json(), reply.headers.get("retry-after-ms")
+    async def infer(http, priority, body=INFER):
+        async with http.post(gateway.url + PATH, json=body, headers={"X-Priority": priority}) as reply:
+            return reply.status, await reply.json(), reply.headers.get("retry-after-ms")
 
-        long_batch = {"inputs": [{"name": "INPUT0", "shape": [40, 1], "datatype": "FP32", "data": [1] * 40}]}
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-            running = asyncio.ensure_future(infer(http, "low", long_batch))
-            await eventually(lambda: sim.stats()["inflight"] == 1, what="the slot to be taken")
-            lows = [asyncio.ensure_future(infer(http, "low")) for _ in range(3)]
-            await eventually(lambda: gateway.metric("gateway_queue_depth", priority="low") == 3.0)
-            urgent = [asyncio.ensure_future(infer(http, "high")) for _ in range(60)]
-            told = await asyncio.gather(*lows)
-            assert not all(u.done() for u in urgent)  # told while the flood still waits
-            served = await asyncio.gather(running, *urgent)
-        for status, body, advice in told:
-            assert (status, body["reason"], body["rule"]) == (429, "displaced", "priorities[low].max_wait_ms")
-            assert advice is not None and float(advice) > 0
-        assert [status for status, _, _ in served] == [200] * 61
-        assert gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="displaced") == 3
-        assert sim.stats()["peak_inflight"] <= 1
-    finally:
-        if redis_server is not None:
-            redis_server.stop()
+    long_batch = {"inputs": [{"name": "INPUT0", "shape": [40, 1], "datatype": "FP32", "data": [1] * 40}]}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        running = asyncio.ensure_future(infer(http, "low", long_batch))
+        await eventually(lambda: sim.stats()["inflight"] == 1, what="the slot to be taken")
+        lows = [asyncio.ensure_future(infer(http, "low")) for _ in range(3)]
+        await eventually(lambda: gateway.metric("gateway_queue_depth", priority="low") == 3.0)
+        urgent = [asyncio.ensure_future(infer(http, "high")) for _ in range(60)]
+        told = await asyncio.gather(*lows)
+        assert not all(u.done() for u in urgent)  # told while the flood still waits
+        served = await asyncio.gather(running, *urgent)
+    for status, body, advice in told:
+        assert (status, body["reason"], body["rule"]) == (429, "displaced", "priorities[low].max_wait_ms")
+        assert advice is not None and float(advice) > 0
+    assert [status for status, _, _ in served] == [200] * 61
+    assert gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="displaced") == 3
+    assert sim.stats()["peak_inflight"] <= 1
 
 
 @pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
 async def test_what_a_hard_quota_would_keep_past_its_allowance_is_refused_at_arrival(
-    start_sim, start_gateway, store
+    start_sim, start_gateway, store_section
 ):
     # team-a runs one request at a time (quota 1, borrowing_limit 0), each taken to last 1 s; a
     # request may wait 5.5 s. Behind 1 running and 4 queued the sixth waits 5 s and is admitted;
     # the seventh would wait 6 s, so it is refused at once, naming the quota, although the pool
     # has three idle slots and would admit it on its own drain.
-    redis_server = RedisServer() if store == "redis" else None
-    try:
-        sim = start_sim(slots=4, base_ms=1000)
-        tenants = [{"name": "team-a", "quota": 1, "borrowing_limit": 0}, {"name": "team-b"}]
-        classes = [{"name": "high", "max_wait_ms": 5500}, {"name": "low", "max_wait_ms": 5500}]
-        config = gateway_config([(sim.url, 4)], expected_service_ms=1000, tenants=tenants, priorities=classes)
-        if redis_server is not None:
-            config["store"] = {"kind": "redis", "url": redis_server.url, "key_prefix": unique_prefix()}
-        gateway = start_gateway(config)
+    sim = start_sim(slots=4, base_ms=1000)
+    tenants = [{"name": "team-a", "quota": 1, "borrowing_limit": 0}, {"name": "team-b"}]
+    classes = [{"name": "high", "max_wait_ms": 5500}, {"name": "low", "max_wait_ms": 5500}]
+    config = gateway_config([(sim.url, 4)], expected_service_ms=1000, tenants=tenants, priorities=classes)
+    if store_section is not None:
+        config["store"] = store_section
+    gateway = start_gateway(config)
 
-        async def infer(http, tenant):
-            async with http.post(gateway.url + PATH, json=INFER, headers={"X-Tenant": tenant}) as reply:
-                return reply.status, await reply.json(), reply.headers.get("retry-after-ms")
+    async def infer(http, tenant):
+        async with http.post(gateway.url + PATH, json=INFER, headers={"X-Tenant": tenant}) as reply:
+            return reply.status, await reply.json(), reply.headers.get("retry-after-ms")
 
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-            await set_fault(sim, {"hang": True})  # nothing finishes while the queue is built
-            admitted = [asyncio.ensure_future(infer(http, "team-a"))]
-            await hanging(sim, 1, "team-a's first request to run")
-            for queued in range(1, 5 + 1):
-                admitted.append(asyncio.ensure_future(infer(http, "team-a")))
-                await eventually(
-                    lambda n=queued: gateway.assert_metric(
-                        "gateway_queue_depth", n, model="sim", priority="low"
-                    )
-                )
-            for _ in range(2):
-                status, body, advice = await infer(http, "team-a")
-                assert (status, body["reason"], body["rule"]) == (429, "queue_full", "tenants[team-a].quota")
-                assert advice is not None and float(advice) >= 500  # its own queue must come down first
-            other = asyncio.ensure_future(infer(http, "team-b"))  # the pool itself has room
-            await hanging(sim, 2, "team-b's request to run beside team-a's")
-            await set_fault(sim, {})
-            assert (await other)[0] == 200
-            for call in admitted:
-                call.cancel()
-        assert gateway.metric_by("gateway_requests_total", "outcome", model="sim").get("queue_full") == 2
-    finally:
-        if redis_server is not None:
-            redis_server.stop()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await set_fault(sim, {"hang": True})  # nothing finishes while the queue is built
+        admitted = [asyncio.ensure_future(infer(http, "team-a"))]
+        await hanging(sim, 1, "team-a's first request to run")
+        for queued in range(1, 5 + 1):
+            admitted.append(asyncio.ensure_future(infer(http, "team-a")))
+            await eventually(
+                lambda n=queued: gateway.assert_metric("gateway_queue_depth", n, model="sim", priority="low")
+            )
+        for _ in range(2):
+            status, body, advice = await infer(http, "team-a")
+            assert (status, body["reason"], body["rule"]) == (429, "queue_full", "tenants[team-a].quota")
+            assert advice is not None and float(advice) >= 500  # its own queue must come down first
+        other = asyncio.ensure_future(infer(http, "team-b"))  # the pool itself has room
+        await hanging(sim, 2, "team-b's request to run beside team-a's")
+        await set_fault(sim, {})
+        assert (await other)[0] == 200
+        for call in admitted:
+            call.cancel()
+    assert gateway.metric_by("gateway_requests_total", "outcome", model="sim").get("queue_full") == 2

@@ -390,3 +390,44 @@ async def test_what_a_hard_quota_would_keep_past_its_allowance_is_refused_at_arr
         for call in admitted:
             call.cancel()
     assert gateway.metric_by("gateway_requests_total", "outcome", model="sim").get("queue_full") == 2
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(("borrowing_limit", "peak"), [(None, 4), (0, 2)])
+async def test_three_redis_replicas_keep_a_quota_as_one_gateway_does(
+    start_sim, start_gateway, borrowing_limit, peak
+):
+    # The same quotas as the single-gateway test above, team-a's six requests sent through three
+    # replicas sharing one Redis: the backend's own count shows what team-a runs at most.
+    redis_server = RedisServer()
+    try:
+        sim = start_sim(slots=4, base_ms=200)
+        mine = {"name": "team-a", "quota": 2, "borrowing_limit": borrowing_limit}
+        tenants = [{k: v for k, v in mine.items() if v is not None}, {"name": "team-b", "quota": 2}]
+        store = {"kind": "redis", "url": redis_server.url, "key_prefix": unique_prefix(), "replicas": 3}
+        classes = [{"name": "high", "max_wait_ms": 20_000}, {"name": "low", "max_wait_ms": 20_000}]
+        config = gateway_config(
+            [(sim.url, 4)], expected_service_ms=200, tenants=tenants, priorities=classes, store=store
+        )
+        replicas = [start_gateway(config) for _ in range(3)]
+        sim.reset()
+
+        async def infer(http, gateway):
+            async with http.post(gateway.url + PATH, json=INFER, headers={"X-Tenant": "team-a"}) as reply:
+                await reply.read()
+                assert reply.status == 200
+
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            await set_fault(sim, {"hang": True})  # those that run are held there until counted
+            sent = asyncio.gather(*(infer(http, replicas[i % 3]) for i in range(6)))
+            await hanging(sim, peak, "team-a's requests to run")
+            await eventually(
+                lambda: replicas[0].assert_metric("gateway_queue_depth", 6 - peak, priority="low"),
+                what="the rest to queue in the shared queue",
+            )
+            await set_fault(sim, {})
+            await sent
+        stats = sim.stats()
+        assert stats["faults"]["peak_hanging"] == peak and stats["peak_inflight"] == peak, stats
+    finally:
+        redis_server.stop()

@@ -96,7 +96,8 @@ class Drain:
     async def settle(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` for every counted request to end (after a cut); False if some did not."""
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: it can drop a cancellation
+                await self._idle.wait()
         except TimeoutError:
             return False
         return True

@@ -168,7 +168,10 @@ class SignalBoard:
         task_status.started()
         while True:
             try:
-                await asyncio.wait_for(scrape(session, state), self._config.scrape_timeout_ms / 1000)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation that
+                # comes as the scrape completes, and this loop would then never stop.
+                async with asyncio.timeout(self._config.scrape_timeout_ms / 1000):
+                    await scrape(session, state)
             except (ScrapeError, aiohttp.ClientError, TimeoutError, ValueError) as error:
                 state.failures += 1
                 if state.up and state.failures >= self._config.stale_after_failures:

@@ -77,7 +77,8 @@ class TritonDiscovery:
 
     async def _discover(self, pool: ModelPool, backend: BackendState) -> None:
         try:
-            model = await asyncio.wait_for(self._read(backend), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):  # not wait_for: it can drop a cancellation
+                model = await self._read(backend)
         except (InferenceServerException, OSError, TimeoutError) as error:
             log.debug("discovery of %s at %s failed: %r", backend.served_model, backend.url, error)
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import anyio
 import httpx
 import pytest
 from aiohttp import web
@@ -19,7 +21,7 @@ from gateway.app import build_runtime, create_app
 from gateway.queues.memory import MemoryQueue
 from gateway.runtime import Runtime
 from gateway.settings import Autoscaling, Estimation, Settings, Signals, parse_settings
-from gateway.signals.scraper import SignalBoard
+from gateway.signals.scraper import SignalBoard, SourceState
 from gateway.supervision import Backoff, Supervisor
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.scaling import ScalingHints
@@ -214,10 +216,14 @@ async def test_a_signal_scraper_restarts_after_a_crash_and_scrapes_again(backend
     async with aiohttp.ClientSession() as session:
         await board.start(session)
         try:
-            await eventually(lambda: target.signal_up, what="a scrape after the restart")
+            # The backend is marked inside the scrape, the source's gauge once the scrape is over.
+            up = {"source": target.metrics_url}
+            await eventually(
+                lambda: target.signal_up and registry.get_sample_value("gateway_signal_up", up) == 1.0,
+                what="a scrape after the restart",
+            )
             assert target.reported_waiting == 9.0  # the sample's two engines
             assert supervisor.restarts() == {"signal_scrape": 1}
-            assert registry.get_sample_value("gateway_signal_up", {"source": target.metrics_url}) == 1.0
         finally:
             await board.stop()
 
@@ -259,3 +265,27 @@ async def test_readyz_is_503_naming_a_redis_loop_while_it_is_down(backend, redis
         await eventually(lambda: runtime.ready, what=f"{loop} back")
         reply = await client.get("/readyz")
         assert reply.status_code == 200 and reply.json()["loops_down"] == []
+
+
+async def test_a_scrape_loop_cancelled_as_its_scrape_completes_stops(supervisor):
+    # The cancellation lands while the scrape is finishing: Python 3.11's asyncio.wait_for returned
+    # the scrape's result instead and the loop went on forever, so that stopping it hung.
+    pool = ModelPool(name="m", backends=[], expected_service_s=0.1)
+    metrics = GatewayMetrics(CollectorRegistry())
+    board = SignalBoard([pool], Signals(scrape_interval_ms=10), None, metrics, supervisor=supervisor)
+    scrapes = 0
+    loop_task: asyncio.Task[None] | None = None
+
+    async def scrape(session: aiohttp.ClientSession, state: SourceState) -> None:
+        nonlocal scrapes
+        scrapes += 1
+        assert loop_task is not None
+        loop_task.cancel()  # then returns at once: done before the cancellation is seen
+
+    async with aiohttp.ClientSession() as session:
+        loop_task = asyncio.ensure_future(
+            board._run(session, SourceState("s"), scrape, task_status=anyio.TASK_STATUS_IGNORED)
+        )
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(loop_task), 5)
+    assert scrapes == 1

@@ -1,6 +1,7 @@
 """A system of queues through real gateways: tenants flooding one class share the backend by
 weight, on both stores; a class's reserved slots stay free for it while another floods; a class
-kept to a time window is refused outside it."""
+kept to a time window is refused outside it; a tenant borrows idle quota and gives it back to its
+owner as its borrowed requests finish; queued work that can no longer be served is told at once."""
 
 from __future__ import annotations
 
@@ -280,6 +281,74 @@ async def test_a_tenant_over_its_quota_borrows_idle_capacity_unless_its_quota_is
     stats = sim.stats()
     assert stats["faults"]["peak_hanging"] == peak and stats["peak_inflight"] == peak, stats
     assert borrowed == peak - 2
+
+
+async def release(sim, count, running):
+    """Let the `count` requests that have hung longest finish, and wait for the freed slots to be
+    taken again (the backend's own count back at `running`)."""
+    received = sim.stats()["faults"]["received"]
+    await set_fault(sim, {"hang": True, "release": count})
+    await eventually(
+        lambda: (
+            sim.stats()["faults"]["received"] == received + count
+            and sim.stats()["faults"]["hanging"] == running
+        ),
+        what=f"{count} freed slots to be taken again",
+    )
+
+
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_borrowed_capacity_goes_back_to_its_owner_as_the_borrowed_requests_finish(
+    start_sim, start_gateway, store_section
+):
+    # team-a (quota 2) runs all 4 slots while team-b (quota 2) is idle, 2 of them on team-b's lent
+    # quota, and queues 2 more. Then team-b's 2 requests come: nothing running is stopped, each
+    # slot that frees goes to team-b although team-a's requests have waited longer, and team-a
+    # starts nothing new until team-b runs its quota; then team-a runs within its own.
+    sim = start_sim(slots=4, base_ms=0)
+    tenants = [{"name": "team-a", "quota": 2}, {"name": "team-b", "quota": 2}]
+    classes = [{"name": "high", "max_wait_ms": 20_000}, {"name": "low", "max_wait_ms": 20_000}]
+    config = gateway_config([(sim.url, 4)], expected_service_ms=200, tenants=tenants, priorities=classes)
+    if store_section is not None:
+        config["store"] = store_section
+    gateway = start_gateway(config)
+    sim.reset()
+
+    async def infer(http, tenant):
+        async with http.post(gateway.url + PATH, json=INFER, headers={"X-Tenant": tenant}) as reply:
+            await reply.read()
+            return reply.status
+
+    def borrowed():
+        return gateway.metric("gateway_tenant_borrowed_work", model="sim", tenant="team-a")
+
+    def queued():
+        return gateway.metric("gateway_queue_depth", model="sim", priority="low")
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await set_fault(sim, {"hang": True})  # a request runs until the test lets it finish
+        owned = [asyncio.ensure_future(infer(http, "team-a")) for _ in range(2)]
+        await hanging(sim, 2, "team-a's requests within its quota to run")
+        lent = [asyncio.ensure_future(infer(http, "team-a")) for _ in range(2)]
+        await hanging(sim, 4, "team-a to borrow team-b's idle quota")
+        waiting = [asyncio.ensure_future(infer(http, "team-a")) for _ in range(2)]
+        await eventually(lambda: queued() == 2, what="team-a's requests beyond the pool to queue")
+        assert borrowed() == 2
+        owner = [asyncio.ensure_future(infer(http, "team-b")) for _ in range(2)]
+        await eventually(lambda: queued() == 4, what="team-b's requests to queue")
+        assert sim.stats()["faults"]["hanging"] == 4 and not any(call.done() for call in owned + lent)
+
+        await release(sim, 1, running=4)  # team-a's first: its slot goes to team-b
+        assert (await owned[0], queued(), borrowed()) == (200, 3, 1)
+        await release(sim, 1, running=4)  # team-a's second: team-b's second request starts
+        assert (await owned[1], queued(), borrowed()) == (200, 2, 0)
+        assert not any(call.done() for call in waiting + owner)
+        await release(sim, 2, running=4)  # team-a's borrowed two: its queued work runs, as owned
+        assert [await call for call in lent] == [200, 200]
+        assert (queued(), borrowed()) == (0, 0)
+        await set_fault(sim, {})
+        assert [await call for call in waiting + owner] == [200] * 4
+    assert sim.stats()["faults"]["peak_hanging"] == 4  # the backend's own count: never beyond its slots
 
 
 async def test_at_the_cap_an_urgent_arrival_displaces_a_queued_batch_request_which_is_told_at_once(

@@ -1,15 +1,17 @@
 """`inference-gateway simulate`: its arguments, read into a workload and a pool, and its exit status.
 
 Classes are given most urgent first (`--class high,share=0.2,max_wait_ms=250 --class low`), tenants
-with their weights (`--tenant a,weight=3`); with none given there is one class and one tenant,
-both "default". Arrivals are Poisson (`--rate`, `--requests`) or a CSV trace (`--trace`, columns
-in gateway/simulate/workload.py). Bad input is a message on stderr and exit status 2.
+with their weights and quotas (`--tenant a,weight=3,quota=4,borrowing_limit=0`); with none given
+there is one class and one tenant, both "default". Arrivals are Poisson (`--rate`, `--requests`) or
+a CSV trace (`--trace`, columns in gateway/simulate/workload.py). Bad input is a message on stderr
+and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -30,6 +32,7 @@ from gateway.simulate.workload import (
     poisson_arrivals,
     read_trace,
 )
+from policies.quotas import Quota
 
 PROGRESS_FROM = 200_000
 """Runs of at least this many requests report their progress on stderr unless told not to."""
@@ -54,6 +57,19 @@ class TenantOption:
     weight: float = 1.0
     share: float = 1.0
     cost: float = 1.0
+    quota: float | None = None
+    borrowing_limit: float | None = None
+    lending_limit: float | None = None
+
+    def as_quota(self) -> Quota | None:
+        if self.quota is None:
+            if self.borrowing_limit is not None or self.lending_limit is not None:
+                raise SimulateInputError(f"tenant {self.name}: borrowing and lending limits need a quota")
+            return None
+        limits = (
+            math.inf if limit is None else limit for limit in (self.borrowing_limit, self.lending_limit)
+        )
+        return Quota(self.quota, *limits)
 
 
 def add_parser(commands: Any) -> None:
@@ -101,9 +117,20 @@ def add_parser(commands: Any) -> None:
         "--tenant",
         dest="tenants",
         action="append",
-        type=_spec(TenantOption, {"weight": _POSITIVE, "share": _SHARE, "cost": _POSITIVE}),
-        metavar="NAME[,weight=W][,share=S][,cost=C]",
-        help="a tenant: fair-share weight, share of Poisson arrivals, cost of its Poisson requests",
+        type=_spec(
+            TenantOption,
+            {
+                "weight": _POSITIVE,
+                "share": _SHARE,
+                "cost": _POSITIVE,
+                "quota": _SHARE,
+                "borrowing_limit": _SHARE,
+                "lending_limit": _SHARE,
+            },
+        ),
+        metavar="NAME[,weight=W][,share=S][,cost=C][,quota=Q][,borrowing_limit=B][,lending_limit=L]",
+        help="a tenant: fair-share weight, share of Poisson arrivals, cost of its Poisson requests, "
+        "and its quota of work in flight with Kueue's borrowing and lending limits",
     )
     run_group = parser.add_argument_group("run")
     run_group.add_argument(
@@ -128,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         _check_unique("class", [c.name for c in classes])
         _check_unique("tenant", [t.name for t in tenants])
         service = _service(args)
+        quotas = {t.name: quota for t in tenants if (quota := t.as_quota()) is not None}
         arrivals, total, admission = _workload(args, classes, tenants, service)
         if args.warmup >= total:
             raise SimulateInputError(f"--warmup {args.warmup} leaves none of the {total} requests measured")
@@ -136,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     weights = {tenant.name: tenant.weight for tenant in tenants}
     bands = tuple(Band(_seconds(c.max_wait_ms), _seconds(c.deadline_ms), c.reserved_slots) for c in classes)
-    setup = Setup(args.slots, bands, weights, args.warmup, args.until_s, admission)
+    setup = Setup(args.slots, bands, weights, args.warmup, args.until_s, admission, quotas)
     show = args.progress if args.progress is not None else total >= PROGRESS_FROM
     every = max(1, total // 10)
     result = simulate(

@@ -15,6 +15,10 @@ It decides nothing itself; the gateway's policies do, called where the memory st
   queued request leaves the queue when its allowance (`allowed_wait_s`) runs out; it stays in its
   heap until it reaches the top (lazy deletion, as in the memory store) but no longer counts.
   Without them the queue is unbounded, as queueing theory assumes.
+- With tenant quotas, a request starts only when `policies.quotas.may_start` lets it (no new
+  borrowing while an owner under its quota waits): the slot goes to the most urgent band with a
+  flow whose head may start, to the lowest such head, as the memory store's pop_next picks. A
+  capped quota's wait (`policies.quotas.quota_wait_s`) past the allowance is refused at arrival.
 
 Events at the same instant run completions first, then expiries, then arrivals. A slot is held for
 the request's `service_s`. Requests numbered `warmup` and later are measured; hand-overs are
@@ -31,11 +35,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from gateway.simulate.tally import FlowTally, Run
+from gateway.simulate.flows import Entry, Flow, lowest_head, new_flow, queued_heads, startable_head
+from gateway.simulate.quota_book import QuotaBook
+from gateway.simulate.tally import Run
 from gateway.simulate.workload import Arrival
 from policies.admission import AdmissionConfig, AdmissionRequest, Reject, allowed_wait_s, decide
 from policies.dispatch import next_band
 from policies.fairness import FairTurns, tags, virtual_time_after
+from policies.quotas import Quota
 from policies.reservations import usable_by_band, usable_free_slots
 from policies.wait import QueueStats, Throughput, drain_rate_from_slots
 
@@ -96,6 +103,8 @@ class Setup:
     until_s: float | None = None
     """Stop at this simulated time; what is still queued then is left unserved."""
     admission: Admission | None = None
+    quotas: Mapping[str, Quota] = field(default_factory=dict)
+    """Tenant -> its quota of work in flight (policies.quotas); none: nothing is held back."""
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -114,31 +123,13 @@ class Handover(NamedTuple):
     waited_s: float
     queued_by_band: tuple[int, ...]
     """What still waits in each band right after this hand-over."""
+    running_by_tenant: Mapping[str, float] = {}
+    """With quotas, the work each tenant runs right after this hand-over."""
 
 
 Observer = Callable[[Handover], None]
 Progress = Callable[[int], None]
 _NO_MORE = Arrival(math.inf, 0, "", 0.0, 0.0)  # what follows the last arrival
-# A queued request: (start tag, arrival number, arrived at, cost, service_s, its flow, measured).
-# A plain tuple: the heap orders it by its first two fields, which never tie.
-_Entry = tuple[float, int, float, float, float, "_Flow", bool]
-
-
-@dataclass(slots=True, eq=False)
-class _Flow:
-    """One (band, tenant) flow's queue and fair-queuing state."""
-
-    band: int
-    tenant: str
-    weight: float
-    tally: FlowTally
-    finish: float = 0.0
-    """Its finish tag (policies.fairness)."""
-    queued: float = 0.0
-    """Its live queued work (expired requests still in the heap do not count)."""
-    heap: list[_Entry] = field(default_factory=list)
-    siblings: dict[str, _Flow] = field(default_factory=dict)
-    """Its band's flows, itself included (tenant -> flow)."""
 
 
 def simulate(
@@ -161,18 +152,19 @@ def simulate(
         [band.reserved_slots for band in setup.bands] if any(b.reserved_slots for b in setup.bands) else []
     )
     jitter = random.Random(seed).random
+    book = QuotaBook(setup.quotas, setup.slots) if setup.quotas else None
     report_at = progress_every if progress is not None and progress_every > 0 else -1
 
     free = setup.slots
     held = [0] * nbands  # slots in use per band, which reservations bound
-    done: list[tuple[float, int]] = []  # (finish time, band) of the slots in use
+    done: list[tuple[float, int, float, str]] = []  # (finish time, band, cost, tenant) of the slots in use
     depth = [0] * nbands  # live requests per band: what next_band reads
     work = [0.0] * nbands
-    known: list[dict[str, _Flow]] = [{} for _ in range(nbands)]
-    active: list[dict[str, _Flow]] = [{} for _ in range(nbands)]  # the flows with a heap to pop
+    known: list[dict[str, Flow]] = [{} for _ in range(nbands)]
+    active: list[dict[str, Flow]] = [{} for _ in range(nbands)]  # the flows with a heap to pop
     vtime = [0.0] * nbands
     expiries: list[tuple[float, int]] = []
-    waiting: dict[int, _Entry] = {}  # arrival number -> entry, for those that can still expire
+    waiting: dict[int, Entry] = {}  # arrival number -> entry, for those that can still expire
     gone: set[int] = set()  # expired, still in a heap
     queued = 0
     measured_from = math.inf
@@ -183,16 +175,18 @@ def simulate(
     upcoming = next(stream, _NO_MORE)
     index = 0
     while True:
-        granted: _Entry | None = None
+        granted: Entry | None = None
         next_at = upcoming[0]
         next_done = done[0][0] if done else inf
         next_expiry = expiries[0][0] if expiries else inf
         if next_done <= next_at and next_done <= next_expiry:
             if next_done > until or not done:  # not done: nothing is left at all
                 break
-            now, band = pop(done)
+            now, band, cost, tenant = pop(done)
             free += 1
             held[band] -= 1
+            if book is not None:
+                book.finish(tenant, cost)
         elif next_expiry <= next_at:
             if next_expiry > until:
                 break
@@ -221,18 +215,28 @@ def simulate(
                 assert progress is not None
                 progress(index)
                 report_at += progress_every
-            flow = known[band].get(tenant) or _new_flow(known[band], band, tenant, weights)
+            flow = known[band].get(tenant) or new_flow(known[band], band, tenant, weights)
             if measured:
                 flow.tally.arrived += 1
             usable = usable_free_slots(band, free, held, reserved) if reserved else free
             expire_at = inf
             if limited[band]:
                 expire_at = _admitted_until(now, flow, cost, setup, depth, free, held, work, vtime, jitter)
+                if book is not None and expire_at >= now:
+                    assert setup.admission is not None
+                    ahead = sum(flows[tenant].queued for flows in known[: band + 1] if tenant in flows)
+                    service_s = setup.admission.throughput.service_time_s
+                    if book.wait_s(tenant, cost, ahead, service_s) > expire_at - now:
+                        expire_at = -inf  # its capped quota keeps it waiting past its allowance
                 if expire_at < now:
                     if measured:
                         flow.tally.refused += 1
                     continue
-            if usable and (not queued or not any(depth[: band + 1])):
+            if (
+                usable
+                and (not queued or not any(depth[: band + 1]))
+                and (book is None or book.may_start(tenant, cost, queued_heads(active, gone)))
+            ):
                 granted = (0.0, index, now, cost, service, flow, measured)  # untagged, as the store
             else:
                 tagged = tags(vtime[band], flow.finish, cost, flow.weight)
@@ -251,20 +255,26 @@ def simulate(
         # Hand slots over: to the arrival granted at once, or, while slots are free, to the queue.
         while granted is not None or (free and queued):
             if granted is None:
-                chosen = next_band(depth)
-                assert chosen is not None
-                band = chosen
-                if reserved and usable_free_slots(band, free, held, reserved) <= 0:
-                    break  # kept for a more urgent class, and so from every less urgent one
-                band_flows = active[band]
-                if len(band_flows) == 1 and not gone:
-                    flow = next(iter(band_flows.values()))
+                if book is not None:
+                    found = startable_head(active, depth, gone, book, free, held, reserved)
+                    if found is None:
+                        break  # held back by quotas or kept by a reservation
+                    band, flow = found
                 else:
-                    flow = _lowest_head(band_flows, gone)
+                    chosen = next_band(depth)
+                    assert chosen is not None
+                    band = chosen
+                    if reserved and usable_free_slots(band, free, held, reserved) <= 0:
+                        break  # kept for a more urgent class, and so from every less urgent one
+                    band_flows = active[band]
+                    if len(band_flows) == 1 and not gone:
+                        flow = next(iter(band_flows.values()))
+                    else:
+                        flow = lowest_head(band_flows, gone)
                 start, seq, at, cost, service, _, measured = pop(flow.heap)
                 flow.queued = flow.queued - cost if flow.heap else 0.0
                 if not flow.heap:
-                    del band_flows[flow.tenant]
+                    del active[band][flow.tenant]
                 depth[band] -= 1
                 work[band] = work[band] - cost if depth[band] else 0.0  # no float residue when empty
                 queued -= 1
@@ -276,7 +286,9 @@ def simulate(
                 band, granted = flow.band, None
             free -= 1
             held[band] += 1
-            push(done, (now + service, band))
+            push(done, (now + service, band, cost, flow.tenant))
+            if book is not None:
+                book.start(flow.tenant, cost)
             tally = flow.tally
             waited = now - at
             if measured:
@@ -289,20 +301,16 @@ def simulate(
                 tally.handed_work += cost
                 tally.busy_s += service
             if on_handover is not None:
-                on_handover(Handover(now, band, flow.tenant, cost, waited, tuple(depth)))
+                running = dict(book.inflight) if book is not None else {}
+                on_handover(Handover(now, band, flow.tenant, cost, waited, tuple(depth), running))
     end = until if until < math.inf else now
     tallies = {(band, tenant): flow.tally for band in range(nbands) for tenant, flow in known[band].items()}
     return Run(tallies, index, min(measured_from, end), last_arrival, end, queued)
 
 
-def _new_flow(flows: dict[str, _Flow], band: int, tenant: str, weights: Mapping[str, float]) -> _Flow:
-    flow = flows[tenant] = _Flow(band, tenant, weights.get(tenant, 1.0), FlowTally(), siblings=flows)
-    return flow
-
-
 def _admitted_until(
     now: float,
-    flow: _Flow,
+    flow: Flow,
     cost: float,
     setup: Setup,
     depth: list[int],
@@ -333,7 +341,7 @@ def _admitted_until(
     return now + allowed_wait_s(request, throughput)
 
 
-def _turns(flow: _Flow, virtual_time: float, nbands: int) -> tuple[FairTurns | None, ...]:
+def _turns(flow: Flow, virtual_time: float, nbands: int) -> tuple[FairTurns | None, ...]:
     """The fair-queuing state of `flow`'s band, where the arrival's turn is not the whole band."""
     others = [f for f in flow.siblings.values() if f is not flow and f.queued > 0]
     if not others:
@@ -342,19 +350,3 @@ def _turns(flow: _Flow, virtual_time: float, nbands: int) -> tuple[FairTurns | N
     queued[flow.tenant] = flow.queued
     turns = FairTurns(virtual_time, {flow.tenant: flow.finish}, queued, {f.tenant: f.weight for f in others})
     return tuple(turns if b == flow.band else None for b in range(nbands))
-
-
-def _lowest_head(band_flows: dict[str, _Flow], gone: set[int]) -> _Flow:
-    """The flow whose live head has the lowest (start tag, arrival number); expired heads are
-    dropped on the way, and flows left empty taken off the band's active ones."""
-    best: _Flow | None = None
-    for tenant, flow in list(band_flows.items()):
-        heap = flow.heap
-        while heap and heap[0][1] in gone:
-            gone.discard(heapq.heappop(heap)[1])
-        if not heap:
-            del band_flows[tenant]
-        elif best is None or heap[0][:2] < best.heap[0][:2]:
-            best = flow
-    assert best is not None
-    return best

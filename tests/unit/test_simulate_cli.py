@@ -157,3 +157,18 @@ def test_arrivals_need_a_rate_or_a_trace(capsys):
 def test_a_malformed_class_spec_is_refused_by_the_parser(capsys):
     assert simulate("--rate", "1", "--class", "high,max_wait=5") == 2
     assert "unknown key 'max_wait'" in capsys.readouterr().err
+
+
+def test_tenant_quotas_that_lend_keep_the_pool_busy_where_hard_ones_leave_it_half_idle(capsys):
+    # Two teams own half of 8 slots each; team-a offers 1.5 times the pool, team-b nothing.
+    argv = ("--slots", "8", "--rate", "120", "--service-ms", "100", "--requests", "6000", "--until-s", "50")
+    quiet = ("--tenant", "b,share=0,quota=4")
+    hard = report_json(capsys, *argv, "--tenant", "a,quota=4,borrowing_limit=0", *quiet)
+    lent = report_json(capsys, *argv, "--tenant", "a,quota=4", *quiet)
+    assert 0.45 < hard["utilization"] < 0.55
+    assert lent["utilization"] > 0.97
+
+
+def test_borrowing_and_lending_limits_need_a_quota(capsys):
+    assert simulate("--rate", "1", "--tenant", "a,borrowing_limit=2") == 2
+    assert "borrowing and lending limits need a quota" in capsys.readouterr().err

@@ -25,11 +25,16 @@ counting the refused clients told to come back before it. The rules this module 
 - Jitter spreads a return within its own slot (its cost over the spare rate), so that it cannot
   crowd the returns booked after it. Advice at the ceiling, where the schedule has no room left,
   is spread over the last `jitter` share of the ceiling.
+- Replicas that share one queue share its spare rate: each counts the returns the others have
+  promised (`Promised`, as they last published them) as taken room in its own slices, and their
+  returns falling due as returns, not fresh arrivals. A promise whose slices have passed counts
+  no longer, nor a returning rate older than the rates' memory.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.estimators import ObservedRate, ewma_in_time
@@ -66,6 +71,63 @@ class ReturnSchedule:
     memory belong to one."""
     settled_returning: ObservedRate
     """The returns that fell due between overloads, per second of those times."""
+
+
+@dataclass(frozen=True, slots=True)
+class Promised:
+    """The returns one replica has promised one band, as another replica counts them."""
+
+    origin_s: float
+    """Where its first slice begins, on the reader's clock."""
+    slice_s: float
+    booked: tuple[float, ...]
+    """Work told to come back in each slice (trailing empty slices left out)."""
+    returning_per_s: float
+    settled_returning_per_s: float
+    updated_at: float
+    """Its last refusal, on the reader's clock: its returning rate is that old."""
+
+
+def promised(schedule: ReturnSchedule) -> Promised:
+    """What `schedule` has promised, to share with the replicas beside it (on its own clock)."""
+    booked = schedule.booked
+    end = len(booked)
+    while end and booked[end - 1] <= 0:
+        end -= 1
+    settled = schedule.settled_returning.per_s or 0.0
+    return Promised(
+        schedule.origin_s,
+        schedule.slice_s,
+        booked[:end],
+        schedule.returning_per_s,
+        settled,
+        schedule.updated_at,
+    )
+
+
+def booked_elsewhere(schedule: ReturnSchedule, others: Sequence[Promised]) -> list[float]:
+    """The work `others` have booked in each slice of `schedule`: each of their slices counts in
+    the slice that holds its middle. What falls before the first slice has fallen due, and what
+    falls past the last is beyond the ceiling: neither takes room."""
+    taken = [0.0] * len(schedule.booked)
+    origin, width = schedule.origin_s, schedule.slice_s
+    for other in others:
+        for index, work in enumerate(other.booked):
+            if work > 0:
+                middle = other.origin_s + (index + 0.5) * other.slice_s
+                mine = math.floor((middle - origin) / width)
+                if 0 <= mine < len(taken):
+                    taken[mine] += work
+    return taken
+
+
+def returning_elsewhere_per_s(
+    others: Sequence[Promised], now: float, rates_tau_s: float
+) -> tuple[float, float]:
+    """The rate at which the others' returns fall due now, and did in settled times; a rate not
+    refreshed within the rates' memory counts no longer (that replica refuses nothing now)."""
+    fresh = [o for o in others if now - o.updated_at <= rates_tau_s]
+    return sum(o.returning_per_s for o in fresh), sum(o.settled_returning_per_s for o in others)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,19 +224,21 @@ def book_return(
     now: float,
     jitter_u: float,
     config: RetryAfterConfig,
+    elsewhere: Sequence[float] = (),
 ) -> Booking:
     """Book a return of `cost` work in the first room at or after `now + earliest_s`.
 
     Its slot (cost at the spare rate, a `Spare` or one rate throughout) may spill over several
     slices; it is told to come back at a point of that slot chosen by `jitter_u` (uniform in
-    [0, 1)). No room before the ceiling: the ceiling. `schedule` must have been advanced to `now`.
+    [0, 1)). No room before the ceiling: the ceiling. `schedule` must have been advanced to `now`;
+    `elsewhere`: the work other replicas have booked in its slices (booked_elsewhere), or none.
     """
     if not isinstance(spare, Spare):
         spare = Spare(spare, spare, now)
     if spare.now_per_s <= 0 or spare.settled_per_s <= 0:
         return _at_ceiling(schedule, cost, earliest_s, now, jitter_u, config)
     booked = list(schedule.booked)
-    slot = _fill(booked, schedule, now + earliest_s, max(cost, 0.0), spare)
+    slot = _fill(booked, elsewhere, schedule, now + earliest_s, max(cost, 0.0), spare)
     if slot is None:
         return _at_ceiling(schedule, cost, earliest_s, now, jitter_u, config)
     opens_at, closes_at = slot
@@ -194,29 +258,38 @@ def advise_return(
     jitter_u: float,
     config: RetryAfterConfig,
     rates_tau_s: float,
+    others: Sequence[Promised] = (),
 ) -> Booking:
-    """Seconds until a refused request of `band` and `cost` should come back, its return booked.
+    """Seconds until a refused request of `band` and `cost` should come back, its return booked;
+    `others`: the band's returns other replicas of the queue have promised.
 
     Never below `earliest_return_s`, never above `max_s`.
     """
     schedule = advance(schedule, now, rates_tau_s)
-    spare_now = spare_rate_per_s(throughput, band, schedule.returning_per_s)
-    returning = schedule.settled_returning.per_s or 0.0
+    returning_now, returning_settled = returning_elsewhere_per_s(others, now, rates_tau_s)
+    spare_now = spare_rate_per_s(throughput, band, schedule.returning_per_s + returning_now)
+    returning = (schedule.settled_returning.per_s or 0.0) + returning_settled
     settled = settled_spare_rate_per_s(throughput, band, spare_now, returning)
     # An overload younger than the rates' memory is given that long: its age says nothing yet,
     # and the first refusals of a burst would otherwise be sent back into it.
     overload_left_s = max(now - schedule.refusing_since, rates_tau_s)
     spare = Spare(spare_now, settled, until=now + overload_left_s)
     earliest_s = earliest_return_s(excess_wait_s, throughput, band, config)
-    return book_return(schedule, cost, earliest_s, spare, now, jitter_u, config)
+    elsewhere = booked_elsewhere(schedule, others) if others else ()
+    return book_return(schedule, cost, earliest_s, spare, now, jitter_u, config, elsewhere)
 
 
 def _fill(
-    booked: list[float], schedule: ReturnSchedule, start: float, cost: float, spare: Spare
+    booked: list[float],
+    elsewhere: Sequence[float],
+    schedule: ReturnSchedule,
+    start: float,
+    cost: float,
+    spare: Spare,
 ) -> tuple[float, float] | None:
     """Book `cost` work of returns into `booked` from `start` on, slice by slice, each at its
-    spare rate; when the first of them opens and when the last closes (None: no room before the
-    last slice ends)."""
+    spare rate less what `elsewhere` (if given) has taken of it; when the first of them opens and
+    when the last closes (None: no room before the last slice ends)."""
     origin, width = schedule.origin_s, schedule.slice_s
     first = max(0, int((start - origin) // width))
     # Slices before `switch` start before the overload is expected to end, at the spare of now.
@@ -226,13 +299,14 @@ def _fill(
     remaining = cost
     for index in range(first, len(booked)):
         near = index < switch
+        filled = booked[index] + elsewhere[index] if elsewhere else booked[index]
         # Under a long overload most slices are full: skip them before any arithmetic.
-        if index > first and booked[index] >= (full_near if near else full_far):
+        if index > first and filled >= (full_near if near else full_far):
             continue
         rate = spare.now_per_s if near else spare.settled_per_s
         slice_start = origin + index * width
         # Returns already booked are taken to fill the slice from its first usable moment on.
-        free_from = max(slice_start, start) + booked[index] / rate
+        free_from = max(slice_start, start) + filled / rate
         room = (slice_start + width - free_from) * rate
         if room <= 0:
             continue

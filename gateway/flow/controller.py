@@ -356,7 +356,7 @@ class AdmissionController:
             bands = len(self._class_names)
             schedules = self._returns[model] = ReturnSchedules(
                 bands, self._admission.retry, self._rates_seen_s, self._settled_seen_s
-            )
+            ).shared_as(model, self._store.shared_returns)
         now, jitter_u = self._clock(), self._jitter()
         return schedules.advise(request.band, request.cost, excess_wait_s, flow, now, jitter_u)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gateway.queues.base import ALONE, SharedReturns
 from policies.retry_after import RetryAfterConfig
 from policies.return_schedule import ReturnSchedule, advise_return, empty_schedule
 from policies.wait import Throughput
@@ -12,7 +13,8 @@ class ReturnSchedules:
 
     `rates_seen_s` and `settled_seen_s` are how far back the arrival-rate estimates and the
     settled-times rate remember: the returns the schedule sends are averaged alike, so that they
-    can be told apart from fresh arrivals.
+    can be told apart from fresh arrivals. Shared (`shared_as`), each booking counts the returns
+    the queue's other replicas have promised, and publishes its own.
     """
 
     def __init__(
@@ -22,6 +24,13 @@ class ReturnSchedules:
         self._rates_seen_s = rates_seen_s
         self._settled_seen_s = settled_seen_s
         self._schedules: list[ReturnSchedule | None] = [None] * bands
+        self._model = ""
+        self._shared: SharedReturns = ALONE
+
+    def shared_as(self, model: str, shared: SharedReturns) -> ReturnSchedules:
+        """These schedules, as `model`'s among the replicas `shared` connects."""
+        self._model, self._shared = model, shared
+        return self
 
     def advise(
         self,
@@ -38,10 +47,13 @@ class ReturnSchedules:
         `jitter_u`: a uniform sample in [0, 1), drawn by the caller.
         """
         schedule = self._schedules[band] or empty_schedule(now, self._config, self._settled_seen_s)
+        others = self._shared.elsewhere(self._model, band)
+        config, rates_seen_s = self._config, self._rates_seen_s
         booking = advise_return(
-            schedule, cost, excess_wait_s, throughput, band, now, jitter_u, self._config, self._rates_seen_s
+            schedule, cost, excess_wait_s, throughput, band, now, jitter_u, config, rates_seen_s, others
         )
         self._schedules[band] = booking.schedule
+        self._shared.promise(self._model, band, booking.schedule)
         return booking.advice_s
 
     def schedule(self, band: int) -> ReturnSchedule | None:

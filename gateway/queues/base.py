@@ -24,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.upstream.backends import BackendState
 from policies.outcomes import Outcome
+from policies.return_schedule import Promised, ReturnSchedule
 from policies.wait import QueueStats, Throughput
 
 log = logging.getLogger("gateway.queues")
@@ -163,7 +164,37 @@ class Unavailable:
 Offer = Granted | Queued | Full | Unavailable
 
 
+class SharedReturns(Protocol):
+    """The returns each replica has promised refused clients, shared between the replicas of a
+    queue: a refused client comes back to whichever replica its load balancer picks, so replicas
+    sharing one queue share its spare rate too, and each books its returns in the room the others'
+    promises leave (policies.return_schedule.Promised)."""
+
+    def promise(self, model: str, band: int, schedule: ReturnSchedule) -> None:
+        """Share the returns this replica has promised `band`: its latest schedule, on its clock."""
+        ...
+
+    def elsewhere(self, model: str, band: int) -> Sequence[Promised]:
+        """The returns the other replicas have promised `band`, as last seen, on this one's clock."""
+        ...
+
+
+class _Alone:
+    def promise(self, model: str, band: int, schedule: ReturnSchedule) -> None:
+        pass
+
+    def elsewhere(self, model: str, band: int) -> Sequence[Promised]:
+        return ()
+
+
+ALONE: SharedReturns = _Alone()
+"""A store of one replica: no one else promises returns."""
+
+
 class RequestQueue(Protocol):
+    shared_returns: SharedReturns
+    """The returns promised by the replicas of this queue (ALONE for a store of one replica)."""
+
     async def start(self) -> None:
         """Connect and start background work (called in the app's lifespan)."""
         ...

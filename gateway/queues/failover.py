@@ -58,6 +58,8 @@ class FailoverQueue:
     ) -> None:
         self._redis = redis
         self._local = local
+        self.shared_returns = redis.shared_returns
+        """Redis's, whether it is up or not: refused clients come back either way."""
         self._pools = list(pools)
         self._mode = mode
         self._divisor = slot_divisor

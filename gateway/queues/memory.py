@@ -14,7 +14,18 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Reservations, Slot, Ticket
+from gateway.queues.base import (
+    ALONE,
+    Batching,
+    Flow,
+    Full,
+    Granted,
+    Offer,
+    Queued,
+    Reservations,
+    Slot,
+    Ticket,
+)
 from gateway.queues.memory_pool import ModelQueue
 from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
@@ -51,6 +62,7 @@ class MemoryQueue:
         self._weight_of = weights
         """A tenant's weight in its bands' fair queuing now; a tenant not named (and "") weighs 1."""
         self._loop_factory = loop_factory
+        self.shared_returns = ALONE
 
     async def start(self) -> None:
         pass

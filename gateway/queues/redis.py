@@ -12,10 +12,10 @@ named fields (gateway.queues.redis_codec).
 - Leases: a slot is a lease with a TTL, renewed by its replica's heartbeat while its request runs.
   A replica whose heartbeat lapsed keeps its leases reserved until its work could have ended, its
   tickets are purged, and it comes back by rejoining (gateway.queues.redis_presence).
-- Estimates: the scripts keep raw totals only (work offered, admitted, handed over, and the gaps
-  between backlogged hand-overs) on Redis's clock, and every script returns them; each replica
-  turns them into rates with the same PoolEstimates as the memory store. Service times are
-  measured locally (every replica measures the same backends).
+- Estimates: the scripts keep raw totals (work offered, admitted, handed over, the gaps between
+  backlogged hand-overs) on Redis's clock and return them; each replica makes them rates with the
+  memory store's PoolEstimates. Service times are measured locally (the backends are the same).
+- Returns promised to refused clients are exchanged on the upkeep loop (redis_returns).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from gateway.queues.estimates import PoolEstimates
 from gateway.queues.redis_codec import Displaced, Grant, OfferArgs, View, grants, ready_arg
 from gateway.queues.redis_grants import ModelState, listen
 from gateway.queues.redis_presence import Holding, Presence, ReplicaAbsent
+from gateway.queues.redis_returns import RedisReturns
 from gateway.queues.redis_scripts import Scripts
 from gateway.settings import Estimation
 from gateway.supervision import Loop, Supervisor
@@ -116,6 +117,7 @@ class RedisQueue:
         self._background = Background(on_failure)
         self._spawn = self._background.spawn
         """Runs `work` to the end in the background, whatever happens to whoever started it."""
+        self.shared_returns = RedisReturns(client, replica_id, bands)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -295,14 +297,10 @@ class RedisQueue:
 
     def _loop_down(self, model: str) -> Loop | None:
         """The upkeep loop or the model's grant listener, when down: no new slot may be taken then.
-
         Without heartbeats the other replicas reap this one's leases while it uses them (a backend
-        would run more than its slots); without the listener a queued request's grant never comes.
-        """
-        for loop in (self._upkeep_loop, self._listeners.get(model)):
-            if loop is not None and not loop.up:
-                return loop
-        return None
+        would run more than its slots); without the listener a queued request's grant never comes."""
+        loops = (self._upkeep_loop, self._listeners.get(model))
+        return next((loop for loop in loops if loop is not None and not loop.up), None)
 
     def _release_task(self, slot: Slot, *, used: bool = True) -> asyncio.Task[Any] | None:
         """Free the slot in the background; `used` False for one that comes back unused. Detached,
@@ -363,17 +361,19 @@ class RedisQueue:
         await listen(self._listener, key, LISTEN_WAKE_S, deliver, self._on_failure, lambda: self._stopping)
 
     async def _upkeep(self, *, task_status: TaskStatus[None]) -> None:
-        """Heartbeat (renews leases) every third of the TTL; reap and refresh on the way.
-
+        """Heartbeat (renews leases) every third of the TTL, reap and refresh on the way; exchange
+        promised returns every wake (LISTEN_WAKE_S).
         It beats at once when it starts, and only then reports itself up: a restarted loop must
         renew the leases before this replica takes new ones.
         """
         beat_s = self._ttl_s / 3
         next_beat = self._clock()
         while not self._stopping:
-            for state in self._models.values():
+            for name, state in self._models.items():
                 for slot in state.sweep(self._clock()):
                     self._give_back(slot)
+                if not self._presence.detached:
+                    await self.shared_returns.exchange(name, state)
             if self._clock() >= next_beat:
                 next_beat = self._clock() + beat_s * random.uniform(0.9, 1.1)
                 for state in self._models.values():

@@ -5,9 +5,11 @@ each promises refused clients count at the other."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -96,17 +98,33 @@ async def test_two_replicas_under_contention_keep_the_count():
         await admin.aclose()
 
 
+@contextlib.asynccontextmanager
+async def one_slot_replicas(*names: str) -> AsyncIterator[tuple[list[RedisQueue], Redis, str]]:
+    """Replicas of a one-slot model on one Redis under a prefix of their own, started: (the stores,
+    a client of that Redis, the prefix). A store the test stops itself it takes off the list."""
+    url = redis_url_or_skip()
+    prefix = unique_prefix()
+    admin = Redis.from_url(url)
+    stores: list[RedisQueue] = []
+    try:
+        for name in names:  # one by one: those started are stopped if the next fails
+            stores.append(await started_replica(Redis.from_url(url), url, prefix, name, slots=1))  # noqa: PERF401
+        yield stores, admin, prefix
+    finally:
+        for store in stores:
+            await store.stop()
+        keys = [key async for key in admin.scan_iter(match=f"{{{prefix}:*")]
+        if keys:
+            await admin.delete(*keys)
+        await admin.aclose()
+
+
 async def test_the_returns_a_replica_promises_its_refused_clients_reach_the_other_replica():
     # One slot, held; the low class may wait 1 ms, so every low request is refused and told when
     # to come back. The 30 returns replica a promised reach replica b, and still count there
     # after a has left: its clients come back all the same.
-    url = redis_url_or_skip()
-    prefix = unique_prefix()
-    admin = Redis.from_url(url)
     classes = [PriorityClass(name="high", max_wait_ms=20_000), PriorityClass(name="low", max_wait_ms=1)]
-    stores: list[RedisQueue] = []
-    try:
-        stores += [await started_replica(Redis.from_url(url), url, prefix, name, slots=1) for name in "ab"]
+    async with one_slot_replicas("a", "b") as (stores, _, _):
         store_a, store_b = stores
         a = AdmissionController(store_a, classes, GatewayMetrics(CollectorRegistry()))
         held = await a.acquire(Flow(MODEL, 0), 1.0, None, never)
@@ -127,27 +145,16 @@ async def test_the_returns_a_replica_promises_its_refused_clients_reach_the_othe
             lambda: store_b.shared_returns.elsewhere(MODEL, 1) is not seen, what="another exchange"
         )
         assert abs(seen_at_b() - 30) < 1e-6  # a's, though a has left
-    finally:
-        for store in stores:
-            await store.stop()
-        keys = [key async for key in admin.scan_iter(match=f"{{{prefix}:*")]
-        if keys:
-            await admin.delete(*keys)
-        await admin.aclose()
 
 
 async def test_a_replica_books_its_returns_after_those_the_other_replica_promised():
     # Both replicas see the same pool in overload (drain 25/s, returns booked at 5/s). Replica a
     # books 30 returns (6 s of room); replica b, once it has seen them, books its own after them,
     # where a single replica would have: the two never promise more than the queue can take.
-    url = redis_url_or_skip()
-    prefix = unique_prefix()
-    admin = Redis.from_url(url)
-    stores: list[RedisQueue] = []
     overload = Throughput(0.04, 25.0, admitted_rate_by_band=(25.0, 25.0), offered_rate_by_band=(75.0, 75.0))
-    try:
-        stores += [await started_replica(Redis.from_url(url), url, prefix, name, slots=1) for name in "ab"]
+    async with one_slot_replicas("a", "b") as (stores, _, _):
         a, b = (ReturnSchedules(2, RetryAfterConfig()).shared_as(MODEL, s.shared_returns) for s in stores)
+        # No exchange can come between these bookings: b sees all 30 or none.
         told_a = [a.advise(0, 1.0, 0.0, overload, time.monotonic(), 0.5) for _ in range(30)]
         last_return_at = time.monotonic() + told_a[-1]
         await eventually(
@@ -156,21 +163,10 @@ async def test_a_replica_books_its_returns_after_those_the_other_replica_promise
         told_b = b.advise(0, 1.0, 0.0, overload, time.monotonic(), 0.5)
         # A slice (0.25 s) of slack: others' promises count in whole slices.
         assert told_a[-1] > 5 and time.monotonic() + told_b > last_return_at - 0.25, (told_a, told_b)
-    finally:
-        for store in stores:
-            await store.stop()
-        keys = [key async for key in admin.scan_iter(match=f"{{{prefix}:*")]
-        if keys:
-            await admin.delete(*keys)
-        await admin.aclose()
 
 
 async def test_promised_returns_a_replica_cannot_read_are_left_out_and_the_upkeep_goes_on():
-    url = redis_url_or_skip()
-    prefix = unique_prefix()
-    admin = Redis.from_url(url)
-    store = await started_replica(Redis.from_url(url), url, prefix, "b", slots=1)
-    try:
+    async with one_slot_replicas("b") as ([store], admin, prefix):
         key = f"{{{prefix}:{MODEL}}}:returns"
         await admin.hset(key, mapping={"old-version": "{not json", "other-shape": "[[1, 2]]"})
         good = [None, [0.0, 0.25, 1.0, 0.0, 0.0, 2.0]]
@@ -179,7 +175,3 @@ async def test_promised_returns_a_replica_cannot_read_are_left_out_and_the_upkee
         assert store.shared_returns.elsewhere(MODEL, 0) == ()
         await admin.hset(key, "c", json.dumps(good))  # the exchanges go on
         await eventually(lambda: len(store.shared_returns.elsewhere(MODEL, 1)) == 2, what="c's promises read")
-    finally:
-        await store.stop()
-        await admin.delete(key)
-        await admin.aclose()

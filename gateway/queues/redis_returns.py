@@ -49,6 +49,8 @@ class RedisReturns:
         """Publish this replica's promises of `model` if they changed, and read the others'. A
         failure is logged and left for the next wake: the others' promises seen last stay."""
         view, key = state.view, f"{state.tag}:returns"
+        if view.redis_now <= 0:
+            return  # no reply from Redis yet: its clock is not known here
         to_redis = view.redis_now - view.seen_at  # local clock + this = Redis's clock
         pipe = self._client.pipeline(transaction=False)
         published = model in self._changed
@@ -58,23 +60,26 @@ class RedisReturns:
             reach_s = max(p.slice_s * (SLICES + 1) for p in own if p is not None)
             pipe.expire(key, math.ceil(reach_s) + 5)
         pipe.hgetall(key)
+        self._changed.discard(model)  # a promise made while this runs is published next time
         try:
             replies = await pipe.execute()
         except (RedisError, OSError) as error:
+            if published:
+                self._changed.add(model)
             log.debug("model %s: could not exchange promised returns: %s", model, error)
             return
-        if published:
-            self._changed.discard(model)
         others: list[list[Promised]] = [[] for _ in range(self._bands)]
         for replica, raw in replies[-1].items():
-            if replica.decode() == self._replica:
+            if (replica.decode() if isinstance(replica, bytes) else replica) == self._replica:
                 continue
             try:
-                for band, entry in enumerate(json.loads(raw)[: self._bands]):
-                    if entry is not None:
-                        others[band].append(_decode(entry, to_redis))
+                entries = [_decode(e, to_redis) if e is not None else None for e in json.loads(raw)]
             except (ValueError, TypeError) as error:  # another version's, or damaged: not counted
                 log.warning("model %s: unreadable promised returns of replica %s: %s", model, replica, error)
+                continue
+            for band, entry in enumerate(entries[: self._bands]):
+                if entry is not None:
+                    others[band].append(entry)
         self._others[model] = [tuple(band) for band in others]
 
 
@@ -92,5 +97,6 @@ def _encode(p: Promised | None, to_redis: float) -> list[float] | None:
 
 
 def _decode(entry: list[float], to_redis: float) -> Promised:
-    origin, slice_s, returning, settled, updated_at, *booked = entry
+    """ValueError or TypeError when `entry` is not numbers in the layout `_encode` writes."""
+    origin, slice_s, returning, settled, updated_at, *booked = (float(x) for x in entry)
     return Promised(origin - to_redis, slice_s, tuple(booked), returning, settled, updated_at - to_redis)

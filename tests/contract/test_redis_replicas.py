@@ -168,7 +168,12 @@ async def test_a_replica_books_its_returns_after_those_the_other_replica_promise
 async def test_promised_returns_a_replica_cannot_read_are_left_out_and_the_upkeep_goes_on():
     async with one_slot_replicas("b") as ([store], admin, prefix):
         key = f"{{{prefix}:{MODEL}}}:returns"
-        await admin.hset(key, mapping={"old-version": "{not json", "other-shape": "[[1, 2]]"})
+        unreadable = {
+            "old-version": "{not json",
+            "other-shape": "[[1, 2]]",
+            "text": '[null, [0, 1, 1, 0, 0, "x"]]',
+        }
+        await admin.hset(key, mapping=unreadable)
         good = [None, [0.0, 0.25, 1.0, 0.0, 0.0, 2.0]]
         await admin.hset(key, "a", json.dumps(good))
         await eventually(lambda: len(store.shared_returns.elsewhere(MODEL, 1)) == 1, what="a's promises read")

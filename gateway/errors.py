@@ -29,7 +29,7 @@ _RATE = "rate_limit_error"
 _INVALID = "invalid_request_error"
 _SERVER = "server_error"
 
-NOT_RETRYABLE = frozenset({Outcome.BUDGET_TOO_SMALL})
+NOT_RETRYABLE = frozenset({Outcome.BUDGET_TOO_SMALL, Outcome.COST_ABOVE_QUOTA})
 """Refusals that say so (`x-should-retry: false`, which the openai SDK obeys): the same request
 would be refused again whatever the load."""
 
@@ -52,6 +52,9 @@ ERRORS: dict[Outcome, ErrorSpec] = {
     Outcome.BODY_TOO_LARGE: ErrorSpec(413, _INVALID, "request body too large"),
     Outcome.BUDGET_TOO_SMALL: ErrorSpec(
         400, _INVALID, "X-Request-Timeout-Ms is below what the model needs even with no queue"
+    ),
+    Outcome.COST_ABOVE_QUOTA: ErrorSpec(
+        400, _INVALID, "the request costs more than its tenant's quota lets run"
     ),
     # Never rendered by the gateway: the backend's own answer passes through.
     Outcome.BACKEND_CLIENT_ERROR: ErrorSpec(400, _INVALID, "the backend refused the request"),

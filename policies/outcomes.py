@@ -34,6 +34,8 @@ class Outcome(StrEnum):
     BODY_TOO_LARGE = "body_too_large"
     BUDGET_TOO_SMALL = "budget_too_small"
     """The client's budget is below what even an idle pool needs: no retry can help."""
+    COST_ABOVE_QUOTA = "cost_above_quota"
+    """The request costs more work than its tenant's capped quota ever lets run: no retry can help."""
     CLIENT_DISCONNECTED = "client_disconnected"
 
 

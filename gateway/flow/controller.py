@@ -298,7 +298,8 @@ class AdmissionController:
             return None
         rule = f"tenants[{flow.tenant}].quota"
         if math.isinf(excess_s):  # above what the tenant may ever run: coming back cannot help
-            return Refusal(Outcome.QUEUE_FULL, None, "the request costs more than its quota lets run", rule)
+            detail = f"it costs {request.cost:g}, at most {self._quota_waits.cap(flow.tenant):g} may run"
+            return Refusal(Outcome.COST_ABOVE_QUOTA, None, detail, rule)
         drain = self._quota_waits.drain_rate_per_s(flow.tenant, throughput)
         advice = retry_after_s(excess_s, drain, self._jitter(), self._admission.retry)
         budget_binds = allowed_wait_s(request, throughput) < request.max_queue_wait_s

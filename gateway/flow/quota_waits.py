@@ -35,6 +35,10 @@ class QuotaWaits:
         )
         return wait - allowed_wait_s(request, throughput)
 
+    def cap(self, tenant: str) -> float:
+        """The most work the tenant may run at once."""
+        return run_cap(self._capped[tenant])
+
     def drain_rate_per_s(self, tenant: str, throughput: Throughput) -> float:
         """How fast the tenant's own work comes down at most: its cap of work each service time."""
-        return run_cap(self._capped[tenant]) / throughput.service_time_s
+        return self.cap(tenant) / throughput.service_time_s

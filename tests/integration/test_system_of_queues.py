@@ -461,6 +461,29 @@ async def test_what_a_hard_quota_would_keep_past_its_allowance_is_refused_at_arr
     assert gateway.metric_by("gateway_requests_total", "outcome", model="sim").get("queue_full") == 2
 
 
+async def test_a_request_above_what_a_hard_quota_ever_lets_run_is_refused_without_inviting_a_retry(
+    start_sim, start_gateway
+):
+    # team-a may run 2 batch items at once (quota 1, borrowing_limit 1); a batch of 3 could never
+    # start, however idle the pool: a 400 that says so, not a 429 to come back after.
+    sim = start_sim(slots=4, base_ms=10)
+    tenants = [{"name": "team-a", "quota": 1, "borrowing_limit": 1}, {"name": "team-b"}]
+    config = gateway_config([(sim.url, 4)], tenants=tenants)
+    config["models"][0]["cost"] = "batch_items"
+    gateway = start_gateway(config)
+    batch = {"inputs": [{"name": "INPUT0", "shape": [3, 1], "datatype": "FP32", "data": [1, 2, 3]}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gateway.url + PATH, json=batch, headers={"X-Tenant": "team-a"}) as reply:
+            status, headers, body = reply.status, reply.headers, await reply.json()
+        async with http.post(gateway.url + PATH, json=INFER, headers={"X-Tenant": "team-a"}) as reply:
+            assert reply.status == 200  # one within the cap runs
+    assert (status, body["reason"], body["rule"]) == (400, "cost_above_quota", "tenants[team-a].quota")
+    assert "it costs 3, at most 2 may run" in body["error"]
+    assert headers["x-should-retry"] == "false" and "retry-after" not in headers
+    outcomes = gateway.metric_by("gateway_requests_total", "outcome", model="sim")
+    assert outcomes.get("cost_above_quota") == 1
+
+
 @pytest.mark.redis
 @pytest.mark.parametrize(("borrowing_limit", "peak"), [(None, 4), (0, 2)])
 async def test_three_redis_replicas_keep_a_quota_as_one_gateway_does(

@@ -17,7 +17,7 @@ quota. A tenant without a quota owns nothing and runs on what can be borrowed. T
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -71,6 +71,16 @@ def may_start(
         return False
     total_borrowed = sum(borrowed(name, after, quotas) for name in after)
     return total_borrowed <= lendable(after, quotas, capacity)
+
+
+def owner_waiting(
+    queued_heads: Iterable[tuple[str, float]], inflight: Mapping[str, float], quotas: Mapping[str, Quota]
+) -> bool:
+    """Whether, among the (tenant, cost) of the queued flows' heads, one would run within its
+    tenant's quota: an owner waits, and no new borrowing starts (may_start's `owner_waiting`)."""
+    return any(
+        under_quota(tenant, cost, inflight, quotas) for tenant, cost in queued_heads if tenant in quotas
+    )
 
 
 def under_quota(tenant: str, cost: float, inflight: Mapping[str, float], quotas: Mapping[str, Quota]) -> bool:

@@ -30,7 +30,7 @@ from policies.displacement import (
 )
 from policies.fairness import FairTurns, tags, virtual_time_after, work_ahead_in_turn
 from policies.outcomes import Outcome
-from policies.quotas import Quota, may_start, under_quota
+from policies.quotas import Quota, may_start, owner_waiting, under_quota
 from policies.reservations import usable_by_band, usable_free_slots
 from policies.wait import QueueStats
 
@@ -197,12 +197,13 @@ class ModelQueue:
     def _owner_waiting(self, inflight: dict[str, float]) -> bool:
         """Whether a tenant whose queued head would run within its quota waits (then no new
         borrowing starts: the slots that free go back to their owners)."""
-        return any(
-            under_quota(tenant, heap[0][2].cost, inflight, self.quotas)
+        heads = (
+            (tenant, heap[0][2].cost)
             for band in self.bands
             for tenant, heap in band.flows.items()
             if tenant in self.quotas and self._clean_head(heap)
         )
+        return owner_waiting(heads, inflight, self.quotas)
 
     def room_for(self, band: int, cost: float) -> bool:
         """Whether `cost` more work of `band` fits under the model's queue cap, displacing (429

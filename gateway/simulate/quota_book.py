@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from policies.quotas import Quota, may_start, quota_wait_s, under_quota
+from policies.quotas import Quota, may_start, owner_waiting, quota_wait_s
 
 
 class QuotaBook:
@@ -17,16 +17,8 @@ class QuotaBook:
     def may_start(self, tenant: str, cost: float, queued_heads: Iterable[tuple[str, float]]) -> bool:
         """Whether a request of `tenant` and `cost` may take a slot now, given the (tenant, cost)
         of every queued flow's head (an owner among them under its quota stops new borrowing)."""
-        return may_start(
-            tenant, cost, self.inflight, self.quotas, self.capacity, self._owner_waiting(queued_heads)
-        )
-
-    def _owner_waiting(self, queued_heads: Iterable[tuple[str, float]]) -> bool:
-        return any(
-            under_quota(tenant, cost, self.inflight, self.quotas)
-            for tenant, cost in queued_heads
-            if tenant in self.quotas
-        )
+        waiting = owner_waiting(queued_heads, self.inflight, self.quotas)
+        return may_start(tenant, cost, self.inflight, self.quotas, self.capacity, waiting)
 
     def wait_s(self, tenant: str, cost: float, queued_ahead: float, service_time_s: float) -> float:
         """The wait the tenant's own capped quota gives a request (policies.quotas.quota_wait_s)."""

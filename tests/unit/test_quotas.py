@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.quotas import Quota, borrowed, lendable, may_start, quota_wait_s, under_quota
+from policies.quotas import Quota, borrowed, lendable, may_start, owner_waiting, quota_wait_s, under_quota
 
 QUOTAS = {"a": Quota(4), "b": Quota(4)}
 
@@ -26,6 +26,13 @@ def test_beyond_it_a_tenant_borrows_what_another_leaves_unused():
 
 def test_no_new_borrowing_while_an_owner_under_its_quota_waits():
     assert not may_start("a", 1.0, {"a": 4.0, "b": 1.0}, QUOTAS, 8, owner_waiting=True)
+
+
+def test_an_owner_waits_when_a_queued_head_would_run_within_its_quota():
+    running = {"a": 4.0, "b": 3.0}
+    assert owner_waiting([("a", 1.0), ("b", 1.0)], running, QUOTAS)  # b's runs within its 4
+    assert not owner_waiting([("a", 1.0), ("b", 2.0)], running, QUOTAS)  # b's would pass its quota
+    assert not owner_waiting([("c", 1.0)], {}, QUOTAS)  # a tenant without a quota owns nothing
 
 
 def test_the_borrowing_and_lending_limits_cap_what_moves():

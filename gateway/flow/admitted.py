@@ -49,7 +49,8 @@ class SlotWork(Protocol):
     """What a slot is held for: the request's exchange with its backend."""
 
     on_done: Callable[[float | None], None] | None
-    """Set by the call: run once, when the backend is done, with the service time to learn from."""
+    """Set by the call when its slot is granted: run once, when the backend is done, with the
+    service time to learn from; the call clears it then."""
 
     def start_at_grant(self, slot: Slot) -> None:
         """`slot` is this request's (perhaps shared with a batch): start at once if that needs no await."""
@@ -153,7 +154,6 @@ class AdmittedCall:
         self._ingress = ingress
         self._slot: Slot | None = None
         self._released = False
-        work.on_done = self._release
 
     async def run(self) -> None:
         """Admit, wait, relay, release; count the outcome."""
@@ -210,6 +210,7 @@ class AdmittedCall:
     def _granted(self, slot: Slot) -> None:
         """The grant hook: runs inside the store's grant, before this call's task does."""
         self._slot = slot
+        self._work.on_done = self._release
         self._work.start_at_grant(slot)
 
     def _close(self) -> None:
@@ -218,6 +219,9 @@ class AdmittedCall:
 
     def _release(self, service_s: float | None) -> None:
         """Give the slot back, once: the work's `on_done`, or `_close` when no work started."""
+        # No other end will come: the work lets go of the call, so that neither waits for the
+        # cycle collector (every request would otherwise leave a cycle behind for it).
+        self._work.on_done = None
         slot = self._slot
         if slot is None or self._released:
             return

@@ -221,8 +221,9 @@ class UpstreamExchange:
                 service_s = self.elapsed_s
         elif isinstance(reply.given_up, TimeoutError) and not isinstance(reply.given_up, BackendStalled):
             service_s = self.elapsed_s  # cut short: the service took at least this long
-        if self.on_done is not None:
-            self.on_done(service_s)
+        on_done, self.on_done = self.on_done, None  # once; and the exchange lets go of its caller
+        if on_done is not None:
+            on_done(service_s)
 
     def _wire(self, backend: BackendState) -> bytes:
         """The request as `backend` gets it (kept for the backend it was last made for).

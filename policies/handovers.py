@@ -186,10 +186,27 @@ class _Pool:
 
     def _slot_pmf(self, residual: Residual, t: float, first: float) -> Pmf:
         """One slot's hand-overs within `t`, from its tails P(N >= k) = P(R + T_(k-1) <= t)."""
+        # The tails that are certain (1) are skipped: over a long window they are most of them.
+        certain = self._certain_services(residual, t) if first == 1.0 else 0
         tails = [first]
         while tails[-1] > 0.0:
-            tails.append(min(tails[-1], self._later_tail(residual, t, len(tails))))
-        return trimmed((0, [1.0 - tails[0], *(a - b for a, b in pairwise(tails))]))
+            tails.append(min(tails[-1], self._later_tail(residual, t, certain + len(tails))))
+        return trimmed((certain, [1.0 - tails[0], *(a - b for a, b in pairwise(tails))]))
+
+    def _certain_services(self, residual: Residual, t: float) -> int:
+        """The most fresh services k such that _later_tail gives 1 for every count up to k (0 when it
+        does not for one). Beyond one service the latest node grows with k, so it bisects."""
+
+        def certain(services: int) -> bool:
+            return residual.cdf(t - self._nodes(services)[-1]) >= 1.0 - NEGLIGIBLE
+
+        if not certain(1):
+            return 0
+        low, high = 1, math.floor(t / self.mean_s) + 1  # the latest node of `high` services is past t
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if certain(middle) else (low, middle)
+        return low
 
     def _later_tail(self, residual: Residual, t: float, services: int) -> float:
         """P(R + T <= t), T the sum of `services` fresh service times, averaged over T's quantiles."""

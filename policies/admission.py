@@ -38,9 +38,10 @@ from statistics import NormalDist
 
 from policies.calibration import CalibrationConfig
 from policies.cost_ranks import room_limit
-from policies.handovers import PoolState, handovers_within, wait_for
+from policies.handovers import PoolState, handovers_within, wait_steps
 from policies.outcomes import Outcome
 from policies.retry_after import RetryAfterConfig, retry_after_s
+from policies.steps import Steps, finished, known
 from policies.wait import (
     MIN_DRAIN_SHARE,
     QueueStats,
@@ -201,16 +202,24 @@ def confident_wait_s(
 ) -> float:
     """The wait a request of `band` arriving now has with probability `confidence`, read as
     `work_limit` reads the pool: what admission compared with its allowance."""
+    return finished(confident_wait_steps(stats, throughput, band, now, confidence))
+
+
+def confident_wait_steps(
+    stats: QueueStats, throughput: Throughput, band: int, now: float, confidence: float
+) -> Steps[float]:
+    """confident_wait_s a reading of the pool at a time (policies.handovers.wait_steps)."""
     work = work_to_drain(stats, band, throughput.handover_cost)
-    if work <= 0:
-        return 0.0
-    state = pool_state(stats, throughput, band, now, work / band_drain_rate_per_s(throughput, band))
-    if state is None or throughput.service_times is None:
-        return cautious_wait_s(work, throughput, band, NormalDist().inv_cdf(confidence))
+    state = None
+    if work > 0:
+        state = pool_state(stats, throughput, band, now, work / band_drain_rate_per_s(throughput, band))
+    if work <= 0 or state is None or throughput.service_times is None:
+        wait = 0.0 if work <= 0 else cautious_wait_s(work, throughput, band, NormalDist().inv_cdf(confidence))
+        return known(wait)
     # The free slots are hand-overs of the state's: count the work ahead and its own, not the
     # work to drain (which takes them off already).
     ahead = sum(stats.work(b) for b in range(band + 1)) + stats.external_waiting
-    return wait_for(state, throughput.service_times, ahead / throughput.handover_cost + 1, confidence)
+    return wait_steps(state, throughput.service_times, ahead / throughput.handover_cost + 1, confidence)
 
 
 def decide(

@@ -51,6 +51,7 @@ from policies.handover_counts import (
     z_of,
 )
 from policies.service_times import FIRST_EDGE_S, Residual, ServiceTimes
+from policies.steps import Steps, finished, known
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,28 +97,39 @@ def wait_for(state: PoolState, service: ServiceTimes, handovers: float, confiden
     width; which times it tries depends on the count only through which of them reach it, so the
     answer never falls as the count grows. At most LONGEST_WAIT_S.
     """
+    return finished(wait_steps(state, service, handovers, confidence))
+
+
+def wait_steps(state: PoolState, service: ServiceTimes, handovers: float, confidence: float) -> Steps[float]:
+    """wait_for, one reading of the pool per step: the search reads it up to about twenty times, at
+    up to a millisecond each, so a caller that must not stall that long (an event loop) runs it a
+    step at a time. The pool is read as it is now; the steps' value is wait_for's."""
     _check_confidence(confidence)
     if handovers <= 0:
-        return 0.0
+        return known(0.0)
     if math.isinf(handovers):
-        return LONGEST_WAIT_S
+        return known(LONGEST_WAIT_S)
     needed = math.ceil(handovers)
     if needed <= state.free_slots:
-        return 0.0
+        return known(0.0)
     pool = _Pool(state, service)
     if not pool.slots:
-        return LONGEST_WAIT_S
+        return known(LONGEST_WAIT_S)
+    return _search(pool, needed, confidence)
 
+
+def _search(pool: _Pool, needed: int, confidence: float) -> Steps[float]:
     def reaches(t: float) -> bool:
         return pool.at(t).reach(needed) >= confidence
 
-    bracket = _bracket(reaches, pool.mean_s)
+    bracket = yield from _bracket(reaches, pool.mean_s)
     if bracket is None:
         return LONGEST_WAIT_S
     low, high = bracket
     for _ in range(_BISECTIONS):
         middle = (low + high) / 2
         low, high = (low, middle) if reaches(middle) else (middle, high)
+        yield
     return high
 
 
@@ -126,18 +138,24 @@ def _check_confidence(confidence: float) -> None:
         raise ValueError(f"confidence must be in (0, 1), not {confidence}")
 
 
-def _bracket(reaches: Callable[[float], bool], anchor_s: float) -> tuple[float, float] | None:
+def _bracket(reaches: Callable[[float], bool], anchor_s: float) -> Steps[tuple[float, float] | None]:
     """Times (t, 2 t) of which the first fails and the second reaches, from `anchor_s` on."""
     t = anchor_s
-    if reaches(t):
+    reached = reaches(t)
+    yield
+    if reached:
         for _ in range(64):
-            if not reaches(t / 2):
+            reached = reaches(t / 2)
+            yield
+            if not reached:
                 return t / 2, t
             t /= 2
         return 0.0, t
     while t < LONGEST_WAIT_S:
         longer = min(2 * t, LONGEST_WAIT_S)
-        if reaches(longer):
+        reached = reaches(longer)
+        yield
+        if reached:
             return t, longer
         t = longer
     return None

@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Protocol
 
 from gateway.flow.batch_holds import BatchHolds
@@ -216,8 +217,10 @@ class AdmissionController:
 
         if batching is not None and batching.hold:
             self._holds.held(offer.ticket, batching, leave_by)
-        predicted_s = predictions.sampled_wait_s(band, stats, throughput, arrived_at, confidence)
-        self._metrics.observe_admitted_into_queue(model, self._class_names[band], predicted_s)
+        class_name = self._class_names[band]
+        self._metrics.count_admitted_into_queue(model, class_name)
+        observe = partial(self._metrics.observe_predicted_wait, model, class_name)
+        predictions.sample_wait(band, stats, throughput, arrived_at, confidence, observe)
         result = await self._wait(offer.ticket, allowed_s, until_disconnect)
         waited_s = self._clock() - arrived_at
         # A request displaced as overdue was admitted on a wait it would not have had: a miss, as

@@ -14,16 +14,24 @@ a request's admission, so it is not done for every request:
   to an eighth of a binary order (about 9%), which can only tighten it, and a limit is reused
   while the rounded confidence stays the same;
 - the predicted wait, exported beside the actual one, is computed for at most one admitted request
-  per band every `sample_s`.
+  per band every `sample_s`, a reading of the pool per turn of the event loop.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 
-from policies.admission import AdmissionConfig, AdmissionRequest, confident_wait_s, max_work, work_limit
+from gateway.flow.stepwise import run_stepwise
+from policies.admission import (
+    AdmissionConfig,
+    AdmissionRequest,
+    confident_wait_steps,
+    max_work,
+    work_limit,
+)
 from policies.wait import QueueStats, Throughput, work_to_drain
 
 REUSE_S = 0.05
@@ -99,11 +107,19 @@ class Predictions:
             limit = self._limits[key] = _Limit(now, slots, confidence, work)
         return limit.work
 
-    def sampled_wait_s(
-        self, band: int, stats: QueueStats, throughput: Throughput, now: float, confidence: float
-    ) -> float | None:
-        """The predicted wait of a request of `band` admitted now, if it is this band's sample."""
+    def sample_wait(
+        self,
+        band: int,
+        stats: QueueStats,
+        throughput: Throughput,
+        now: float,
+        confidence: float,
+        on_wait: Callable[[float], None],
+    ) -> None:
+        """If a request of `band` admitted now is this band's sample, compute its predicted wait, a
+        reading of the pool per turn of the event loop (the search takes up to about twenty, which
+        whole would stall every other request for milliseconds), and hand it to `on_wait`."""
         if now - self._sampled_at[band] < self._sample_s:
-            return None
+            return
         self._sampled_at[band] = now
-        return confident_wait_s(stats, throughput, band, now, confidence)
+        run_stepwise(confident_wait_steps(stats, throughput, band, now, confidence), on_wait)

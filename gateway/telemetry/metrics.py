@@ -173,11 +173,12 @@ class GatewayMetrics:
     def observe_queue_wait(self, model: str, priority: str, seconds: float) -> None:
         self._child(self.queue_wait, model, priority).observe(seconds)
 
-    def observe_admitted_into_queue(self, model: str, priority: str, predicted_wait_s: float | None) -> None:
-        """Count an admitted request that queued, with its predicted wait where it was sampled."""
+    def count_admitted_into_queue(self, model: str, priority: str) -> None:
         self._child(self.admitted_queued, model, priority).inc()
-        if predicted_wait_s is not None:
-            self._child(self.predicted_wait, model, priority).observe(predicted_wait_s)
+
+    def observe_predicted_wait(self, model: str, priority: str, seconds: float) -> None:
+        """The predicted wait of a sampled request admitted into the queue."""
+        self._child(self.predicted_wait, model, priority).observe(seconds)
 
     def set_confidence(self, model: str, priority: str, confidence: float) -> None:
         self._child(self.confidence, model, priority).set(confidence)

@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -10,6 +11,7 @@ from gateway.flow.predictions import Predictions, rounded_down, rounded_up_confi
 from policies.admission import AdmissionConfig, AdmissionRequest, confident_wait_s, work_limit
 from policies.service_times import ServiceTimes
 from policies.wait import QueueStats, Throughput
+from tests.eventually import eventually
 
 CONFIG = AdmissionConfig()
 REQUEST = AdmissionRequest(band=0, max_queue_wait_s=0.3)
@@ -56,14 +58,20 @@ def test_a_reading_is_reused_while_fresh_and_read_again_once_stale_or_the_slots_
     assert predictions.work_limit(REQUEST, busy(started, -0.2), flow, 0.001, 0.977) == 1
 
 
-def test_the_predicted_wait_is_sampled_per_band():
+@pytest.mark.anyio
+async def test_the_predicted_wait_is_sampled_per_band_a_reading_per_turn_of_the_loop():
     flow = learned(0.4)
     predictions = Predictions(1, CONFIG, sample_s=0.05)
-    first = predictions.sampled_wait_s(0, busy(0.0), flow, 0.1, 0.977)
+    waits: list[float] = []
+    predictions.sample_wait(0, busy(0.0), flow, 0.1, 0.977, waits.append)
+    assert waits == []  # the search has not run yet: it runs as the loop turns
+    await eventually(lambda: len(waits) == 1)
     # One request ahead: the slot hands over at 0.4 s and again at 0.8 s, 0.7 s from t=0.1.
-    assert first is not None and abs(first - 0.7) < 0.05  # within the histogram's resolution
-    assert predictions.sampled_wait_s(0, busy(0.0), flow, 0.12, 0.977) is None
-    assert predictions.sampled_wait_s(0, busy(0.0), flow, 0.16, 0.977) is not None
+    assert abs(waits[0] - 0.7) < 0.05  # within the histogram's resolution
+    assert waits[0] == confident_wait_s(busy(0.0), flow, 0, 0.1, 0.977)  # the same as run whole
+    predictions.sample_wait(0, busy(0.0), flow, 0.12, 0.977, waits.append)  # not this band's sample
+    predictions.sample_wait(0, busy(0.0), flow, 0.16, 0.977, waits.append)
+    await eventually(lambda: len(waits) == 2)
 
 
 def test_the_predicted_wait_counts_free_slots_once():

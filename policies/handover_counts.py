@@ -22,19 +22,27 @@ TRIMMED = 1e-10
 
 
 class Tails:
-    """P(C >= c) for c up to one past the distribution's known part."""
+    """P(C >= c) for c up to one past the distribution's known part (beyond it, as there)."""
 
-    __slots__ = ("below", "offset")
+    __slots__ = ("_above", "offset")
 
     def __init__(self, pmf: Pmf) -> None:
         self.offset = pmf[0]
-        self.below = list(accumulate(pmf[1]))
+        # _above[i] = P(C >= offset + i): 1 at the offset, then 1 less the mass below.
+        self._above = [1.0, *(max(0.0, 1.0 - below) for below in accumulate(pmf[1]))]
 
     def at_least(self, count: int) -> float:
+        above = self._above
         index = count - self.offset
-        if index <= 0:
-            return 1.0
-        return max(0.0, 1.0 - self.below[min(index, len(self.below)) - 1])
+        return 1.0 if index <= 0 else above[min(index, len(above) - 1)]
+
+    def run_at_least(self, first: int, n: int) -> list[float]:
+        """[at_least(first), ..., at_least(first + n - 1)], by slices (for sums over many counts)."""
+        above, start = self._above, first - self.offset
+        last = len(above) - 1
+        ones = min(n, max(0, -start))
+        known = above[max(0, start) : max(0, min(start + n, last + 1))]
+        return [1.0] * ones + known + [above[last]] * (n - ones - len(known))
 
 
 class MixedGroup:

@@ -32,6 +32,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
+from operator import mul
 from statistics import NormalDist
 
 from policies.handover_counts import (
@@ -311,7 +312,7 @@ class _Band:
             self._urgent = poisson(self.urgent_mean)
         start, urgent = self._urgent
         tails = counts.tails(needed + start + len(urgent) - 1)
-        return sum(p * tails.at_least(needed + start + i) for i, p in enumerate(urgent))
+        return sum(map(mul, urgent, tails.run_at_least(needed + start, len(urgent))))
 
     def most(self, confidence: float) -> int:
         """The largest count reached with at least `confidence` (the free slots' always is)."""

@@ -312,7 +312,8 @@ class _Band:
             self._urgent = poisson(self.urgent_mean)
         start, urgent = self._urgent
         tails = counts.tails(needed + start + len(urgent) - 1)
-        return sum(map(mul, urgent, tails.run_at_least(needed + start, len(urgent))))
+        reached: float = sum(map(mul, urgent, tails.run_at_least(needed + start, len(urgent))))
+        return reached
 
     def most(self, confidence: float) -> int:
         """The largest count reached with at least `confidence` (the free slots' always is)."""

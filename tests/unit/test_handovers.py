@@ -7,6 +7,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from policies.handover_counts import Tails
 from policies.handovers import LONGEST_WAIT_S, PoolState, handovers_within, wait_for
 from policies.service_times import BINS_PER_OCTAVE, ServiceTimes
 
@@ -329,3 +330,16 @@ def test_predicted_counts_never_overstate_a_simulated_pool(kind, seed):
         if urgent == 0:  # urgent work that comes after a hand-over cannot take it; the model says it can
             at_least = reached_count(slower, confidence + margin)
             assert predicted >= at_least - max(1, math.ceil(0.1 * at_least))
+
+
+@given(
+    st.integers(-5, 20),
+    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=12),
+    st.integers(-30, 40),
+    st.integers(0, 40),
+)
+def test_a_run_of_tails_is_each_count_s_tail(offset, weights, first, n):
+    total = sum(weights)
+    assume(total > 0)
+    tails = Tails((offset, [w / total for w in weights]))
+    assert tails.run_at_least(first, n) == [tails.at_least(first + i) for i in range(n)]

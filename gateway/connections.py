@@ -42,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.connection_table import ConnectionTable
+from gateway.head_with_body import HeadWithBody
 
 if TYPE_CHECKING:
     from gateway.settings import Limits
@@ -229,7 +230,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         self._reading_head, self._in_body, self._head_ended_in_read = False, True, True
         self._trailer_bytes = 0
+        before = self.cycle
         super().on_headers_complete()
+        if (cycle := self.cycle) is not None and cycle is not before:  # its task has not run yet
+            cycle.transport = HeadWithBody(self.transport, cycle, self.loop)  # type: ignore[assignment]
         self.clients.table.busy(self)
 
     def on_body(self, body: bytes) -> None:

@@ -32,6 +32,8 @@ class StorePolicy(TypedDict):
 
     ordering: Ordering
     weights: Callable[[str], float]
+    tenants: bool
+    """Requests may come in several tenants' flows (without tenants a turn is the whole band)."""
     reserved: Reservations
     quotas: dict[str, Quota]
 
@@ -52,6 +54,7 @@ def configured_store(
     policy = StorePolicy(
         ordering=settings.ordering,
         weights=weights,
+        tenants=bool(settings.tenants),
         reserved=reserved_of if reserved_of is not None else settings.reserved_slots(),
         quotas=settings.quotas(),
     )
@@ -94,7 +97,6 @@ def configured_store(
         close_clients=True,
         expected_replicas=config.replicas,
         fallback_max_s=config.fallback_max_ms / 1000 if config.on_store_failure == "local" else 0.0,
-        tenants=bool(settings.tenants),
         **policy,
     )
     local = MemoryQueue(pools, bands, settings.estimation, slot_divisor=config.replicas, **policy)

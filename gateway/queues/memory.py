@@ -46,6 +46,7 @@ class MemoryQueue:
         *,
         ordering: Ordering = Ordering.FIFO,
         weights: Callable[[str], float] = lambda tenant: 1.0,
+        tenants: bool = True,
         reserved: Reservations = (),
         quotas: Mapping[str, Quota] | None = None,
         slot_divisor: int = 1,
@@ -54,7 +55,7 @@ class MemoryQueue:
     ) -> None:
         fair = weights if ordering is Ordering.FIFO else None
         self._models = {
-            p.name: ModelQueue(p, bands, estimation, slot_divisor, clock, reserved, quotas, fair)
+            p.name: ModelQueue(p, bands, estimation, slot_divisor, clock, reserved, quotas, fair, tenants)
             for p in pools
         }
         self._sequence = itertools.count()

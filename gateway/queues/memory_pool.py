@@ -86,10 +86,14 @@ class ModelQueue:
         reserved: Reservations = (),
         quotas: Mapping[str, Quota] | None = None,
         weights: Callable[[str], float] | None = None,
+        tenants: bool = True,
     ) -> None:
         self.pool = pool
         self.weight_of = weights
         """A tenant's weight in its band's fair queuing; None when bands are not fair-queued (EDF)."""
+        self.told_weights = weights if tenants else None
+        """The weights its statistics tell each band's fair queuing with: none without tenants (one
+        flow, whose turn is the whole band), as the Redis store's scripts."""
         self.quotas = dict(quotas or {})
         """Tenant -> its quota of work in flight in this pool (policies.quotas)."""
         self._reserved = reserved
@@ -160,7 +164,7 @@ class ModelQueue:
             inflight_by_tenant=self.inflight_by_tenant() if self.quotas else {},
             queued_work_by_band=tuple(b.work for b in self.bands),
             started_at=tuple(self.running.values()),
-            fair_turns=tuple(b.turns(weight) for b in self.bands) if (weight := self.weight_of) else (),
+            fair_turns=tuple(b.turns(weight) for b in self.bands) if (weight := self.told_weights) else (),
         )
 
     def work_ahead(self, band: int, tenant: str, slack: float) -> float:

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from tests.eventually import eventually
-from tests.integration.servers import gateway_config, rss_bytes
+from tests.integration.servers import gateway_config, http_post, rss_bytes
 
 pytestmark = pytest.mark.anyio
 MIB = 1024 * 1024
@@ -23,8 +23,7 @@ def infer_body(size: int) -> bytes:
     return padded.replace(b'"pad": ""', b'"pad": "' + b"x" * max(0, size - len(padded)) + b'"')
 
 
-def start_gateway_with(start_sim, start_gateway, base_ms=400, **limits):
-    sim = start_sim(slots=1, base_ms=base_ms)
+def config_for(sim, **limits):
     config = gateway_config(
         [(sim.url, 1)],
         expected_service_ms=400,
@@ -32,7 +31,11 @@ def start_gateway_with(start_sim, start_gateway, base_ms=400, **limits):
         limits=limits.pop("limits", {}),
     )
     config["models"][0].update(limits)
-    return start_gateway(config)
+    return config
+
+
+def start_gateway_with(start_sim, start_gateway, **limits):
+    return start_gateway(config_for(start_sim(slots=1, base_ms=400), **limits))
 
 
 async def post(http, gateway, size: int) -> tuple[int, dict, dict]:
@@ -91,15 +94,21 @@ async def test_a_queued_body_is_held_once(start_sim, start_gateway, monkeypatch)
     mapping and freed ones leave the process: by default the threshold rises after the first large
     free, and the heap keeps a varying part of the freed bodies.)"""
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
-    gateway = start_gateway_with(start_sim, start_gateway, base_ms=30_000)
+    sim = start_sim(slots=1, base_ms=400)
+    # The slot's request stays on it until the test is done (then it ends, so that no stop waits for it).
+    assert http_post(sim.url + "/sim/fault", json.dumps({"hang": True}).encode())[0] == 200
+    gateway = start_gateway(config_for(sim))
     pid = gateway.process.pid
-    async with aiohttp.ClientSession() as http:
-        waiting = await fill(http, gateway, [16 * MIB] * 2)
-        before = rss_bytes(pid)
-        waiting += await queue_more(http, gateway, [16 * MIB] * 4, depth=6)
-        grown = rss_bytes(pid) - before
-        for request in waiting:
-            request.cancel()  # the clients leave: their tickets go, the bodies with them
+    try:
+        async with aiohttp.ClientSession() as http:
+            waiting = await fill(http, gateway, [16 * MIB] * 2)
+            before = rss_bytes(pid)
+            waiting += await queue_more(http, gateway, [16 * MIB] * 4, depth=6)
+            grown = rss_bytes(pid) - before
+            for request in waiting:
+                request.cancel()  # the clients leave: their tickets go, the bodies with them
+    finally:
+        assert http_post(sim.url + "/sim/fault", b"{}")[0] == 200
     # One copy each is 64 MiB, two 128.
     assert grown < 1.5 * 64 * MIB, f"4 queued 16 MiB bodies took {grown / MIB:.0f} MiB"
     await eventually(lambda: gateway.metric("gateway_queued_body_bytes", model="sim") == 0)

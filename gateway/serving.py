@@ -14,7 +14,7 @@ import importlib.util
 import logging
 import signal
 import socket
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -105,12 +105,17 @@ class QuietServer(uvicorn.Server):
 
 
 class StoppingServer(uvicorn.Server):
-    """A uvicorn server that stops on SIGTERM/SIGINT and exits 0 rather than re-raising the signal."""
+    """A uvicorn server that stops on SIGTERM/SIGINT and exits 0 rather than re-raising the signal;
+    the servers in `followers` (of the same process) stop with it, not after it."""
+
+    followers: Sequence[uvicorn.Server] = ()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
         self.should_exit = True
+        for server in self.followers:
+            server.should_exit = True
 
 
 EXIT_GRACE_S = 5.0

@@ -91,4 +91,6 @@ def build_sim(options: SimOptions, *, quiet: bool = False) -> SimServers:
         config = uvicorn_config(app, lifespan="off")
         # Only the first server of a standalone sim handles signals; the others follow it.
         servers.append(StoppingServer(config) if index == 0 and not quiet else QuietServer(config))
+    if isinstance(leader := servers[0], StoppingServer):
+        leader.followers = servers[1:]
     return SimServers(app, servers, sockets)

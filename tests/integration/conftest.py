@@ -30,6 +30,9 @@ class Launcher:
         return gateway
 
     def stop_all(self) -> None:
+        # All at once: each stop takes a few tenths of a second, and the suite makes hundreds.
+        for server in reversed(self.started):
+            server.ask_to_stop()
         for server in reversed(self.started):
             server.stop()
 

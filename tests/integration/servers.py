@@ -119,6 +119,11 @@ class ServerProcess:
     def wait(self, timeout_s: float = 30.0) -> int:
         return self.process.wait(timeout_s)
 
+    def ask_to_stop(self) -> None:
+        """SIGTERM, without waiting for the exit (`stop` waits)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
     def stop(self, timeout_s: float = 15.0) -> int | None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

@@ -8,17 +8,19 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from gateway.planning import command as plan
 from gateway.serving import CannotListen, bind, run, url_of
-from gateway.settings import ConfigError, Settings, parse_settings
 from gateway.sim.continuous import SCHEDULING_POLICIES, ContinuousSpec
 from gateway.sim.engine import SERVICE_DISTRIBUTIONS
 from gateway.sim.server import SimOptions, build_sim
 from gateway.simulate.command import add_parser as add_simulate
+
+if TYPE_CHECKING:  # the settings (pydantic) load only for the commands that read them: `sim` starts without
+    from gateway.settings import Settings
 
 log = logging.getLogger("gateway")
 
@@ -29,11 +31,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format=log_format)
     try:
         return int(args.command(args))
-    except ConfigError as error:
-        print(f"inference-gateway: invalid config {error.source}:", file=sys.stderr)
-        for problem in error.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return 2
     except CannotListen as error:
         print(f"inference-gateway: {error}", file=sys.stderr)
         return 2
@@ -149,10 +146,21 @@ def _gateway_server(settings: Settings, log_level: str, drain_timeout_s: float) 
     return DrainingServer(config, runtime.drain, drain_timeout_s)
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from gateway.settings import load_settings
+def _load_settings(path: str) -> Settings:
+    """The config at `path`; an invalid one is reported, and the command ends with status 2."""
+    from gateway.settings import ConfigError, load_settings
 
-    settings = load_settings(args.config)
+    try:
+        return load_settings(path)
+    except ConfigError as error:
+        print(f"inference-gateway: invalid config {error.source}:", file=sys.stderr)
+        for problem in error.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    settings = _load_settings(args.config)
     listen = settings.listen.model_copy(
         update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     )
@@ -177,9 +185,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _probe(args: argparse.Namespace) -> int:
     from gateway.probe import CannotProbe, probe, probe_url
-    from gateway.settings import load_settings
 
-    settings = load_settings(args.config)
+    settings = _load_settings(args.config)
     path = "/readyz" if args.ready else "/healthz"
     if args.port is not None:
         listener = settings.admin_listen or settings.listen
@@ -231,6 +238,8 @@ def demo_settings(backend_url: str, metrics_url: str | None, port: int, slots: i
             }
         ],
     }
+    from gateway.settings import parse_settings
+
     return parse_settings(config, "demo defaults")
 
 

@@ -53,6 +53,15 @@ def rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS in /proc status")
 
 
+def _server_environment() -> dict[str, str]:
+    """The servers' environment: unbuffered output (the tests read their logs), and bytecode
+    written, so that the hundreds of servers a run starts compile the sources once (a sandbox
+    may set PYTHONDONTWRITEBYTECODE: each start then compiled them again, 0.1-0.15 s)."""
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    environment.pop("PYTHONDONTWRITEBYTECODE", None)
+    return environment
+
+
 class ServerProcess:
     """`python -m gateway <args>`, logging to a file; `url` once it listens and answers."""
 
@@ -75,7 +84,7 @@ class ServerProcess:
                 [*command, *args, *(extra or [])],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=_server_environment(),
             )
         self.url, self.metrics_url = self._wait_listening()
         self._wait_answering(ready_path)

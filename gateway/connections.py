@@ -233,7 +233,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         before = self.cycle
         super().on_headers_complete()
         if (cycle := self.cycle) is not None and cycle is not before:  # its task has not run yet
-            cycle.transport = HeadWithBody(self.transport, cycle, self.loop)  # type: ignore[assignment]
+            cycle.transport = HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
         self.clients.table.busy(self)
 
     def on_body(self, body: bytes) -> None:

@@ -12,23 +12,21 @@ that a client sees a stream's head as soon as before, give or take the rest of t
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
 
-
-class _Cycle(Protocol):
-    """What a response cycle (uvicorn's RequestResponseCycle) tells of its response."""
-
-    response_started: bool
+_STATUS_LINE = b"HTTP/1.1 "
 
 
 class HeadWithBody:
-    """A response cycle's connection, as the cycle writes to it (see the module)."""
+    """A response cycle's connection, as the cycle writes to it (see the module).
 
-    __slots__ = ("_cycle", "_head", "_loop", "_transport", "_wrote_head")
+    It tells the head by its status line (uvicorn writes HTTP/1.1 ones), not by asking the cycle:
+    holding the cycle, which holds it, would leave a reference cycle behind every request.
+    """
 
-    def __init__(self, transport: asyncio.Transport, cycle: _Cycle, loop: asyncio.AbstractEventLoop) -> None:
+    __slots__ = ("_head", "_loop", "_transport", "_wrote_head")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
-        self._cycle = cycle
         self._loop = loop
         self._head: bytes | None = None
         self._wrote_head = False
@@ -38,7 +36,7 @@ class HeadWithBody:
         if head is not None:
             self._head = None
             self._transport.write(head + data)
-        elif not self._wrote_head and self._cycle.response_started:
+        elif not self._wrote_head and data.startswith(_STATUS_LINE) and data[9:10] != b"1":
             # The head: before it, only an interim answer (100 Continue) is written, at once.
             self._wrote_head = True
             self._head = data

@@ -204,7 +204,7 @@ class AdmissionController:
             self._metrics.observe_queue_wait(model, self._class_names[band], 0.0)
             return Lease(offer.slot, 0.0)
         if isinstance(offer, Full):
-            stats = replace(offer.stats, external_waiting=external)
+            stats = replace(offer.stats, external_waiting=external) if external else offer.stats
             if offer.at_cap:
                 reject = self._advise(model, request, stats, throughput, reason=Outcome.QUEUE_FULL)
                 rule = f"models[{model}].max_queued_work"

@@ -90,11 +90,11 @@ class Predictions:
         if free > 0 and work_to_drain(stats, request.band, throughput.handover_cost) == 0:
             return max_work(request, throughput, self._config, NormalDist().inv_cdf(confidence))
         budget_s = None if request.budget_s is None else rounded_down(request.budget_s)
-        rounded = replace(request, max_queue_wait_s=rounded_down(request.max_queue_wait_s), budget_s=budget_s)
-        key = (request.band, rounded.max_queue_wait_s, budget_s)
+        max_wait_s = rounded_down(request.max_queue_wait_s)
+        key = (request.band, max_wait_s, budget_s)
         slots = (len(stats.started_at), free)
         limit = self._limits.get(key)
-        reuse_s = min(self._reuse_s, max(0.01, REUSE_SHARE * rounded.max_queue_wait_s))
+        reuse_s = min(self._reuse_s, max(0.01, REUSE_SHARE * max_wait_s))
         if (
             limit is None
             or now - limit.read_at > reuse_s
@@ -103,6 +103,7 @@ class Predictions:
         ):
             if len(self._limits) > 256:  # budgets vary per request: keep only what is fresh
                 self._limits = {k: v for k, v in self._limits.items() if now - v.read_at <= self._reuse_s}
+            rounded = replace(request, max_queue_wait_s=max_wait_s, budget_s=budget_s)
             work = work_limit(rounded, stats, throughput, now, confidence, self._config)
             limit = self._limits[key] = _Limit(now, slots, confidence, work)
         return limit.work

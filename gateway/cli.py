@@ -226,6 +226,8 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def demo_settings(backend_url: str, metrics_url: str | None, port: int, slots: int) -> Settings:
+    from gateway.settings import parse_settings
+
     config: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
         "priorities": [{"name": "high", "max_wait_ms": 250}, {"name": "low", "max_wait_ms": 1000}],
@@ -238,8 +240,6 @@ def demo_settings(backend_url: str, metrics_url: str | None, port: int, slots: i
             }
         ],
     }
-    from gateway.settings import parse_settings
-
     return parse_settings(config, "demo defaults")
 
 

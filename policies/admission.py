@@ -210,12 +210,11 @@ def confident_wait_steps(
 ) -> Steps[float]:
     """confident_wait_s a reading of the pool at a time (policies.handovers.wait_steps)."""
     work = work_to_drain(stats, band, throughput.handover_cost)
-    state = None
-    if work > 0:
-        state = pool_state(stats, throughput, band, now, work / band_drain_rate_per_s(throughput, band))
-    if work <= 0 or state is None or throughput.service_times is None:
-        wait = 0.0 if work <= 0 else cautious_wait_s(work, throughput, band, NormalDist().inv_cdf(confidence))
-        return known(wait)
+    if work <= 0:
+        return known(0.0)
+    state = pool_state(stats, throughput, band, now, work / band_drain_rate_per_s(throughput, band))
+    if state is None or throughput.service_times is None:
+        return known(cautious_wait_s(work, throughput, band, NormalDist().inv_cdf(confidence)))
     # The free slots are hand-overs of the state's: count the work ahead and its own, not the
     # work to drain (which takes them off already).
     ahead = sum(stats.work(b) for b in range(band + 1)) + stats.external_waiting

@@ -135,7 +135,7 @@ class ServerProcess:
 
     def stop(self, timeout_s: float = 15.0) -> int | None:
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.ask_to_stop()
             try:
                 return self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:

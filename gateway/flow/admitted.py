@@ -52,6 +52,11 @@ class SlotWork(Protocol):
     """Set by the call when its slot is granted: run once, when the backend is done, with the
     service time to learn from; the call clears it then."""
 
+    def prepare(self) -> None:
+        """The request waits in the queue: get ready to start, off the grant's path (a request
+        refused at arrival is never prepared)."""
+        ...
+
     def start_at_grant(self, slot: Slot) -> None:
         """`slot` is this request's (perhaps shared with a batch): start at once if that needs no await."""
         ...
@@ -170,7 +175,7 @@ class AdmittedCall:
                     admission.controller,
                     pool.name,
                     self._meta,
-                    self._ingress.until_disconnect,
+                    self._while_queued,
                     self._granted,
                     self._body_bytes,
                     self._cost,
@@ -203,6 +208,12 @@ class AdmittedCall:
                     refusal = Refusal(Outcome.NO_BACKEND, admission.no_backend_retry(pool))
         self._count(refusal.outcome)  # before the answer: whoever reads the answer sees it counted
         await self._ingress.refuse(refusal)
+
+    def _while_queued(self) -> Awaitable[object]:
+        """Called once the request is queued, and awaited until it leaves the queue: its work gets
+        ready meanwhile, and the wait ends early if the client goes away."""
+        self._work.prepare()
+        return self._ingress.until_disconnect()
 
     def _count(self, outcome: Outcome) -> None:
         self._admission.metrics.count(self._pool.name, self._meta.priority, outcome)

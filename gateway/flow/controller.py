@@ -137,7 +137,8 @@ class AdmissionController:
     ) -> Lease | Refusal:
         """A slot for a request of `flow` that costs `cost` work units, or the reason it gets none.
 
-        `until_disconnect` returns when the client goes away; it is awaited only while queued.
+        `until_disconnect` is called once the request is queued (not when it is refused or
+        granted at once) and awaited while it waits: it returns when the client goes away.
         `on_grant` runs inside the store's grant when a queued request gets its slot (see Ticket).
         `body_bytes` (its body, held in this replica) counts against the queued-bytes bound until
         it leaves the queue.

@@ -152,6 +152,9 @@ class BatchMember:
         self._batches.metrics.observe_batch(self.pool.name, self.part.rows)
         self.exchange.start_at_grant(slot)
 
+    def prepare(self) -> None:
+        self.exchange.prepare()  # alone it is sent as it came; in a batch the round is serialized
+
     def close(self) -> bool:
         if self.solo:
             return self.exchange.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from urllib.parse import quote
 
 from starlette.types import Receive, Scope, Send
@@ -102,14 +103,14 @@ class AdmittedEndpoint:
         intake = self.intake
         intake.admission.metrics.observe_cost(pool.name, cost)
         in_body = self.style is ErrorStyle.OPENAI
-        request = upstream_request(
-            scope, body, intake.header_rules, model_in_body=in_body, priority=meta.priority
+        request = partial(
+            upstream_request, scope, body, intake.header_rules, model_in_body=in_body, priority=meta.priority
         )
         admission = intake.admission
         drain, retry_s = admission.drain, admission.no_backend_retry_s
         if batching is not None:
             part, limits = batching
-            member = intake.batches.member(pool, request, part, meta.budget_s)
+            member = intake.batches.member(pool, request(), part, meta.budget_s)
             batch_relay = BatchRelay(receive, send, self.style, member, drain, retry_s)
             shares = Batching(part.key, limits.max_batch_size, limits.max_delay_s, limits.preferred_sizes)
             call = AdmittedCall(

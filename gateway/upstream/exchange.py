@@ -2,7 +2,8 @@
 moment it has a slot, and ended exactly once.
 
 Its rules:
-- the request is serialized while it waits (for a pool of one backend), so the grant only writes it;
+- the request is built and serialized while it waits (`prepare`, for a pool of one backend), so the
+  grant only writes it; one refused at arrival is never built;
 - `start_at_grant` runs inside the store's grant: it writes the request on an idle pooled
   connection at once, without awaiting; without one, the relay's `start` opens a connection;
 - `on_done` runs once, inside the callback in which the backend is done with the request (its
@@ -60,6 +61,9 @@ class UpstreamRequest:
     """The class it is served at, for backends told it (gateway.upstream.priority)."""
 
 
+RequestOrBuilder = UpstreamRequest | Callable[[], UpstreamRequest]
+
+
 class OnBackend(Protocol):
     """A slot, as an exchange sees it: where it is."""
 
@@ -86,8 +90,10 @@ class Forwarder:
         self.observe_upstream_s = observe_upstream_s
         self.clock = clock
 
-    def exchange(self, pool: ModelPool, request: UpstreamRequest, budget_s: float | None) -> UpstreamExchange:
-        """The exchange for a request that will hold a slot of `pool`."""
+    def exchange(
+        self, pool: ModelPool, request: RequestOrBuilder, budget_s: float | None
+    ) -> UpstreamExchange:
+        """The exchange for a request that will hold a slot of `pool` (see UpstreamExchange)."""
         return UpstreamExchange(self, pool, request, budget_s)
 
     async def fetch(
@@ -118,6 +124,7 @@ class UpstreamExchange:
         "_backend",
         "_body_in_wire",
         "_budget_at",
+        "_build_request",
         "_forwarder",
         "_pool",
         "_prepared",
@@ -129,11 +136,21 @@ class UpstreamExchange:
     )
 
     def __init__(
-        self, forwarder: Forwarder, pool: ModelPool, request: UpstreamRequest, budget_s: float | None
+        self,
+        forwarder: Forwarder,
+        pool: ModelPool,
+        request: RequestOrBuilder,
+        budget_s: float | None,
     ) -> None:
+        """`request`: the request, or how to build it once it is queued or granted (a request
+        refused at arrival, most of them under overload, is never built)."""
         self._forwarder = forwarder
         self._pool = pool
-        self._request = request
+        if isinstance(request, UpstreamRequest):
+            self._request: UpstreamRequest | None = request
+            self._build_request: Callable[[], UpstreamRequest] | None = None
+        else:
+            self._request, self._build_request = None, request
         self._budget_at = None if budget_s is None else forwarder.clock() + budget_s
         self._backend: BackendState | None = None
         self._prepared: tuple[BackendState, bytes] | None = None
@@ -145,8 +162,12 @@ class UpstreamExchange:
         self.started_at = 0.0
         self.elapsed_s: float | None = None
         """From sending to the backend's end of it."""
-        if len(pool.backends) == 1:  # the usual case: serialize now, off the hand-over's path
-            self._wire(pool.backends[0])
+
+    def prepare(self) -> None:
+        """The request waits for a slot: serialize it now, off the hand-over's path, for a pool
+        of one backend (the usual case; with more, the grant picks the backend)."""
+        if len(self._pool.backends) == 1:
+            self._wire(self._pool.backends[0])
 
     @property
     def backend(self) -> BackendState:
@@ -190,7 +211,7 @@ class UpstreamExchange:
         reply = self.reply = Reply(
             asyncio.get_running_loop(),
             self._pool.upstream_timeout_s,
-            head_only=self._request.method == "HEAD",
+            head_only=self._built().method == "HEAD",
             whole_up_to_bytes=BUFFER_LIMIT_BYTES,
             on_abandon=backend.on_abandon,
             give_up_after_s=None if self._budget_at is None else self._budget_at - now,
@@ -232,7 +253,7 @@ class UpstreamExchange:
         client's model name, the request keeps no other (bodies can be tens of MiB); a wire for
         another backend takes it back from there.
         """
-        prepared, request = self._prepared, self._request
+        prepared, request = self._prepared, self._built()
         if prepared is not None:
             if prepared[0] is backend:
                 return prepared[1]
@@ -245,6 +266,14 @@ class UpstreamExchange:
         else:  # the wire's body is rewritten (OpenAI's `model`), or there is none
             self._body_in_wire, self._request = 0, request
         return wire
+
+    def _built(self) -> UpstreamRequest:
+        request = self._request
+        if request is None:
+            assert self._build_request is not None, "an exchange has its request or how to build it"
+            request = self._request = self._build_request()
+            self._build_request = None  # it holds the body, which the wire is to hold alone
+        return request
 
 
 def ending(reply: Reply) -> Ending:

@@ -35,7 +35,13 @@ class Work:
         self.on_done: Callable[[float | None], None] | None = None
         self.starts = starts
         self.started = False
+        self.prepared_before_start = False
+        self.prepared = 0
         self.closed = 0
+
+    def prepare(self) -> None:
+        self.prepared += 1
+        self.prepared_before_start = not self.started
 
     def start_at_grant(self, slot: Slot) -> None:
         self.started = self.starts
@@ -75,8 +81,8 @@ class Rig:
         controller = AdmissionController(self.store, [PriorityClass(name="low", max_wait_ms=5000)], metrics)
         self.admission = Admission(controller, metrics, Drain(), no_backend_retry_s=1.0)
 
-    def call(self, work: Work, ingress: Ingress) -> AdmittedCall:
-        return AdmittedCall(self.admission, self.pool, META, work, ingress)
+    def call(self, work: Work, ingress: Ingress, meta: RequestMeta = META) -> AdmittedCall:
+        return AdmittedCall(self.admission, self.pool, meta, work, ingress)
 
     @property
     def free(self) -> int:
@@ -147,6 +153,24 @@ async def test_a_refusal_is_counted_once_and_told_to_the_client():
     assert [r.outcome for r in ingress.refused] == [Outcome.DRAINING]
     assert rig.counted(Outcome.DRAINING) == 1
     assert rig.free == 1
+
+
+async def test_work_is_prepared_while_queued_and_never_for_a_request_refused_or_granted_at_once():
+    rig = Rig()
+    first = Work()
+    await rig.call(first, Ingress(answers(Outcome.OK))).run()  # granted at once: holds the only slot
+    queued_work = Work()
+    queued = asyncio.ensure_future(rig.call(queued_work, Ingress(answers(Outcome.OK))).run())
+    await eventually(lambda: rig.store.stats("m").queued_by_band == (1,))
+    assert queued_work.prepared == 1 and not queued_work.started
+    refused, refusal = Work(), Ingress(answers(Outcome.OK))
+    hopeless = RequestMeta(priority="low", band=0, tenant=None, budget_s=0.001)  # below one service
+    await rig.call(refused, refusal, hopeless).run()
+    assert [r.outcome for r in refusal.refused] == [Outcome.BUDGET_TOO_SMALL]
+    first.finish()
+    await queued
+    assert (first.prepared, refused.prepared) == (0, 0)
+    assert queued_work.started and queued_work.prepared_before_start
 
 
 async def test_finished_calls_are_freed_without_the_cycle_collector():

@@ -23,11 +23,29 @@ def exchange(*backends: BackendState) -> UpstreamExchange:
     return UpstreamExchange(forwarder, ModelPool("m", list(backends)), request, None)
 
 
-def test_the_body_is_held_only_in_the_wire_prepared_at_arrival():
+def test_the_body_is_held_only_in_the_wire_prepared_while_queued():
     only = backend("http://127.0.0.1:1")
     call = exchange(only)
-    assert call._request.body == b""
+    call.prepare()
+    assert call._request is not None and call._request.body == b""
     assert call._wire(only).endswith(BODY)
+
+
+def test_a_request_is_built_only_once_it_waits_or_starts_and_then_only_the_wire_holds_its_body():
+    only = backend("http://127.0.0.1:1")
+    built: list[UpstreamRequest] = []
+
+    def build() -> UpstreamRequest:
+        built.append(UpstreamRequest("POST", "/v1/chat/completions", b"", [], BODY, model_in_body=True))
+        return built[-1]
+
+    forwarder = exchange(only)._forwarder
+    call = UpstreamExchange(forwarder, ModelPool("m", [only]), build, None)
+    assert built == []  # refused now, it would cost nothing more
+    call.prepare()
+    call.prepare()
+    assert len(built) == 1 and call._build_request is None  # nothing but the wire holds the body
+    assert call._wire(only) == serialized(built[0], only)
 
 
 def test_a_wire_for_another_backend_takes_the_body_back_from_the_first():

@@ -164,10 +164,12 @@ class UpstreamExchange:
         """From sending to the backend's end of it."""
 
     def prepare(self) -> None:
-        """The request waits for a slot: serialize it now, off the hand-over's path, for a pool
-        of one backend (the usual case; with more, the grant picks the backend)."""
+        """The request waits for a slot: build it now, off the hand-over's path, and serialize it
+        for a pool of one backend (the usual case; with more, the grant picks the backend)."""
         if len(self._pool.backends) == 1:
             self._wire(self._pool.backends[0])
+        else:
+            self._built()
 
     @property
     def backend(self) -> BackendState:

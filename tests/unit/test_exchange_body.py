@@ -60,3 +60,17 @@ def test_a_wire_for_another_backend_takes_the_body_back_from_the_first():
     assert json.loads(call._wire(renamed).split(b"\r\n\r\n", 1)[1])["model"] == "big"
     assert call._wire(plain) == serialized(original, plain)  # and the client's again
     assert call._wire(first) == serialized(original, first)
+
+
+def test_with_several_backends_a_queued_request_is_built_and_left_for_its_grant_to_serialize():
+    built: list[UpstreamRequest] = []
+
+    def build() -> UpstreamRequest:
+        built.append(UpstreamRequest("POST", "/v1/chat/completions", b"", [], BODY, model_in_body=True))
+        return built[-1]
+
+    first, second = backend("http://127.0.0.1:1"), backend("http://127.0.0.1:2", "big")
+    call = UpstreamExchange(exchange(first)._forwarder, ModelPool("m", [first, second]), build, None)
+    call.prepare()
+    assert len(built) == 1 and call._prepared is None
+    assert call._wire(second) == serialized(built[0], second)

@@ -13,6 +13,10 @@ Every target sits in front of a fresh simulated backend of 8 slots x 40 ms (capa
 - passthrough: a bare uvicorn + aiohttp pass-through (loadtests/passthrough.py), the floor of the
   gateway's own HTTP stack, so that the gateway's cost shows as the difference between the two;
 - floor: HAProxy answering an instant 429 to everything: this machine's floor for refusal latency;
+- instant-shed: HAProxy refusing at once, at random, the share of `low` requests that capacity
+  cannot serve beside the `high` ones, and queueing the rest as the haproxy target does: admission
+  at no cost, the floor for refusal latency beside the same served load (the floor's run serves
+  nothing, so neither the backend nor the proxying shares the cores with its refusals);
 - redis1, redis3: the gateway on the Redis store (a private redis-server), one replica or three
   with the load spread over them in turn; CPU per request counts every replica and Redis.
 Results print as a table (per class: goodput overall and over the steady window, latency,
@@ -37,7 +41,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.openloop import ClassSummary, poisson_schedule, run, run_fast, summarize
+from loadtests.openloop import MIX, ClassSummary, poisson_schedule, run, run_fast, summarize
 from tests.integration.servers import Gateway, ServerProcess, Sim, gateway_config
 from tests.redis_server import RedisServer
 
@@ -84,6 +88,14 @@ PRIORITY_RULES = (
 )
 """HAProxy's priority queue: the `urgent` class first."""
 INSTANT_429 = 'http-request return status 429 content-type text/plain string "busy" hdr retry-after 1'
+SHED_LOW = INSTANT_429 + " if {{ req.hdr(x-priority) -m str low }} {{ rand(1000) lt {permille} }}"
+
+
+def low_share_beyond_capacity(load: float) -> float:
+    """The share of `low` requests that capacity cannot serve at `load` once `high` is served."""
+    offered = CAPACITY_RPS * load
+    high, low = (offered * c.share for c in MIX)
+    return max(0.0, 1.0 - max(0.0, CAPACITY_RPS - high) / low) if low > 0 else 0.0
 
 
 def free_port() -> int:
@@ -107,14 +119,19 @@ class HAProxy:
         slots: int = SLOTS,
         queue_timeout_ms: float = 1000 - SERVICE_MS,
         urgent_class: str = "high",
+        shed_low_share: float = 0.0,
     ) -> None:
+        """`shed_low_share`: the share of `low` requests refused at once, at random (the rest queued)."""
         self.port = free_port()
+        rule = INSTANT_429 if instant_429 else PRIORITY_RULES.format(urgent=urgent_class)
+        if shed_low_share > 0 and not instant_429:
+            rule = SHED_LOW.format(permille=round(shed_low_share * 1000)) + "\n    " + rule
         config = HAPROXY_CONFIG.format(
             port=self.port,
             backend=backend_url.removeprefix("http://"),
             slots=slots,
             queue_timeout_ms=round(queue_timeout_ms),
-            frontend_rule=INSTANT_429 if instant_429 else PRIORITY_RULES.format(urgent=urgent_class),
+            frontend_rule=rule,
         )
         path = log_dir / f"haproxy-{self.port}.cfg"
         path.write_text(config)
@@ -144,7 +161,7 @@ class PassThroughProcess(ServerProcess):
         )
 
 
-TARGETS = ("direct", "passthrough", "haproxy", "gateway", "floor")
+TARGETS = ("direct", "passthrough", "haproxy", "gateway", "floor", "instant-shed")
 
 
 def is_target(name: str) -> bool:
@@ -152,13 +169,15 @@ def is_target(name: str) -> bool:
 
 
 def start_target(
-    target: str, log_dir: Path, sim: Sim, python: str = sys.executable
+    target: str, log_dir: Path, sim: Sim, python: str = sys.executable, load: float = 1.0
 ) -> tuple[list[str], list[Any]]:
-    """The URLs to load (in turn) and the processes whose CPU counts (none for direct)."""
+    """The URLs to load (in turn) and the processes whose CPU counts (none for direct); `load`:
+    the scenario's, which instant-shed sheds for."""
     if target == "direct":
         return [sim.url], []
-    if target in ("haproxy", "floor"):
-        proxy = HAProxy(log_dir, sim.url, instant_429=target == "floor")
+    if target in ("haproxy", "floor", "instant-shed"):
+        shed = low_share_beyond_capacity(load) if target == "instant-shed" else 0.0
+        proxy = HAProxy(log_dir, sim.url, instant_429=target == "floor", shed_low_share=shed)
         return [proxy.url], [proxy]
     if target == "passthrough":
         proxy = PassThroughProcess(log_dir, sim.url)
@@ -180,7 +199,7 @@ def run_one(
     scenario: Scenario, target: str, log_dir: Path, seed: int, python: str = sys.executable
 ) -> dict[str, Any]:
     sim = Sim(log_dir, slots=SLOTS, base_ms=SERVICE_MS)
-    urls, servers = start_target(target, log_dir, sim, python)
+    urls, servers = start_target(target, log_dir, sim, python, scenario.load)
     try:
         schedule = poisson_schedule(CAPACITY_RPS * scenario.load, scenario.duration_s, seed=seed)
         run_fast(run(urls, poisson_schedule(50, 0.5, seed=seed + 1)))  # warm the connections
@@ -275,8 +294,8 @@ def main() -> None:
     targets = args.targets.split(",")
     if unknown := [t for t in targets if not is_target(t)]:
         parser.error(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}, redisN")
-    if {"haproxy", "floor"} & set(targets) and shutil.which("haproxy") is None:
-        parser.error("the haproxy and floor targets need HAProxy: apt-get install haproxy")
+    if {"haproxy", "floor", "instant-shed"} & set(targets) and shutil.which("haproxy") is None:
+        parser.error("the haproxy, floor and instant-shed targets need HAProxy: apt-get install haproxy")
     log_dir = Path(tempfile.mkdtemp(prefix="bench-"))
     report: dict[str, Any] = {
         "machine": f"{os.cpu_count()} cores",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.openloop import Arrival, Outcome, poisson_schedule, summarize
+from loadtests.bench import CAPACITY_RPS, low_share_beyond_capacity
+from loadtests.openloop import MIX, Arrival, Outcome, poisson_schedule, summarize
 
 
 def _outcome(at_s: float, status: int | None, latency_ms: float, **extra: object) -> Outcome:
@@ -42,3 +43,12 @@ def test_the_schedule_is_reproducible_and_poisson_like() -> None:
     assert 1800 < len(first) < 2200
     high_share = sum(a.priority == "high" for a in first) / len(first)
     assert 0.15 < high_share < 0.25
+
+
+def test_instant_shed_refuses_the_low_requests_that_capacity_cannot_serve_beside_the_high_ones() -> None:
+    assert low_share_beyond_capacity(0.3) == low_share_beyond_capacity(1.0) == 0.0
+    for load in (1.5, 3.0, 6.0):
+        offered = CAPACITY_RPS * load
+        high, low = (offered * c.share for c in MIX)
+        served_low = low * (1 - low_share_beyond_capacity(load))
+        assert served_low == pytest.approx(max(0.0, CAPACITY_RPS - high))  # none once high fills it

@@ -50,10 +50,21 @@ class Outcome:
     retry_after: bool = False
     error: str | None = None
     expired_in_queue: bool = False
-    """A refusal after waiting in the queue (the gateway's `deadline_expired_in_queue`)."""
+    """A refusal after waiting in the queue (see `expired_in_queue`)."""
 
 
 _EXPIRED_IN_QUEUE = b'"deadline_expired_in_queue"'
+_HAPROXY_QUEUE_TIMEOUT = b"No server is available to handle this request"
+
+
+def expired_in_queue(status: int, body: bytes) -> bool:
+    """Whether an answer is a refusal after a wait in the queue rather than at arrival: the
+    gateway's `deadline_expired_in_queue`, or HAProxy's queue timeout (its 503)."""
+    if status == 429:
+        return _EXPIRED_IN_QUEUE in body
+    return status == 503 and _HAPROXY_QUEUE_TIMEOUT in body
+
+
 MIX = (TrafficClass("high", 0.2, 250), TrafficClass("low", 0.8, 1000))
 
 
@@ -114,7 +125,7 @@ async def run(
                             reply.status,
                             time.monotonic() - scheduled,
                             "Retry-After" in reply.headers,
-                            expired_in_queue=reply.status == 429 and _EXPIRED_IN_QUEUE in answer,
+                            expired_in_queue=expired_in_queue(reply.status, answer),
                         )
                     )
             except (aiohttp.ClientError, TimeoutError) as error:

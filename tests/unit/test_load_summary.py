@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loadtests.bench import CAPACITY_RPS, low_share_beyond_capacity
-from loadtests.openloop import MIX, Arrival, Outcome, poisson_schedule, summarize
+from loadtests.openloop import MIX, Arrival, Outcome, expired_in_queue, poisson_schedule, summarize
 
 
 def _outcome(at_s: float, status: int | None, latency_ms: float, **extra: object) -> Outcome:
@@ -52,3 +52,13 @@ def test_instant_shed_refuses_the_low_requests_that_capacity_cannot_serve_beside
         high, low = (offered * c.share for c in MIX)
         served_low = low * (1 - low_share_beyond_capacity(load))
         assert served_low == pytest.approx(max(0.0, CAPACITY_RPS - high))  # none once high fills it
+
+
+def test_a_refusal_after_a_wait_in_the_queue_is_told_by_its_answer() -> None:
+    assert expired_in_queue(429, b'{"error": "...", "reason": "deadline_expired_in_queue"}')
+    assert not expired_in_queue(429, b'{"error": "...", "reason": "deadline_unmeetable"}')
+    haproxy = (
+        b"<html><body><h1>503 Service Unavailable</h1>\nNo server is available to handle this request.\n"
+    )
+    assert expired_in_queue(503, haproxy)
+    assert not expired_in_queue(503, b'{"error": "...", "reason": "no_backend"}')

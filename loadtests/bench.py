@@ -2,6 +2,7 @@
 
     python -m loadtests.bench                      # light, saturate, overload: direct, HAProxy, gateway
     python -m loadtests.bench --scenarios overload --targets haproxy,gateway,floor
+    python -m loadtests.bench --scenarios overload --targets gateway,floor --repeat 5   # the median ratio
 
 Every target sits in front of a fresh simulated backend of 8 slots x 40 ms (capacity 200 rps):
 - direct: clients talk to the backend itself (its unbounded FIFO is the only queue);
@@ -31,6 +32,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -278,6 +280,33 @@ def table(scenario: Scenario, results: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def ratios(runs: list[list[dict[str, Any]]]) -> str:
+    """Per run and at the median, the ratios the core targets are read by, for the targets present:
+    each proxy's low-class refusal p99 at arrival to the floor's, and its steady goodput to HAProxy's."""
+    per_run: dict[str, list[float]] = {}
+    for results in runs:
+        by_target = {result["target"]: result["classes"] for result in results}
+        floor, haproxy = by_target.get("floor"), by_target.get("haproxy")
+        for target, classes in by_target.items():
+            low = ClassSummary(**classes["low"]) if "low" in classes else None
+            if floor and target != "floor" and low and low.arrival_rejection_p99_ms is not None:
+                floor_p99 = ClassSummary(**floor["low"]).arrival_rejection_p99_ms
+                if floor_p99:
+                    per_run.setdefault(f"{target} refusal p99 / floor", []).append(
+                        low.arrival_rejection_p99_ms / floor_p99
+                    )
+            if haproxy and target != "haproxy":
+                mine = sum(ClassSummary(**c).steady_goodput_rps for c in classes.values())
+                theirs = sum(ClassSummary(**c).steady_goodput_rps for c in haproxy.values())
+                if theirs > 0:
+                    per_run.setdefault(f"{target} steady goodput / haproxy", []).append(mine / theirs)
+    lines = [f"Over {len(runs)} runs:"]
+    for name, values in per_run.items():
+        shown = ", ".join(f"{v:.2f}x" for v in values)
+        lines.append(f"- {name}: {shown}; median {statistics.median(values):.2f}x")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -285,6 +314,13 @@ def main() -> None:
     parser.add_argument("--scenarios", default="light,saturate,overload")
     parser.add_argument("--targets", default="direct,passthrough,haproxy,gateway,floor")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each scenario's targets this many times in turn, and give the median of the "
+        "per-run ratios that the targets allow (refusal latency to the floor's, goodput to HAProxy's)",
+    )
     parser.add_argument(
         "--gateway-python",
         default=sys.executable,
@@ -305,9 +341,15 @@ def main() -> None:
     }
     for name in args.scenarios.split(","):
         scenario = SCENARIOS[name]
-        results = [run_one(scenario, target, log_dir, args.seed, args.gateway_python) for target in targets]
-        report["scenarios"][name] = results
-        print(table(scenario, results), "\n", flush=True)
+        runs = []
+        for _ in range(args.repeat):  # the targets in turn, so that the machine's moods fall on all
+            results = [run_one(scenario, t, log_dir, args.seed, args.gateway_python) for t in targets]
+            runs.append(results)
+            print(table(scenario, results), "\n", flush=True)
+        report["scenarios"][name] = runs[0]
+        if args.repeat > 1:
+            report.setdefault("repeats", {})[name] = runs
+            print(ratios(runs), "\n", flush=True)
     out = Path(__file__).parent / "results" / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=1))

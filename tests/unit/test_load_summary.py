@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 
-from loadtests.bench import CAPACITY_RPS, low_share_beyond_capacity
-from loadtests.openloop import MIX, Arrival, Outcome, expired_in_queue, poisson_schedule, summarize
+from loadtests.bench import CAPACITY_RPS, low_share_beyond_capacity, ratios
+from loadtests.openloop import (
+    MIX,
+    Arrival,
+    ClassSummary,
+    Outcome,
+    expired_in_queue,
+    poisson_schedule,
+    summarize,
+)
 
 
 def _outcome(at_s: float, status: int | None, latency_ms: float, **extra: object) -> Outcome:
@@ -62,3 +72,20 @@ def test_a_refusal_after_a_wait_in_the_queue_is_told_by_its_answer() -> None:
     )
     assert expired_in_queue(503, haproxy)
     assert not expired_in_queue(503, b'{"error": "...", "reason": "no_backend"}')
+
+
+def _result(target: str, low_refusal_p99_ms: float | None, steady_goodput_rps: float) -> dict[str, object]:
+    low = ClassSummary(0, 0, 0.0, steady_goodput_rps, None, None, arrival_rejection_p99_ms=low_refusal_p99_ms)
+    return {"target": target, "classes": {"low": asdict(low)}}
+
+
+def test_repeated_runs_give_each_runs_ratios_and_their_median() -> None:
+    runs = [
+        [_result("haproxy", None, 100.0), _result("gateway", 4.0, 110.0), _result("floor", 2.0, 0.0)],
+        [_result("haproxy", None, 100.0), _result("gateway", 3.0, 100.0), _result("floor", 2.0, 0.0)],
+        [_result("haproxy", None, 100.0), _result("gateway", 2.0, 120.0), _result("floor", 2.0, 0.0)],
+    ]
+    shown = ratios(runs)
+    assert "- gateway refusal p99 / floor: 2.00x, 1.50x, 1.00x; median 1.50x" in shown
+    assert "- gateway steady goodput / haproxy: 1.10x, 1.00x, 1.20x; median 1.10x" in shown
+    assert "haproxy refusal p99" not in shown  # HAProxy refused nothing at arrival

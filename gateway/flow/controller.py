@@ -379,21 +379,21 @@ class AdmissionController:
         return Refusal(outcome, retry_after_s, rule=rule)
 
     async def _wait(
-        self,
-        ticket: Ticket,
-        timeout_s: float,
-        until_disconnect: Callable[[], Awaitable[object]],
+        self, ticket: Ticket, timeout_s: float, until_disconnect: Callable[[], Awaitable[object]]
     ) -> Slot | Outcome:
         loop = asyncio.get_running_loop()
         timer = loop.call_later(max(0.0, timeout_s), ticket.interrupt, Outcome.DEADLINE_EXPIRED_IN_QUEUE)
-        watcher = asyncio.ensure_future(until_disconnect())
-        watcher.add_done_callback(lambda _: ticket.interrupt(Outcome.CLIENT_DISCONNECTED))
+        watcher: asyncio.Future[object] | None = None
         result: Slot | Outcome = Outcome.CLIENT_DISCONNECTED
         try:
+            # Inside: the call's hook that starts the watch may raise, and the ticket must not stay.
+            watcher = asyncio.ensure_future(until_disconnect())
+            watcher.add_done_callback(lambda _: ticket.interrupt(Outcome.CLIENT_DISCONNECTED))
             result = await ticket.wakeup
             return result
         finally:
             timer.cancel()
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
             if not isinstance(result, Slot):
                 await self._store.withdraw(ticket, result)

@@ -31,15 +31,18 @@ META = RequestMeta(priority="low", band=0, tenant=None, budget_s=None)
 class Work:
     """An upstream exchange that the test ends: `started` once granted, `finish` when the backend is done."""
 
-    def __init__(self, *, starts: bool = True) -> None:
+    def __init__(self, *, starts: bool = True, prepares: bool = True) -> None:
         self.on_done: Callable[[float | None], None] | None = None
         self.starts = starts
+        self.prepares = prepares
         self.started = False
         self.prepared_before_start = False
         self.prepared = 0
         self.closed = 0
 
     def prepare(self) -> None:
+        if not self.prepares:
+            raise RuntimeError("the request could not be serialized")
         self.prepared += 1
         self.prepared_before_start = not self.started
 
@@ -73,12 +76,14 @@ class Ingress:
 
 
 class Rig:
-    def __init__(self, slots: int = 1) -> None:
+    def __init__(self, slots: int = 1, max_wait_ms: int = 5000) -> None:
         self.pool = ModelPool("m", [BackendState("m", "http://127.0.0.1:9", slots, "/", ready=True)], 0.04)
         self.store = MemoryQueue([self.pool], 1, Estimation())
         self.registry = CollectorRegistry()
         metrics = GatewayMetrics(self.registry)
-        controller = AdmissionController(self.store, [PriorityClass(name="low", max_wait_ms=5000)], metrics)
+        controller = AdmissionController(
+            self.store, [PriorityClass(name="low", max_wait_ms=max_wait_ms)], metrics
+        )
         self.admission = Admission(controller, metrics, Drain(), no_backend_retry_s=1.0)
 
     def call(self, work: Work, ingress: Ingress, meta: RequestMeta = META) -> AdmittedCall:
@@ -171,6 +176,29 @@ async def test_work_is_prepared_while_queued_and_never_for_a_request_refused_or_
     await queued
     assert (first.prepared, refused.prepared) == (0, 0)
     assert queued_work.started and queued_work.prepared_before_start
+
+
+async def test_a_request_the_store_finds_no_room_for_is_refused_unprepared():
+    rig = Rig(max_wait_ms=1)  # behind a busy slot, no wait fits
+    first = Work()
+    await rig.call(first, Ingress(answers(Outcome.OK))).run()
+    refused, refusal = Work(), Ingress(answers(Outcome.OK))
+    await rig.call(refused, refusal).run()
+    assert [r.outcome for r in refusal.refused] == [Outcome.QUEUE_FULL]
+    assert refused.prepared == 0 and not refused.started
+    first.finish()
+    assert rig.free == 1
+
+
+async def test_a_work_that_fails_to_get_ready_leaves_no_ticket_in_the_queue():
+    rig = Rig()
+    first = Work()
+    await rig.call(first, Ingress(answers(Outcome.OK))).run()  # holds the only slot
+    with pytest.raises(RuntimeError):
+        await rig.call(Work(prepares=False), Ingress(answers(Outcome.OK))).run()
+    assert rig.store.stats("m").queued_by_band == (0,)
+    first.finish()
+    assert rig.free == 1  # not handed to the ticket of a call that is gone
 
 
 async def test_finished_calls_are_freed_without_the_cycle_collector():

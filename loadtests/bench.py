@@ -295,7 +295,7 @@ def ratios(runs: list[list[dict[str, Any]]]) -> str:
                     per_run.setdefault(f"{target} refusal p99 / floor", []).append(
                         low.arrival_rejection_p99_ms / floor_p99
                     )
-            if haproxy and target != "haproxy":
+            if haproxy and target not in ("haproxy", "floor"):  # the floor serves nothing
                 mine = sum(ClassSummary(**c).steady_goodput_rps for c in classes.values())
                 theirs = sum(ClassSummary(**c).steady_goodput_rps for c in haproxy.values())
                 if theirs > 0:

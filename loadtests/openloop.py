@@ -59,7 +59,8 @@ _HAPROXY_QUEUE_TIMEOUT = b"No server is available to handle this request"
 
 def expired_in_queue(status: int, body: bytes) -> bool:
     """Whether an answer is a refusal after a wait in the queue rather than at arrival: the
-    gateway's `deadline_expired_in_queue`, or HAProxy's queue timeout (its 503)."""
+    gateway's `deadline_expired_in_queue`, or HAProxy's queue timeout (its 503, which it also
+    sends with no server up: the benchmarks' backend always is)."""
     if status == 429:
         return _EXPIRED_IN_QUEUE in body
     return status == 503 and _HAPROXY_QUEUE_TIMEOUT in body

@@ -44,7 +44,8 @@ def test_a_request_is_built_only_once_it_waits_or_starts_and_then_only_the_wire_
     assert built == []  # refused now, it would cost nothing more
     call.prepare()
     call.prepare()
-    assert len(built) == 1 and call._build_request is None  # nothing but the wire holds the body
+    assert len(built) == 1 and call._build_request is None
+    assert call._request is not None and call._request.body == b""  # nothing but the wire holds the body
     assert call._wire(only) == serialized(built[0], only)
 
 

@@ -89,3 +89,4 @@ def test_repeated_runs_give_each_runs_ratios_and_their_median() -> None:
     assert "- gateway refusal p99 / floor: 2.00x, 1.50x, 1.00x; median 1.50x" in shown
     assert "- gateway steady goodput / haproxy: 1.10x, 1.00x, 1.20x; median 1.10x" in shown
     assert "haproxy refusal p99" not in shown  # HAProxy refused nothing at arrival
+    assert "floor steady goodput" not in shown  # and the floor serves nothing

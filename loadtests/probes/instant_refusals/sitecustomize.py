@@ -54,12 +54,15 @@ if os.environ.get("INSTANT_REFUSALS") and "serve" in sys.argv:
     def refusing_body(self: LimitedHttpToolsProtocol, body: bytes) -> None:
         if self not in _refusing:
             on_body(self, body)
+            return
+        self._body_read = True  # as on_body says: these bytes are body, not trailers
 
     def refusing_message_complete(self: LimitedHttpToolsProtocol) -> None:
         if self not in _refusing:
             on_message_complete(self)
             return
         _refusing.discard(self)
+        self._disarm()  # the body's clock, if a later read armed it
         self._in_body = self._head_begun = False
         self._reading_head = True
         self._head_bytes = 0

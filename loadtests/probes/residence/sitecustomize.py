@@ -10,10 +10,13 @@ request in phases, from the first bytes of it read to its answer complete:
 - waiting: read -> the app starts on it (its task runs after whatever the loop had ready first);
 - app: the app's work -> the first write of its answer (the head with the body, for a short one);
 - write: that write (the system call; a client woken on the same core may run before it returns);
-- rest: the write -> the answer complete (a streamed or long body's other writes).
+- rest: the write -> the answer complete (a streamed or long body's other writes);
+- write CPU: the gateway's own CPU time in that write (thread time), the rest of its wall time
+  being spent off the core.
 At exit each gateway writes the phases' percentiles to $RESIDENCE_PROBE_DIR (default: the temp
 dir), for each answer status apart (a refusal's path is not an answer's). The first quarter of
-each status's requests is left out as warm-up.
+each status's requests is left out as warm-up. Requests are told apart by their client's port;
+an answer whose head leaves alone (a stream's) is not timed.
 
 RESIDENCE_EXTRA_US=N makes every request that reaches the inference routes spin N microseconds
 of CPU first: run the same load with a few values to read how many milliseconds of tail a
@@ -38,10 +41,11 @@ if os.environ.get("RESIDENCE_PROBE") and "serve" in sys.argv:
 
     _clock = time.perf_counter
     _extra_s = float(os.environ.get("RESIDENCE_EXTRA_US", "0")) / 1e6
-    _PHASES = ("waiting", "app", "write", "rest", "total")
+    _PHASES = ("waiting", "app", "write", "rest", "total", "write CPU")
     # Per answer status (a refusal's path is not an answer's): each phase's times.
     _phases: dict[bytes, dict[str, list[float]]] = {}
-    # A request under way, by its client's port: [read, app, write begun, write done] times.
+    # A request under way, by its client's port: [read, app, write begun, write done] times and
+    # the write's CPU time.
     _marks: dict[int, list[float]] = {}
     _statuses: dict[int, bytes] = {}
 
@@ -56,17 +60,24 @@ if os.environ.get("RESIDENCE_PROBE") and "serve" in sys.argv:
     def timed_data_received(self: LimitedHttpToolsProtocol, data: bytes) -> None:
         port = _port(self.client)
         if port is not None and port not in _marks:
-            _marks[port] = [_clock(), 0.0, 0.0, 0.0]
+            _marks[port] = [_clock(), 0.0, 0.0, 0.0, 0.0]
         data_received(self, data)
 
     def timed_response_complete(self: LimitedHttpToolsProtocol) -> None:
         port = _port(self.client) or -1
         marks, status = _marks.pop(port, None), _statuses.pop(port, b"")
-        if marks is not None and all(marks):
+        if marks is not None and all(marks[:4]):
             phases = _phases.setdefault(status, {name: [] for name in _PHASES})
-            read, app, write_begun, written = marks
+            read, app, write_begun, written, write_cpu = marks
             done = _clock()
-            spans = (app - read, write_begun - app, written - write_begun, done - written, done - read)
+            spans = (
+                app - read,
+                write_begun - app,
+                written - write_begun,
+                done - written,
+                done - read,
+                write_cpu,
+            )
             for name, seconds in zip(_PHASES, spans, strict=True):
                 phases[name].append(seconds)
         on_response_complete(self)
@@ -88,9 +99,9 @@ if os.environ.get("RESIDENCE_PROBE") and "serve" in sys.argv:
             write(self, data)
             return
         _statuses[port] = self._head[9:12]
-        marks[2] = _clock()
+        marks[2], cpu = _clock(), time.thread_time()
         write(self, data)
-        marks[3] = _clock()
+        marks[3], marks[4] = _clock(), time.thread_time() - cpu
 
     def _report() -> None:
         lines = []

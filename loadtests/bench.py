@@ -285,21 +285,21 @@ def ratios(runs: list[list[dict[str, Any]]]) -> str:
     each proxy's low-class refusal p99 at arrival to the floor's, and its steady goodput to HAProxy's."""
     per_run: dict[str, list[float]] = {}
     for results in runs:
-        by_target = {result["target"]: result["classes"] for result in results}
-        floor, haproxy = by_target.get("floor"), by_target.get("haproxy")
-        for target, classes in by_target.items():
-            low = ClassSummary(**classes["low"]) if "low" in classes else None
-            if floor and target != "floor" and low and low.arrival_rejection_p99_ms is not None:
-                floor_p99 = ClassSummary(**floor["low"]).arrival_rejection_p99_ms
-                if floor_p99:
-                    per_run.setdefault(f"{target} refusal p99 / floor", []).append(
-                        low.arrival_rejection_p99_ms / floor_p99
-                    )
-            if haproxy and target not in ("haproxy", "floor"):  # the floor serves nothing
-                mine = sum(ClassSummary(**c).steady_goodput_rps for c in classes.values())
-                theirs = sum(ClassSummary(**c).steady_goodput_rps for c in haproxy.values())
-                if theirs > 0:
-                    per_run.setdefault(f"{target} steady goodput / haproxy", []).append(mine / theirs)
+        summaries = {
+            r["target"]: {name: ClassSummary(**raw) for name, raw in r["classes"].items()} for r in results
+        }
+        floor = summaries.get("floor", {}).get("low")
+        floor_p99 = floor.arrival_rejection_p99_ms if floor else None
+        haproxy = summaries.get("haproxy")
+        haproxy_goodput = sum(c.steady_goodput_rps for c in haproxy.values()) if haproxy else 0.0
+        for target, classes in summaries.items():
+            low = classes.get("low")
+            if floor_p99 and target != "floor" and low and low.arrival_rejection_p99_ms is not None:
+                ratio = low.arrival_rejection_p99_ms / floor_p99
+                per_run.setdefault(f"{target} refusal p99 / floor", []).append(ratio)
+            if haproxy_goodput > 0 and target not in ("haproxy", "floor"):  # the floor serves nothing
+                goodput = sum(c.steady_goodput_rps for c in classes.values())
+                per_run.setdefault(f"{target} steady goodput / haproxy", []).append(goodput / haproxy_goodput)
     lines = [f"Over {len(runs)} runs:"]
     for name, values in per_run.items():
         shown = ", ".join(f"{v:.2f}x" for v in values)

@@ -104,16 +104,18 @@ if os.environ.get("RESIDENCE_PROBE") and "serve" in sys.argv:
         marks[3], marks[4] = _clock(), time.thread_time() - cpu
 
     def _report() -> None:
+        # Here, not above: sitecustomize runs before the working directory is on the import path.
+        from loadtests.openloop import percentile
+
         lines = []
         for status, phases in sorted(_phases.items()):
             lines.append(f"status {status.decode()}:")
             for name, seconds in phases.items():
-                ordered = sorted(seconds[len(seconds) // 4 :])
+                kept = seconds[len(seconds) // 4 :]
                 shown = " ".join(
-                    f"p{q * 100:g}={ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000:.3f}"
-                    for q in (0.5, 0.9, 0.99, 0.999)
+                    f"p{q * 100:g}={(percentile(kept, q) or 0.0) * 1000:.3f}" for q in (0.5, 0.9, 0.99, 0.999)
                 )
-                lines.append(f"  {name:8} n={len(ordered)} {shown} ms")
+                lines.append(f"  {name:8} n={len(kept)} {shown} ms")
         directory = Path(os.environ.get("RESIDENCE_PROBE_DIR", tempfile.gettempdir()))
         out = directory / f"residence-{os.getpid()}.txt"
         out.write_text("\n".join(lines) + "\n")

@@ -38,7 +38,7 @@ from statistics import NormalDist
 
 from policies.calibration import CalibrationConfig
 from policies.cost_ranks import room_limit
-from policies.handovers import PoolState, handovers_within, wait_steps
+from policies.handovers import PoolState, handovers_within_steps, wait_steps
 from policies.outcomes import Outcome
 from policies.retry_after import RetryAfterConfig, retry_after_s
 from policies.steps import Steps, finished, known
@@ -188,13 +188,32 @@ def work_limit(
     from the state of the pool (how long each request in flight has run, and the measured
     service times); by the normal approximation where the store does not tell. -1 when it cannot
     be served in time at all."""
+    return finished(work_limit_steps(request, stats, throughput, now, confidence, config))
+
+
+def work_limit_steps(
+    request: AdmissionRequest,
+    stats: QueueStats,
+    throughput: Throughput,
+    now: float,
+    confidence: float,
+    config: AdmissionConfig,
+) -> Steps[float]:
+    """work_limit a busy slot at a time (policies.handovers.handovers_within_steps)."""
     allowed = allowed_wait_s(request, throughput)
     if allowed < 0:
-        return -1.0
+        return known(-1.0)
     state = pool_state(stats, throughput, request.band, now, allowed)
     if state is None or throughput.service_times is None:
-        return max_work(request, throughput, config, NormalDist().inv_cdf(confidence))
-    return handovers_within(state, throughput.service_times, allowed, confidence) * throughput.handover_cost
+        return known(max_work(request, throughput, config, NormalDist().inv_cdf(confidence)))
+    handovers = handovers_within_steps(state, throughput.service_times, allowed, confidence)
+    return _carried(handovers, throughput.handover_cost)
+
+
+def _carried(handovers: Steps[int], handover_cost: float) -> Steps[float]:
+    """The work `handovers` hand-overs carry."""
+    count = yield from handovers
+    return count * handover_cost
 
 
 def confident_wait_s(

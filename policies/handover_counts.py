@@ -12,6 +12,8 @@ from functools import lru_cache
 from itertools import accumulate
 from statistics import NormalDist
 
+from policies.steps import Steps, finished
+
 Pmf = tuple[int, list[float]]
 """A distribution on the integers: the first value it may take, and the probabilities from there."""
 
@@ -96,10 +98,17 @@ class MixedCounts:
 
     def tails(self, upto: int) -> Tails:
         """The distribution up to `upto` hand-overs (exactly as far as it goes)."""
+        if self._tails is not None and self._tails_upto >= upto:
+            return self._tails
+        return finished(self.tails_steps(upto))
+
+    def tails_steps(self, upto: int) -> Steps[Tails]:
+        """`tails`, a group per step."""
         if self._tails is None or self._tails_upto < upto:
             total: Pmf = (self.free, [1.0])
             for group in self.groups:
                 total = convolve(total, group.pmf(upto - self.free), upto)
+                yield
             self._tails, self._tails_upto = Tails(total), upto
         return self._tails
 
@@ -120,15 +129,19 @@ class ConvolvedCounts:
 
     def tails(self, upto: int) -> Tails:
         """The distribution up to `upto` hand-overs (exactly as far as it goes)."""
-        if self._tails is None or self._tails_upto < upto:
-            self._tails, self._tails_upto = self._count(upto), upto
-        return self._tails
+        if self._tails is not None and self._tails_upto >= upto:
+            return self._tails
+        return finished(self.tails_steps(upto))
 
-    def _count(self, upto: int) -> Tails:
-        total: Pmf = (self.free, [1.0])
-        for slot in self.slots:
-            total = convolve(total, slot, upto)
-        return Tails(total)
+    def tails_steps(self, upto: int) -> Steps[Tails]:
+        """`tails`, a slot's convolution per step."""
+        if self._tails is None or self._tails_upto < upto:
+            total: Pmf = (self.free, [1.0])
+            for slot in self.slots:
+                total = convolve(total, slot, upto)
+                yield
+            self._tails, self._tails_upto = Tails(total), upto
+        return self._tails
 
 
 @dataclass(frozen=True, slots=True)

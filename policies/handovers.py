@@ -85,8 +85,22 @@ _GAUSS_3 = ((0.5 - 0.5 * math.sqrt(0.6), 5 / 18), (0.5, 8 / 18), (0.5 + 0.5 * ma
 
 def handovers_within(state: PoolState, service: ServiceTimes, within_s: float, confidence: float) -> int:
     """The largest n such that P(at least n hand-overs reach the band within `within_s`) >= confidence."""
+    return finished(handovers_within_steps(state, service, within_s, confidence))
+
+
+def handovers_within_steps(
+    state: PoolState, service: ServiceTimes, within_s: float, confidence: float
+) -> Steps[int]:
+    """handovers_within, a busy slot's count per step (clock-like service counts each slot apart, at
+    tens to hundreds of microseconds each): a caller that must not stall (an event loop) runs it a
+    step at a time. The pool is read as it is now; the steps' value is handovers_within's."""
     _check_confidence(confidence)
-    return _Pool(state, service).at(max(within_s, 0.0)).most(confidence)
+    return _most_within(_Pool(state, service), max(within_s, 0.0), confidence)
+
+
+def _most_within(pool: _Pool, t: float, confidence: float) -> Steps[int]:
+    band = yield from pool.at_steps(t)
+    return (yield from band.most_steps(confidence))
 
 
 def wait_for(state: PoolState, service: ServiceTimes, handovers: float, confidence: float) -> float:
@@ -183,22 +197,28 @@ class _Pool:
 
     def at(self, t: float) -> _Band:
         """What reaches the band within `t`."""
+        return finished(self.at_steps(t))
+
+    def at_steps(self, t: float) -> Steps[_Band]:
+        """`at`, yielding after each busy slot a clock-like service counts apart."""
         busy_firsts = [rounded(residual.cdf(t)) for residual in self.busy]
         fresh_first = rounded(self.fresh.cdf(t))
-        counts = (
-            self._slot_counts(t, busy_firsts, fresh_first)
-            if self.lattice
-            else self._renewal_counts(t, busy_firsts, fresh_first)
-        )
+        if self.lattice:
+            counts = yield from self._slot_counts(t, busy_firsts, fresh_first)
+        else:
+            counts = self._renewal_counts(t, busy_firsts, fresh_first)
         return _Band(counts, self.free, self.urgent_rate_per_s * t)
 
     # -- clock-like service: slot by slot --------------------------------------------------------------
 
-    def _slot_counts(self, t: float, busy_firsts: list[float], fresh_first: float) -> Counts:
+    def _slot_counts(self, t: float, busy_firsts: list[float], fresh_first: float) -> Steps[Counts]:
         later_bound = max(0.0, t / self.mean_s - 0.5)
         if self.free + (sum(busy_firsts) + self.free * fresh_first) * (1 + later_bound) > LARGE_CLOCKED_COUNT:
             return self._normal_slot_counts(t, busy_firsts, fresh_first)
-        slots = [self._slot_pmf(r, t, first) for r, first in zip(self.busy, busy_firsts, strict=True)]
+        slots = []
+        for residual, first in zip(self.busy, busy_firsts, strict=True):
+            slots.append(self._slot_pmf(residual, t, first))
+            yield
         if self.free:
             slots.extend([self._slot_pmf(self.fresh, t, fresh_first)] * self.free)
         return ConvolvedCounts(self.free, slots)
@@ -308,19 +328,30 @@ class _Band:
         counts = self.counts
         if isinstance(counts, NormalCounts):
             return counts.at_least(needed, self.urgent_mean)
-        if self._urgent is None:
-            self._urgent = poisson(self.urgent_mean)
-        start, urgent = self._urgent
+        start, urgent = self._urgent_pmf()
         tails = counts.tails(needed + start + len(urgent) - 1)
         reached: float = sum(map(mul, urgent, tails.run_at_least(needed + start, len(urgent))))
         return reached
 
+    def _urgent_pmf(self) -> Pmf:
+        if self._urgent is None:
+            self._urgent = poisson(self.urgent_mean)
+        return self._urgent
+
     def most(self, confidence: float) -> int:
         """The largest count reached with at least `confidence` (the free slots' always is)."""
+        return finished(self.most_steps(confidence))
+
+    def most_steps(self, confidence: float) -> Steps[int]:
+        """`most`, the distribution its first guess reads counted a slot per step (the rest of the
+        search mostly reads what that counted)."""
         counts = self.counts
         spread = math.sqrt(counts.variance + self.urgent_mean)
         guess = counts.mean - self.urgent_mean + 0.5 - z_of(confidence) * spread
         limit = max(self.free, math.floor(guess) + 2)
+        if limit > self.free and not isinstance(counts, NormalCounts):
+            start, urgent = self._urgent_pmf()
+            yield from counts.tails_steps(limit + start + len(urgent) - 1)
         while self.reach(limit) >= confidence:  # the guess was low: count further
             limit = 2 * limit + 8
         low = self.free

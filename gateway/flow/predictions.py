@@ -7,8 +7,13 @@ a request's admission, so it is not done for every request:
   queued meanwhile) is the drain rate's normal approximation;
 - otherwise a limit is reused for the same band, class wait and budget (each rounded down to a
   1/64 step of its binary order, which can only tighten it) while the pool holds as many busy and
-  free slots as when it was read, for at most a sixteenth of the allowed wait (10 ms at least,
-  `reuse_s` at most): the requests in flight have aged by little against the time that matters;
+  free slots as when it was read, for a sixteenth of the allowed wait (10 ms at least, `reuse_s`
+  at most): the requests in flight have aged by little against the time that matters;
+- a limit that has aged past that, or whose confidence moved (below), is read again a busy slot
+  per turn of the event loop (policies.admission.work_limit_steps), and serves until the new
+  reading lands, a few turns later: under overload the readings come tens of times a second, and
+  one whole would hold every request behind it for up to a millisecond or two. A limit twice as
+  old, or read with other slot counts, is read at once: a pool at light load is read as it is;
 - the calibrated confidence moves a little with every queued request that leaves the queue (under
   overload hundreds of times a second), so it is read on a grid: its miss probability rounded down
   to an eighth of a binary order (about 9%), which can only tighten it, and a limit is reused
@@ -22,7 +27,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from statistics import NormalDist
+from typing import TypeVar
 
 from gateway.flow.stepwise import run_stepwise
 from policies.admission import (
@@ -31,8 +38,15 @@ from policies.admission import (
     confident_wait_steps,
     max_work,
     work_limit,
+    work_limit_steps,
 )
+from policies.steps import Steps
 from policies.wait import QueueStats, Throughput, work_to_drain
+
+T = TypeVar("T")
+StepRunner = Callable[[Steps[T], Callable[[T], None]], None]
+"""Runs a computation (policies.steps) and hands its value to a callback: gateway.flow.stepwise's
+run_stepwise, a step per turn of the loop."""
 
 REUSE_S = 0.05
 REUSE_SHARE = 1 / 16
@@ -62,17 +76,25 @@ class _Limit:
     slots: tuple[int, int]
     confidence: float
     work: float
+    refreshing: bool = False
+    """A reading to replace it is under way."""
 
 
 class Predictions:
     """One model's admission limits and predicted waits, reused or sampled as above."""
 
     def __init__(
-        self, bands: int, config: AdmissionConfig, reuse_s: float = REUSE_S, sample_s: float = SAMPLE_S
+        self,
+        bands: int,
+        config: AdmissionConfig,
+        reuse_s: float = REUSE_S,
+        sample_s: float = SAMPLE_S,
+        run_steps: StepRunner[float] = run_stepwise,
     ) -> None:
         self._config = config
         self._reuse_s = reuse_s
         self._sample_s = sample_s
+        self._run_steps = run_steps
         self._limits: dict[tuple[int, float, float | None], _Limit] = {}
         self._sampled_at = [-math.inf] * bands
 
@@ -95,18 +117,30 @@ class Predictions:
         slots = (len(stats.started_at), free)
         limit = self._limits.get(key)
         reuse_s = min(self._reuse_s, max(0.01, REUSE_SHARE * max_wait_s))
-        if (
-            limit is None
-            or now - limit.read_at > reuse_s
-            or limit.slots != slots
-            or limit.confidence != confidence
-        ):
-            if len(self._limits) > 256:  # budgets vary per request: keep only what is fresh
-                self._limits = {k: v for k, v in self._limits.items() if now - v.read_at <= self._reuse_s}
-            rounded = replace(request, max_queue_wait_s=max_wait_s, budget_s=budget_s)
-            work = work_limit(rounded, stats, throughput, now, confidence, self._config)
-            limit = self._limits[key] = _Limit(now, slots, confidence, work)
-        return limit.work
+        if limit is not None and limit.slots == slots:
+            age_s = now - limit.read_at
+            if age_s <= reuse_s and limit.confidence == confidence:
+                return limit.work
+            if age_s <= 2 * reuse_s:
+                if not limit.refreshing:
+                    limit.refreshing = True
+                    rounded = replace(request, max_queue_wait_s=max_wait_s, budget_s=budget_s)
+                    steps = work_limit_steps(rounded, stats, throughput, now, confidence, self._config)
+                    self._run_steps(steps, partial(self._refreshed, key, _Limit(now, slots, confidence, 0.0)))
+                return self._limits.get(key, limit).work
+        if len(self._limits) > 256:  # budgets vary per request: keep only what is fresh
+            self._limits = {k: v for k, v in self._limits.items() if now - v.read_at <= self._reuse_s}
+        rounded = replace(request, max_queue_wait_s=max_wait_s, budget_s=budget_s)
+        work = work_limit(rounded, stats, throughput, now, confidence, self._config)
+        self._limits[key] = _Limit(now, slots, confidence, work)
+        return work
+
+    def _refreshed(self, key: tuple[int, float, float | None], fresh: _Limit, work: float) -> None:
+        """A reading run a step at a time has landed: it replaces the limit unless a newer one has."""
+        held = self._limits.get(key)
+        if held is None or held.read_at <= fresh.read_at:
+            fresh.work = work
+            self._limits[key] = fresh
 
     def sample_wait(
         self,
@@ -123,4 +157,4 @@ class Predictions:
         if now - self._sampled_at[band] < self._sample_s:
             return
         self._sampled_at[band] = now
-        run_stepwise(confident_wait_steps(stats, throughput, band, now, confidence), on_wait)
+        self._run_steps(confident_wait_steps(stats, throughput, band, now, confidence), on_wait)

@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from policies.handover_counts import Tails
-from policies.handovers import LONGEST_WAIT_S, PoolState, handovers_within, wait_for
+from policies.handovers import LONGEST_WAIT_S, PoolState, handovers_within, handovers_within_steps, wait_for
 from policies.service_times import BINS_PER_OCTAVE, ServiceTimes
 
 BIN_RATIO = 2 ** (1 / BINS_PER_OCTAVE)
@@ -139,6 +139,38 @@ def pools(draw, urgent: bool = True) -> tuple[PoolState, ServiceTimes]:
 
 windows = st.floats(0.0, 4.0)
 confidences = st.floats(0.5, 0.999)
+
+
+def steps_and_value(steps):
+    count = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return count, end.value
+        count += 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(pools(), windows, confidences)
+def test_read_a_step_at_a_time_the_count_is_the_same_in_two_steps_per_slot_at_most(pool, window, confidence):
+    state, service = pool
+    within = window * service.mean_s
+    steps, value = steps_and_value(handovers_within_steps(state, service, within, confidence))
+    assert value == handovers_within(state, service, within, confidence)
+    assert steps <= 2 * (len(state.ages_s) + state.free_slots)
+
+
+def test_a_clock_like_pool_is_read_a_slot_per_step_as_it_was_when_the_reading_began():
+    """Each busy slot's count a step, then each slot's part of their sum a step."""
+    state = PoolState(ages_s=(0.1, 0.3, 0.5, 0.7), free_slots=0)
+    service = fixed(0.8)
+    before = handovers_within(state, service, 0.85, 0.977)
+    steps = handovers_within_steps(state, service, 0.85, 0.977)
+    for _ in range(2000):  # the service times change while the steps run: they read what was
+        service.record(8.0)
+    assert handovers_within(state, service, 0.85, 0.977) != before
+    assert steps_and_value(steps) == (8, before)
 
 
 @settings(max_examples=150, deadline=None)

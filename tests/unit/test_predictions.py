@@ -1,5 +1,6 @@
 """Admission's pool reading is reused for a few milliseconds and sampled for export, never loosened."""
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -10,6 +11,7 @@ from gateway.flow import predictions as predictions_module
 from gateway.flow.predictions import Predictions, rounded_down, rounded_up_confidence
 from policies.admission import AdmissionConfig, AdmissionRequest, confident_wait_s, work_limit
 from policies.service_times import ServiceTimes
+from policies.steps import Steps, finished
 from policies.wait import QueueStats, Throughput
 from tests.eventually import eventually
 
@@ -26,6 +28,21 @@ def learned(service_s: float) -> Throughput:
 
 def busy(*started_at: float) -> QueueStats:
     return QueueStats((1,), 0, (1.0,), started_at=started_at)
+
+
+class HeldReadings:
+    """A step runner that holds each reading until the test lands it."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Steps[float], Callable[[float], None]]] = []
+
+    def __call__(self, steps: Steps[float], on_value: Callable[[float], None]) -> None:
+        self.pending.append((steps, on_value))
+
+    def land(self) -> None:
+        pending, self.pending = self.pending, []
+        for steps, on_value in pending:
+            on_value(finished(steps))
 
 
 @given(st.floats(1e-6, 1e6))
@@ -48,14 +65,51 @@ def on_the_edge(flow: Throughput) -> float:
 def test_a_reading_is_reused_while_fresh_and_read_again_once_stale_or_the_slots_change():
     flow = learned(0.4)
     started = on_the_edge(flow)
-    predictions = Predictions(1, CONFIG, reuse_s=0.01)
+    readings = HeldReadings()
+    predictions = Predictions(1, CONFIG, reuse_s=0.01, run_steps=readings)
     assert predictions.work_limit(REQUEST, busy(started), flow, 0.0, 0.977) == 0
     assert predictions.work_limit(REQUEST, busy(started), flow, 0.008, 0.977) == 0  # reused
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.011, 0.977) == 1  # read again
+    assert not readings.pending
+    # Stale: read again a step at a time, the old limit serving until the new one lands.
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.011, 0.977) == 0
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.012, 0.977) == 0
+    assert len(readings.pending) == 1  # one reading under way, not one per request
+    readings.land()
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.013, 0.977) == 1
+    # Twice as stale (its reading never landed): read at once.
+    predictions = Predictions(1, CONFIG, reuse_s=0.01, run_steps=readings)
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.0, 0.977) == 0
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.015, 0.977) == 0
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.021, 0.977) == 1
     # Another slot busy: read again at once.
-    predictions = Predictions(1, CONFIG, reuse_s=0.01)
+    predictions = Predictions(1, CONFIG, reuse_s=0.01, run_steps=readings)
     assert predictions.work_limit(REQUEST, busy(started), flow, 0.0, 0.977) == 0
     assert predictions.work_limit(REQUEST, busy(started, -0.2), flow, 0.001, 0.977) == 1
+
+
+def test_a_reading_that_lands_after_a_newer_one_is_dropped():
+    flow = learned(0.4)
+    started = on_the_edge(flow)
+    readings = HeldReadings()
+    predictions = Predictions(1, CONFIG, reuse_s=0.01, run_steps=readings)
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.0, 0.977) == 0
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.011, 0.977) == 0  # reading begun
+    # The slots changed meanwhile: read at once; then one busy slot again, just started, which
+    # hands over too late: read at once again.
+    assert predictions.work_limit(REQUEST, busy(started, -0.2), flow, 0.012, 0.977) == 2
+    assert predictions.work_limit(REQUEST, busy(0.013), flow, 0.013, 0.977) == 0
+    readings.land()  # the reading begun at 0.011 (1) is older than the one made at 0.013
+    assert predictions.work_limit(REQUEST, busy(0.013), flow, 0.014, 0.977) == 0
+
+
+@pytest.mark.anyio
+async def test_a_stale_limit_is_read_again_a_busy_slot_per_turn_of_the_loop():
+    flow = learned(0.4)
+    started = on_the_edge(flow)
+    predictions = Predictions(1, CONFIG, reuse_s=0.01)  # run_stepwise, on the running loop
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.0, 0.977) == 0
+    assert predictions.work_limit(REQUEST, busy(started), flow, 0.011, 0.977) == 0
+    await eventually(lambda: predictions.work_limit(REQUEST, busy(started), flow, 0.012, 0.977) == 1)
 
 
 @pytest.mark.anyio
@@ -90,7 +144,8 @@ def test_the_confidence_is_read_on_a_grid_that_only_tightens(confidence):
 
 def test_a_limit_is_reused_while_the_calibrated_confidence_moves_within_its_grid_step(monkeypatch):
     flow = learned(0.4)
-    predictions = Predictions(1, CONFIG, reuse_s=0.05)
+    readings = HeldReadings()
+    predictions = Predictions(1, CONFIG, reuse_s=0.05, run_steps=readings)
     stats = busy(-0.1)
     calls = []
     original = predictions_module.work_limit
@@ -103,5 +158,6 @@ def test_a_limit_is_reused_while_the_calibrated_confidence_moves_within_its_grid
     predictions.work_limit(REQUEST, stats, flow, 0.0, 0.9770)
     predictions.work_limit(REQUEST, stats, flow, 0.001, 0.9771)  # a settled request moved it
     assert len(calls) == 1
+    assert not readings.pending
     predictions.work_limit(REQUEST, stats, flow, 0.002, 0.9900)  # a step of the grid: read again
-    assert len(calls) == 2
+    assert len(readings.pending) == 1

@@ -62,29 +62,34 @@ def on_the_edge(flow: Throughput) -> float:
     raise AssertionError("no start puts the hand-over on the edge")
 
 
+def limit(predictions: Predictions, flow: Throughput, now: float, *started_at: float) -> float:
+    """The work limit `predictions` gives REQUEST at `now`, its slots busy since `started_at`."""
+    return predictions.work_limit(REQUEST, busy(*started_at), flow, now, 0.977)
+
+
 def test_a_reading_is_reused_while_fresh_and_read_again_once_stale_or_the_slots_change():
     flow = learned(0.4)
     started = on_the_edge(flow)
     readings = HeldReadings()
     predictions = Predictions(1, CONFIG, reuse_s=0.01, run_steps=readings)
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.0, 0.977) == 0
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.008, 0.977) == 0  # reused
+    assert limit(predictions, flow, 0.0, started) == 0
+    assert limit(predictions, flow, 0.008, started) == 0  # reused
     assert not readings.pending
     # Stale: read again a step at a time, the old limit serving until the new one lands.
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.011, 0.977) == 0
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.012, 0.977) == 0
+    assert limit(predictions, flow, 0.011, started) == 0
+    assert limit(predictions, flow, 0.012, started) == 0
     assert len(readings.pending) == 1  # one reading under way, not one per request
     readings.land()
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.013, 0.977) == 1
+    assert limit(predictions, flow, 0.013, started) == 1
     # Twice as stale (its reading never landed): read at once.
     predictions = Predictions(1, CONFIG, reuse_s=0.01, run_steps=readings)
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.0, 0.977) == 0
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.015, 0.977) == 0
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.021, 0.977) == 1
+    assert limit(predictions, flow, 0.0, started) == 0
+    assert limit(predictions, flow, 0.015, started) == 0
+    assert limit(predictions, flow, 0.021, started) == 1
     # Another slot busy: read again at once.
     predictions = Predictions(1, CONFIG, reuse_s=0.01, run_steps=readings)
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.0, 0.977) == 0
-    assert predictions.work_limit(REQUEST, busy(started, -0.2), flow, 0.001, 0.977) == 1
+    assert limit(predictions, flow, 0.0, started) == 0
+    assert limit(predictions, flow, 0.001, started, -0.2) == 1
 
 
 def test_a_reading_that_lands_after_a_newer_one_is_dropped():
@@ -92,14 +97,14 @@ def test_a_reading_that_lands_after_a_newer_one_is_dropped():
     started = on_the_edge(flow)
     readings = HeldReadings()
     predictions = Predictions(1, CONFIG, reuse_s=0.01, run_steps=readings)
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.0, 0.977) == 0
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.011, 0.977) == 0  # reading begun
+    assert limit(predictions, flow, 0.0, started) == 0
+    assert limit(predictions, flow, 0.011, started) == 0  # reading begun
     # The slots changed meanwhile: read at once; then one busy slot again, just started, which
     # hands over too late: read at once again.
-    assert predictions.work_limit(REQUEST, busy(started, -0.2), flow, 0.012, 0.977) == 2
-    assert predictions.work_limit(REQUEST, busy(0.013), flow, 0.013, 0.977) == 0
+    assert limit(predictions, flow, 0.012, started, -0.2) == 2
+    assert limit(predictions, flow, 0.013, 0.013) == 0
     readings.land()  # the reading begun at 0.011 (1) is older than the one made at 0.013
-    assert predictions.work_limit(REQUEST, busy(0.013), flow, 0.014, 0.977) == 0
+    assert limit(predictions, flow, 0.014, 0.013) == 0
 
 
 @pytest.mark.anyio
@@ -107,9 +112,9 @@ async def test_a_stale_limit_is_read_again_a_busy_slot_per_turn_of_the_loop():
     flow = learned(0.4)
     started = on_the_edge(flow)
     predictions = Predictions(1, CONFIG, reuse_s=0.01)  # run_stepwise, on the running loop
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.0, 0.977) == 0
-    assert predictions.work_limit(REQUEST, busy(started), flow, 0.011, 0.977) == 0
-    await eventually(lambda: predictions.work_limit(REQUEST, busy(started), flow, 0.012, 0.977) == 1)
+    assert limit(predictions, flow, 0.0, started) == 0
+    assert limit(predictions, flow, 0.011, started) == 0
+    await eventually(lambda: limit(predictions, flow, 0.012, started) == 1)
 
 
 @pytest.mark.anyio

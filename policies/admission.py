@@ -199,7 +199,7 @@ def work_limit_steps(
     confidence: float,
     config: AdmissionConfig,
 ) -> Steps[float]:
-    """work_limit a busy slot at a time (policies.handovers.handovers_within_steps)."""
+    """work_limit a step at a time (policies.handovers.handovers_within_steps)."""
     allowed = allowed_wait_s(request, throughput)
     if allowed < 0:
         return known(-1.0)

@@ -99,7 +99,7 @@ class MixedCounts:
     def tails(self, upto: int) -> Tails:
         """The distribution up to `upto` hand-overs (exactly as far as it goes)."""
         if self._tails is not None and self._tails_upto >= upto:
-            return self._tails
+            return self._tails  # most calls (a search's): no generator to make
         return finished(self.tails_steps(upto))
 
     def tails_steps(self, upto: int) -> Steps[Tails]:
@@ -130,7 +130,7 @@ class ConvolvedCounts:
     def tails(self, upto: int) -> Tails:
         """The distribution up to `upto` hand-overs (exactly as far as it goes)."""
         if self._tails is not None and self._tails_upto >= upto:
-            return self._tails
+            return self._tails  # most calls (a search's): no generator to make
         return finished(self.tails_steps(upto))
 
     def tails_steps(self, upto: int) -> Steps[Tails]:

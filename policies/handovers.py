@@ -200,7 +200,7 @@ class _Pool:
         return finished(self.at_steps(t))
 
     def at_steps(self, t: float) -> Steps[_Band]:
-        """`at`, yielding after each busy slot a clock-like service counts apart."""
+        """`at`: a step per busy slot where service is clock-like, none otherwise."""
         busy_firsts = [rounded(residual.cdf(t)) for residual in self.busy]
         fresh_first = rounded(self.fresh.cdf(t))
         if self.lattice:
@@ -215,7 +215,7 @@ class _Pool:
         later_bound = max(0.0, t / self.mean_s - 0.5)
         if self.free + (sum(busy_firsts) + self.free * fresh_first) * (1 + later_bound) > LARGE_CLOCKED_COUNT:
             return self._normal_slot_counts(t, busy_firsts, fresh_first)
-        slots = []
+        slots: list[Pmf] = []
         for residual, first in zip(self.busy, busy_firsts, strict=True):
             slots.append(self._slot_pmf(residual, t, first))
             yield

@@ -1,7 +1,7 @@
 """Admission's predictions from the state of the pool (policies.admission), at a bounded cost.
 
-Reading the pool (policies.handovers) costs tens to hundreds of microseconds, more than the rest of
-a request's admission, so it is not done for every request:
+Reading the pool (policies.handovers) costs a few hundred microseconds to a few milliseconds, more
+than the rest of a request's admission, so it is not done for every request:
 - with a slot free and nothing queued ahead the request is granted at once, and the limit it
   carries (which binds only where the store's state has moved on since, another replica's request
   queued meanwhile) is the drain rate's normal approximation;
@@ -9,11 +9,12 @@ a request's admission, so it is not done for every request:
   1/64 step of its binary order, which can only tighten it) while the pool holds as many busy and
   free slots as when it was read, for a sixteenth of the allowed wait (10 ms at least, `reuse_s`
   at most): the requests in flight have aged by little against the time that matters;
-- a limit that has aged past that, or whose confidence moved (below), is read again a busy slot
-  per turn of the event loop (policies.admission.work_limit_steps), and serves until the new
-  reading lands, a few turns later: under overload the readings come tens of times a second, and
-  one whole would hold every request behind it for up to a millisecond or two. A limit twice as
-  old, or read with other slot counts, is read at once: a pool at light load is read as it is;
+- a limit that has aged past that, or whose confidence fell (below), is read again a step per
+  turn of the event loop (policies.admission.work_limit_steps: a busy slot per turn where service
+  is clock-like, a few turns otherwise), and serves until the new reading lands: under overload
+  the readings come tens of times a second, and one whole would hold every request behind it for
+  up to a millisecond or two. A limit twice as old, read with other slot counts or at a lower
+  confidence than the current one (looser), is read at once, and so is a pool at light load;
 - the calibrated confidence moves a little with every queued request that leaves the queue (under
   overload hundreds of times a second), so it is read on a grid: its miss probability rounded down
   to an eighth of a binary order (about 9%), which can only tighten it, and a limit is reused
@@ -27,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
 from statistics import NormalDist
 from typing import TypeVar
 
@@ -121,26 +121,40 @@ class Predictions:
             age_s = now - limit.read_at
             if age_s <= reuse_s and limit.confidence == confidence:
                 return limit.work
-            if age_s <= 2 * reuse_s:
+            # Read at a lower confidence, the held limit is looser than one read now: not served.
+            if age_s <= 2 * reuse_s and confidence <= limit.confidence:
                 if not limit.refreshing:
                     limit.refreshing = True
                     rounded = replace(request, max_queue_wait_s=max_wait_s, budget_s=budget_s)
-                    steps = work_limit_steps(rounded, stats, throughput, now, confidence, self._config)
-                    self._run_steps(steps, partial(self._refreshed, key, _Limit(now, slots, confidence, 0.0)))
+                    self._read_stepwise(key, limit, rounded, stats, throughput, now, confidence)
+                # Not `limit`: a runner that lands at once has replaced it already.
                 return self._limits.get(key, limit).work
-        if len(self._limits) > 256:  # budgets vary per request: keep only what is fresh
-            self._limits = {k: v for k, v in self._limits.items() if now - v.read_at <= self._reuse_s}
+        if len(self._limits) > 256:  # budgets vary per request: keep only what may still serve
+            self._limits = {k: v for k, v in self._limits.items() if now - v.read_at <= 2 * self._reuse_s}
         rounded = replace(request, max_queue_wait_s=max_wait_s, budget_s=budget_s)
         work = work_limit(rounded, stats, throughput, now, confidence, self._config)
         self._limits[key] = _Limit(now, slots, confidence, work)
         return work
 
-    def _refreshed(self, key: tuple[int, float, float | None], fresh: _Limit, work: float) -> None:
-        """A reading run a step at a time has landed: it replaces the limit unless a newer one has."""
-        held = self._limits.get(key)
-        if held is None or held.read_at <= fresh.read_at:
-            fresh.work = work
-            self._limits[key] = fresh
+    def _read_stepwise(
+        self,
+        key: tuple[int, float, float | None],
+        held: _Limit,
+        request: AdmissionRequest,
+        stats: QueueStats,
+        throughput: Throughput,
+        now: float,
+        confidence: float,
+    ) -> None:
+        """Read `request`'s limit again a step at a time; it replaces `held` when it lands, unless
+        a reading made at once meanwhile (other slot counts, a stale or a looser limit) has."""
+        steps = work_limit_steps(request, stats, throughput, now, confidence, self._config)
+
+        def landed(work: float) -> None:
+            if self._limits.get(key, held) is held:
+                self._limits[key] = _Limit(now, held.slots, confidence, work)
+
+        self._run_steps(steps, landed)
 
     def sample_wait(
         self,

@@ -2,8 +2,9 @@
 
 A computation that takes milliseconds would hold up every request the loop serves meanwhile;
 run a step at a time, it lets the loop take its I/O between steps. Its value goes to a callback
-once it ends; a computation that raises is logged and dropped (what it computed is a sample for
-export, never a decision a request waits for).
+once it ends; a computation that raises is logged and dropped. No request waits for one: the
+sampled predicted wait is an export, and a limit read again leaves the held one serving (until
+it is twice its reuse time old, gateway/flow/predictions.py).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from policies.handover_counts import Tails
 from policies.handovers import LONGEST_WAIT_S, PoolState, handovers_within, handovers_within_steps, wait_for
 from policies.service_times import BINS_PER_OCTAVE, ServiceTimes
+from policies.steps import Steps
 
 BIN_RATIO = 2 ** (1 / BINS_PER_OCTAVE)
 
@@ -141,7 +142,7 @@ windows = st.floats(0.0, 4.0)
 confidences = st.floats(0.5, 0.999)
 
 
-def steps_and_value(steps):
+def steps_and_value(steps: Steps[int]) -> tuple[int, int]:
     count = 0
     while True:
         try:
@@ -171,6 +172,14 @@ def test_a_clock_like_pool_is_read_a_slot_per_step_as_it_was_when_the_reading_be
         service.record(8.0)
     assert handovers_within(state, service, 0.85, 0.977) != before
     assert steps_and_value(steps) == (8, before)
+
+
+def test_a_spread_out_pool_is_read_a_group_of_slots_per_step():
+    """The busy slots' count and the free slots' are summed a step each."""
+    state = PoolState(ages_s=(0.1, 0.2), free_slots=1)
+    service = exponential(0.8)
+    steps = handovers_within_steps(state, service, 1.0, 0.977)
+    assert steps_and_value(steps) == (2, handovers_within(state, service, 1.0, 0.977))
 
 
 @settings(max_examples=150, deadline=None)

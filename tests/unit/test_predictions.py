@@ -1,5 +1,6 @@
 """Admission's pool reading is reused for a few milliseconds and sampled for export, never loosened."""
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -114,7 +115,25 @@ async def test_a_stale_limit_is_read_again_a_busy_slot_per_turn_of_the_loop():
     predictions = Predictions(1, CONFIG, reuse_s=0.01)  # run_stepwise, on the running loop
     assert limit(predictions, flow, 0.0, started) == 0
     assert limit(predictions, flow, 0.011, started) == 0
+    await asyncio.sleep(0)
+    assert limit(predictions, flow, 0.012, started) == 0  # one turn later: still reading
     await eventually(lambda: limit(predictions, flow, 0.012, started) == 1)
+
+
+def test_a_limit_being_read_again_outlives_the_pruning_of_old_ones():
+    flow = learned(0.4)
+    started = on_the_edge(flow)
+    readings = HeldReadings()
+    predictions = Predictions(1, CONFIG, reuse_s=0.01, run_steps=readings)
+    assert limit(predictions, flow, 0.0, started) == 0
+    assert limit(predictions, flow, 0.011, started) == 0  # reading begun
+    for octave in range(5):  # 320 budgets, each its own limit (one per step of the rounding)
+        for step in range(64):
+            budgeted = replace(REQUEST, budget_s=2**octave * (1 + (step + 0.5) / 64))
+            predictions.work_limit(budgeted, busy(started), flow, 0.012, 0.977)
+    assert limit(predictions, flow, 0.013, started) == 0  # still held, not read at once
+    readings.land()
+    assert limit(predictions, flow, 0.014, started) == 1
 
 
 @pytest.mark.anyio
@@ -164,5 +183,11 @@ def test_a_limit_is_reused_while_the_calibrated_confidence_moves_within_its_grid
     predictions.work_limit(REQUEST, stats, flow, 0.001, 0.9771)  # a settled request moved it
     assert len(calls) == 1
     assert not readings.pending
-    predictions.work_limit(REQUEST, stats, flow, 0.002, 0.9900)  # a step of the grid: read again
+    # A step of the grid up: the held limit is looser than one read now, so it is read at once.
+    predictions.work_limit(REQUEST, stats, flow, 0.002, 0.9900)
+    assert len(calls) == 2
+    assert not readings.pending
+    # A step down: the held limit is tighter, and serves while it is read again.
+    predictions.work_limit(REQUEST, stats, flow, 0.003, 0.9770)
+    assert len(calls) == 2
     assert len(readings.pending) == 1

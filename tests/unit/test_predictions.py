@@ -93,13 +93,20 @@ def test_a_reading_is_reused_while_fresh_and_read_again_once_stale_or_the_slots_
     assert limit(predictions, flow, 0.001, started, -0.2) == 1
 
 
-def test_a_reading_that_lands_after_a_newer_one_is_dropped():
+def reading_begun() -> tuple[Throughput, float, HeldReadings, Predictions]:
+    """A limit read at 0 on the edge (0), stale at 0.011 and being read again (1 once landed)."""
     flow = learned(0.4)
     started = on_the_edge(flow)
     readings = HeldReadings()
     predictions = Predictions(1, CONFIG, reuse_s=0.01, run_steps=readings)
     assert limit(predictions, flow, 0.0, started) == 0
-    assert limit(predictions, flow, 0.011, started) == 0  # reading begun
+    assert limit(predictions, flow, 0.011, started) == 0
+    assert len(readings.pending) == 1
+    return flow, started, readings, predictions
+
+
+def test_a_reading_that_lands_after_a_newer_one_is_dropped():
+    flow, started, readings, predictions = reading_begun()
     # The slots changed meanwhile: read at once; then one busy slot again, just started, which
     # hands over too late: read at once again.
     assert limit(predictions, flow, 0.012, started, -0.2) == 2
@@ -121,12 +128,7 @@ async def test_a_stale_limit_is_read_again_a_busy_slot_per_turn_of_the_loop():
 
 
 def test_a_limit_being_read_again_outlives_the_pruning_of_old_ones():
-    flow = learned(0.4)
-    started = on_the_edge(flow)
-    readings = HeldReadings()
-    predictions = Predictions(1, CONFIG, reuse_s=0.01, run_steps=readings)
-    assert limit(predictions, flow, 0.0, started) == 0
-    assert limit(predictions, flow, 0.011, started) == 0  # reading begun
+    flow, started, readings, predictions = reading_begun()
     for octave in range(5):  # 320 budgets, each its own limit (one per step of the rounding)
         for step in range(64):
             budgeted = replace(REQUEST, budget_s=2**octave * (1 + (step + 0.5) / 64))

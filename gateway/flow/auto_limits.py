@@ -63,12 +63,12 @@ class AutoLimits:
         # A follower takes the leader's limit, and would go on from there if it came to lead:
         # probing above it, not starting slowly again as if nothing were known.
         self._states[key] = proposed if leads else LimitState(float(slots), ceiling=float(slots))
-        slots = min(config.max_limit, max(config.min_limit, slots))
+        slots = int(min(config.max_limit, max(config.min_limit, slots)))
         if slots != backend.known_slots:
             cause = proposed.cause if leads else "the leading replica's"
             log.info(
                 "%s at %s: concurrency limit %d -> %d (%s)",
                 pool.name, backend.url, backend.known_slots, slots, cause,
             )  # fmt: skip
-            backend.max_concurrency = int(slots)
+            backend.max_concurrency = slots
             self._store.backends_changed(pool.name)

@@ -237,8 +237,8 @@ class AdmissionController:
             self._metrics.observe_batch_wait(model, batch_wait_s)
             return Lease(result, waited_s, batch_wait_s)
         if result is Outcome.DEADLINE_EXPIRED_IN_QUEUE or result is Outcome.DISPLACED:
-            flow = self._store.throughput(model, self._clock())
-            reject = self._advise(model, request, self._store.stats(model), flow, reason=result)
+            throughput = self._store.throughput(model, self._clock())
+            reject = self._advise(model, request, self._store.stats(model), throughput, reason=result)
             if result is Outcome.DISPLACED and not overdue:
                 rule = f"models[{model}].max_queued_work"
             else:  # expired, or would have: the allowance it could not be served within

@@ -29,9 +29,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from statistics import NormalDist
-from typing import TypeVar
 
-from gateway.flow.stepwise import run_stepwise
+from gateway.flow.stepwise import StepRunner, run_stepwise
 from policies.admission import (
     AdmissionConfig,
     AdmissionRequest,
@@ -40,13 +39,7 @@ from policies.admission import (
     work_limit,
     work_limit_steps,
 )
-from policies.steps import Steps
 from policies.wait import QueueStats, Throughput, work_to_drain
-
-T = TypeVar("T")
-StepRunner = Callable[[Steps[T], Callable[[T], None]], None]
-"""Runs a computation (policies.steps) and hands its value to a callback: gateway.flow.stepwise's
-run_stepwise, a step per turn of the loop."""
 
 REUSE_S = 0.05
 REUSE_SHARE = 1 / 16
@@ -59,7 +52,7 @@ def rounded_up_confidence(confidence: float) -> float:
     miss = 1.0 - confidence
     if not 0.0 < miss < 1.0:
         return confidence
-    return 1.0 - 2.0 ** (math.floor(8 * math.log2(miss)) / 8)
+    return 1.0 - math.pow(2.0, math.floor(8 * math.log2(miss)) / 8)
 
 
 def rounded_down(seconds: float) -> float:

@@ -19,6 +19,10 @@ from policies.steps import Steps
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+StepRunner = Callable[[Steps[T], Callable[[T], None]], None]
+"""Runs a computation and hands its value to a callback; `run_stepwise` is the one the gateway
+uses, and tests pass one that holds the computations until they choose to run them."""
+
 
 def run_stepwise(steps: Steps[T], on_value: Callable[[T], None]) -> None:
     """Run `steps` on the running loop, one step per turn, then call `on_value` with its value."""

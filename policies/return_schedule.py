@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from policies.estimators import ObservedRate, ewma_in_time
 from policies.retry_after import RetryAfterConfig
@@ -105,20 +106,28 @@ def promised(schedule: ReturnSchedule) -> Promised:
     )
 
 
-def booked_elsewhere(schedule: ReturnSchedule, others: Sequence[Promised]) -> list[float]:
+def booked_elsewhere(schedule: ReturnSchedule, others: Sequence[Promised]) -> Sequence[float]:
     """The work `others` have booked in each slice of `schedule`: each of their slices counts in
     the slice that holds its middle. What falls before the first slice has fallen due, and what
     falls past the last is beyond the ceiling: neither takes room."""
-    taken = [0.0] * len(schedule.booked)
-    origin, width = schedule.origin_s, schedule.slice_s
+    return _booked_elsewhere(schedule.origin_s, schedule.slice_s, len(schedule.booked), tuple(others))
+
+
+@lru_cache(maxsize=64)
+def _booked_elsewhere(
+    origin: float, width: float, slices: int, others: tuple[Promised, ...]
+) -> tuple[float, ...]:
+    # Every refusal of a band asks, at a cost of every slice of every other replica, and the
+    # answer changes only when a slice passes or the others publish again (a few times a second).
+    taken = [0.0] * slices
     for other in others:
         for index, work in enumerate(other.booked):
             if work > 0:
                 middle = other.origin_s + (index + 0.5) * other.slice_s
                 mine = math.floor((middle - origin) / width)
-                if 0 <= mine < len(taken):
+                if 0 <= mine < slices:
                     taken[mine] += work
-    return taken
+    return tuple(taken)
 
 
 def returning_elsewhere_per_s(

@@ -11,6 +11,7 @@ from policies.retry_after import RetryAfterConfig
 from policies.return_schedule import (
     Promised,
     ReturnSchedule,
+    advance,
     advise_return,
     booked_elsewhere,
     empty_schedule,
@@ -75,7 +76,20 @@ def test_others_slices_count_in_the_slice_that_holds_their_middle_and_passed_one
     mine = empty_schedule(10.0, CONFIG)  # slices of 0.25 s from 10.0
     other = Promised(9.6, 0.25, (1.0, 2.0, 3.0, 4.0), 0.0, 0.0, 10.0)  # middles 9.725 .. 10.475
     taken = booked_elsewhere(mine, [other])
-    assert taken[:2] == [3.0, 4.0] and sum(taken) == 7.0
+    assert taken[:2] == (3.0, 4.0) and sum(taken) == 7.0
+
+
+def test_the_others_bookings_are_worked_out_once_until_they_publish_again_or_a_slice_passes():
+    # Every refusal of the band asks, and working it out takes every slice of every other replica.
+    mine = empty_schedule(10.0, CONFIG)  # slices of 0.25 s from 10.0
+    others = (Promised(9.6, 0.25, (1.0, 2.0, 3.0, 4.0), 0.0, 0.0, 10.0),)  # middles 9.725 .. 10.475
+    taken = booked_elsewhere(mine, others)
+    assert booked_elsewhere(mine, others) is taken
+    one_slice_on = advance(mine, 10.25, TAU_S)  # the slice the 3.0 fell in has passed
+    assert one_slice_on.origin_s == 10.25
+    assert booked_elsewhere(one_slice_on, others)[:2] == (4.0, 0.0)
+    republished = (Promised(9.6, 0.25, (1.0, 2.0, 3.0, 5.0), 0.0, 0.0, 10.2),)
+    assert booked_elsewhere(mine, republished)[:2] == (3.0, 5.0)
 
 
 def test_a_returning_rate_not_refreshed_within_the_rates_memory_counts_no_longer():

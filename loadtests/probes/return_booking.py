@@ -1,0 +1,60 @@
+"""What does booking a refused request's return cost, by the number of replicas? A diagnostic.
+
+    python -m loadtests.probes.return_booking
+
+Each run refuses 6,000 requests of one band at 400 a second, on a pool that drains 200 a second
+and is offered three times that (so the schedule fills up to its ceiling), through
+`policies.return_schedule.advise_return`. With several replicas the refusals go to each in turn,
+and each reads the others' promises as the Redis store exchanges them, every quarter of a second.
+It prints the CPU per refusal (the best of three runs): what a refusal's Retry-After costs on
+top of the rest of its path, and how that grows with the replicas sharing the queue.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from policies.retry_after import RetryAfterConfig
+from policies.return_schedule import Promised, ReturnSchedule, advise_return, empty_schedule, promised
+from policies.wait import Throughput
+
+REFUSALS, RATE_PER_S, EXCHANGE_S, TAU_S = 6000, 400.0, 0.25, 2.0
+OVERLOAD = Throughput(
+    service_time_s=0.04,
+    drain_rate_per_s=200.0,
+    admitted_rate_by_band=(40.0, 600.0),
+    offered_rate_by_band=(40.0, 600.0),
+    settled_rate_by_band=(40.0, 600.0),
+)
+
+
+def cpu_per_refusal_s(replicas: int, seed: int) -> float:
+    rng = random.Random(seed)
+    config = RetryAfterConfig()
+    schedules: list[ReturnSchedule] = [empty_schedule(0.0, config) for _ in range(replicas)]
+    seen: list[tuple[Promised, ...]] = [() for _ in range(replicas)]
+    exchanged = [-EXCHANGE_S] * replicas
+    now = spent = 0.0
+    for n in range(REFUSALS):
+        now += rng.expovariate(RATE_PER_S)
+        at = n % replicas
+        if now - exchanged[at] >= EXCHANGE_S:
+            seen[at] = tuple(promised(s) for i, s in enumerate(schedules) if i != at)
+            exchanged[at] = now
+        u, others = rng.random(), seen[at]
+        started = time.process_time()
+        booking = advise_return(schedules[at], 1.0, 0.1, OVERLOAD, 1, now, u, config, TAU_S, others)
+        spent += time.process_time() - started
+        schedules[at] = booking.schedule
+    return spent / REFUSALS
+
+
+def main() -> None:
+    for replicas in (1, 3, 10):
+        best = min(cpu_per_refusal_s(replicas, seed) for seed in range(3))
+        print(f"{replicas:2} replicas: {best * 1e6:6.1f} us of CPU per refusal", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -113,12 +113,14 @@ def booked_elsewhere(schedule: ReturnSchedule, others: Sequence[Promised]) -> Se
     return _booked_elsewhere(schedule.origin_s, schedule.slice_s, len(schedule.booked), tuple(others))
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=32)
 def _booked_elsewhere(
     origin: float, width: float, slices: int, others: tuple[Promised, ...]
 ) -> tuple[float, ...]:
     # Every refusal of a band asks, at a cost of every slice of every other replica, and the
     # answer changes only when a slice passes or the others publish again (a few times a second).
+    # An entry holds the others' promises it was read from (10 replicas: about 80 KB), so the memo
+    # keeps a band's latest few of the models and bands refusing at once, not a long history.
     taken = [0.0] * slices
     for other in others:
         for index, work in enumerate(other.booked):

@@ -42,7 +42,7 @@ def counter_increase(before: float | None, after: float) -> float:
     return after - before if after >= before else after
 
 
-def blend_rate(previous_per_s: float, events: int, elapsed_s: float, tau_s: float) -> float:
+def blend_rate(previous_per_s: float, events: float, elapsed_s: float, tau_s: float) -> float:
     """The event rate after `events` more events in the last `elapsed_s` seconds.
 
     An average in time, forgetting the past with time constant `tau_s`: evaluated once per counting

@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
+from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -104,7 +105,7 @@ class Batches:
     def started(self, batch: BatchRound) -> None:
         del self._forming[batch.slot]
 
-    def run(self, relay: asyncio.Future[None]) -> None:
+    def run(self, relay: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(relay)
         self._running.add(task)
         task.add_done_callback(self._running.discard)

@@ -96,7 +96,7 @@ def _request_in(body: bytes) -> tuple[str, dict[str, Any]] | Problem:
 
 def openai_routes(models: Iterable[str], classifier: RequestClassifier) -> list[BaseRoute]:
     """/v1/models; the inference routes are routed by `InferenceRoutes`."""
-    listing = {
+    listing: dict[str, Any] = {
         "object": "list",
         "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "inference-gateway"} for name in models

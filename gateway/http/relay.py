@@ -188,7 +188,12 @@ class Relay:
     def _watch_disconnect(self, reply: Reply) -> asyncio.Future[None]:
         """Give up on `reply` the moment the client goes away (cancel the watch once answered)."""
         watch = asyncio.ensure_future(until_disconnect(self._receive))
-        watch.add_done_callback(lambda done: done.cancelled() or reply.give_up(ClientLeft()))
+
+        def left(done: asyncio.Future[None]) -> None:
+            if not done.cancelled():
+                reply.give_up(ClientLeft())
+
+        watch.add_done_callback(left)
         return watch
 
 

@@ -105,7 +105,7 @@ class Faults:
 
 
 async def _body(receive: Receive) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.arguments import count, number
+from gateway.planning.trace import TraceError
 from gateway.simulate.engine import Admission, Band, Progress, Setup, simulate
 from gateway.simulate.report import render, summarize, summary_json
 from gateway.simulate.workload import (
@@ -28,7 +29,6 @@ from gateway.simulate.workload import (
     Arrival,
     ServiceModel,
     TenantMix,
-    TraceError,
     poisson_arrivals,
     read_trace,
 )

@@ -131,7 +131,7 @@ def merged(parts: list[Part]) -> tuple[bytes, int | None]:
             entry["parameters"] = {**template["parameters"], "binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            entry["data"] = [value for p in parts for value in p.inputs[index]]  # type: ignore[union-attr]
+            entry["data"] = [value for p in parts for value in p.inputs[index]]
         inputs.append(entry)
     request = {k: v for k, v in head.items() if k not in ("id", "inputs")}
     request["inputs"] = inputs

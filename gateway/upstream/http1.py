@@ -290,7 +290,7 @@ class UpstreamClient:
             raise ConnectFailed(f"{origin.host}:{origin.port}: {error.strerror or error}") from error
         finally:
             reply.connecting = False
-        connection = cast(_Connection, protocol)
+        connection = protocol
         self._open.add(connection)
         if reply.finished or reply.given_up is not None:
             connection.abort()  # its reader left while the connection opened: nothing was sent

@@ -15,7 +15,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     """The plan as JSON-ready data: times in `units.time`, rates per that unit, null for unbounded."""
     workload, targets, recommendation, burst = plan.workload, plan.targets, plan.recommendation, plan.burst
     trace = plan.trace
-    return _null_for_unbounded(
+    data: dict[str, Any] = _null_for_unbounded(
         {
             "model": plan.model,
             "units": {"time": plan.unit, "rate": f"per {plan.unit}"},
@@ -66,6 +66,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             },
         }
     )
+    return data
 
 
 def _scenario_json(plan: Plan, scenario: Scenario) -> dict[str, Any]:

@@ -192,8 +192,10 @@ ALONE: SharedReturns = _Alone()
 
 
 class RequestQueue(Protocol):
-    shared_returns: SharedReturns
-    """The returns promised by the replicas of this queue (ALONE for a store of one replica)."""
+    @property
+    def shared_returns(self) -> SharedReturns:
+        """The returns promised by the replicas of this queue (ALONE for a store of one replica)."""
+        ...
 
     async def start(self) -> None:
         """Connect and start background work (called in the app's lifespan)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -209,5 +210,6 @@ async def listen(
             on_failure(error)
             await asyncio.sleep(wake_s)
             continue
-        for raw in popped[1] if popped else ():
+        # BLMPOP answers [key, [element, ...]]; redis-py types the elements loosely.
+        for raw in cast(list[bytes], popped[1]) if popped else ():
             deliver(message(raw))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, field_validator, model_validator
@@ -19,7 +19,7 @@ class TimeWindow(Frozen):
     `from` closes the next day, and `from` equal to `to` is the whole day (policies.windows)."""
 
     name: Name
-    days: list[Day] = Field(default_factory=lambda: list(DAYS), min_length=1)
+    days: list[Day] = Field(default_factory=lambda: list(get_args(Day)), min_length=1)
     from_: str = Field(alias="from", pattern=_CLOCK)
     to: str = Field(pattern=_CLOCK)
     tz: str = "UTC"

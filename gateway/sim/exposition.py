@@ -7,9 +7,11 @@ the gateway's scrapers must meet the real format.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gateway.sim.engine import ModelCounters, SimEngine
 
-_TRITON = (
+_TRITON: tuple[tuple[str, str, str, Callable[[ModelCounters], float]], ...] = (
     (
         "nv_inference_request_success",
         "counter",
@@ -47,7 +49,7 @@ _TRITON = (
         lambda c: c.pending,
     ),
 )
-_VLLM = (
+_VLLM: tuple[tuple[str, str, Callable[[ModelCounters], float]], ...] = (
     ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", lambda c: c.pending),
     ("vllm:num_requests_running", "Number of requests in model execution batches.", lambda c: c.running),
 )

@@ -1,4 +1,4 @@
-"""The code stays ruff-clean and policies/ type-checks under mypy --strict."""
+"""The code stays ruff-clean, and policies/ and gateway/ type-check under mypy --strict."""
 
 import subprocess
 import sys
@@ -14,7 +14,7 @@ def test_ruff_is_clean():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_policies_type_check_strictly():
+def test_policies_and_the_gateway_type_check_strictly():
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--no-error-summary"], cwd=ROOT, capture_output=True, text=True
     )

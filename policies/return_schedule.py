@@ -119,8 +119,8 @@ def _booked_elsewhere(
 ) -> tuple[float, ...]:
     # Every refusal of a band asks, at a cost of every slice of every other replica, and the
     # answer changes only when a slice passes or the others publish again (a few times a second).
-    # An entry holds the others' promises it was read from (10 replicas: about 80 KB), so the memo
-    # keeps a band's latest few of the models and bands refusing at once, not a long history.
+    # An entry holds the promises it was read from (about 80 KB at 10 replicas): a few entries
+    # serve every band refusing at once.
     taken = [0.0] * slices
     for other in others:
         for index, work in enumerate(other.booked):

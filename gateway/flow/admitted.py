@@ -106,7 +106,6 @@ class Admission:
         if self._ready_again_in_s is None:
             return self.no_backend_retry_s
         return self._ready_again_in_s(pool)
-        """Retry-After when no backend is ready: when health checks may have found one."""
 
 
 def _acquire(

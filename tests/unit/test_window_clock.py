@@ -1,12 +1,15 @@
 """The configured windows on the wall clock, time zones and DST included (gateway/flow/windows.py)."""
 
 from datetime import datetime
+from typing import get_args
 from zoneinfo import ZoneInfo
 
 import pytest
 
 from gateway.flow.windows import WindowClock
 from gateway.settings import ConfigError, parse_settings
+from gateway.settings.windows import Day
+from policies.windows import DAYS
 
 AMSTERDAM = ZoneInfo("Europe/Amsterdam")
 BASE = {
@@ -86,3 +89,9 @@ def test_a_reservation_in_a_window_that_does_not_exist_is_a_config_error():
     broken = {**BASE, "priorities": [{"name": "high", "max_wait_ms": 250, "reserved_slots_in": {"nope": 1}}]}
     with pytest.raises(ConfigError, match="nope"):
         parse_settings(broken)
+
+
+def test_the_settings_name_the_days_in_the_order_the_policy_numbers_them():
+    # A window's days are checked by the settings' Literal and numbered by policies.windows.DAYS:
+    # one list written twice, so that a mismatch would shift every window by a day.
+    assert get_args(Day) == DAYS

@@ -21,6 +21,8 @@ counting the refused clients told to come back before it. The rules this module 
 - Room is read with the spare rate of the moment: a lull raises every slice's room at once, so the
   advice shortens as soon as the load falls; with an idle band it is the earliest time (the
   queue's drain, one turnover), delayed by at most one slice of returns still owed.
+- Spare rates are read on a grid (SPARE_STEP_BITS), rounded down: a return is never promised
+  room that the rate of the moment does not have.
 - Slices that pass are forgotten, whether their clients came back or not: no wind-up.
 - Jitter spreads a return within its own slot (its cost over the spare rate), so that it cannot
   crowd the returns booked after it. Advice at the ceiling, where the schedule has no room left,
@@ -40,12 +42,19 @@ from functools import lru_cache
 
 from policies.estimators import ObservedRate, ewma_in_time
 from policies.retry_after import RetryAfterConfig
+from policies.rounding import rounded_down
 from policies.wait import MIN_DRAIN_SHARE, Throughput, band_drain_rate_per_s
 
 SLICES = 240
 """Slices up to the ceiling: at the default 60 s, a quarter of a second each. Within a slice
 returns are packed one after the other, those booked before taken to come first: a return may be
 told to come up to one slice later than room for it opens, never sooner."""
+
+SPARE_STEP_BITS = 4
+"""Spare rates are read rounded down to a 1/16 step of their binary order (3-6%). The estimates
+they come from drift with every refusal; read exactly, each drift opens a sliver of room in every
+slice booked full before it, and under a long overload each refusal then walked them all, some
+50 us of a refusal's CPU. On the grid a full slice stays full until the rate moves a step."""
 
 OVERLOAD_RETURN_SHARE = 0.2
 """The share of its drain a band books returns at when fresh arrivals alone would fill it. Lower
@@ -280,7 +289,8 @@ def advise_return(
     returning_now, returning_settled = returning_elsewhere_per_s(others, now, rates_tau_s)
     spare_now = spare_rate_per_s(throughput, band, schedule.returning_per_s + returning_now)
     returning = (schedule.settled_returning.per_s or 0.0) + returning_settled
-    settled = settled_spare_rate_per_s(throughput, band, spare_now, returning)
+    settled = rounded_down(settled_spare_rate_per_s(throughput, band, spare_now, returning), SPARE_STEP_BITS)
+    spare_now = rounded_down(spare_now, SPARE_STEP_BITS)
     # An overload younger than the rates' memory is given that long: its age says nothing yet,
     # and the first refusals of a burst would otherwise be sent back into it.
     overload_left_s = max(now - schedule.refusing_since, rates_tau_s)

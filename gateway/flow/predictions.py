@@ -39,6 +39,7 @@ from policies.admission import (
     work_limit,
     work_limit_steps,
 )
+from policies.rounding import rounded_down
 from policies.wait import QueueStats, Throughput, work_to_drain
 
 REUSE_S = 0.05
@@ -53,14 +54,6 @@ def rounded_up_confidence(confidence: float) -> float:
     if not 0.0 < miss < 1.0:
         return confidence
     return 1.0 - math.pow(2.0, math.floor(8 * math.log2(miss)) / 8)
-
-
-def rounded_down(seconds: float) -> float:
-    """`seconds` rounded down to a 1/64 step of its binary order (about 1.5%)."""
-    if seconds <= 0:
-        return seconds
-    step = 2.0 ** (math.floor(math.log2(seconds)) - 6)
-    return math.floor(seconds / step) * step
 
 
 @dataclass(slots=True)

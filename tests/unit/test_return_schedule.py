@@ -184,6 +184,18 @@ def test_an_overload_begins_at_the_first_refusal_after_a_quiet_spell():
     assert advance(schedule, 5.0, rates_tau_s=2.0).refusing_since == 5.0
 
 
+def test_a_small_drift_of_the_rates_leaves_the_slices_booked_full_as_they_are():
+    schedules = ReturnSchedules(1, CONFIG)
+    advise_many(schedules, 1000, flow(600.0, admitted=DRAIN), 0.0)
+    before = schedules.schedule(0).booked
+    drifted = DRAIN * 1.01
+    schedules.advise(0, 1.0, 0.0, flow(600.0, admitted=drifted, drain=drifted), 0.0, 0.5)
+    after = schedules.schedule(0).booked
+    changed = [i for i, (was, now) in enumerate(zip(before, after, strict=True)) if was != now]
+    # One return, one slot: not a sliver of each slice the drift would have opened.
+    assert 1 <= len(changed) <= 2
+
+
 # -- following the load down -------------------------------------------------------------------------------
 
 

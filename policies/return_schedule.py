@@ -53,8 +53,9 @@ told to come up to one slice later than room for it opens, never sooner."""
 SPARE_STEP_BITS = 4
 """Spare rates are read rounded down to a 1/16 step of their binary order (3-6%). The estimates
 they come from drift with every refusal; read exactly, each drift opens a sliver of room in every
-slice booked full before it, and under a long overload each refusal then walked them all, some
-50 us of a refusal's CPU. On the grid a full slice stays full until the rate moves a step."""
+slice booked full before it, and under a long overload each refusal then booked a sliver of each:
+a booking cost twice what it costs on the grid, where a full slice stays full until the rate
+moves a step."""
 
 OVERLOAD_RETURN_SHARE = 0.2
 """The share of its drain a band books returns at when fresh arrivals alone would fill it. Lower

@@ -36,9 +36,10 @@ class CalibrationConfig:
     max_confidence: float = 0.9999
 
 
-def starting_confidence(safety_sigmas: float) -> float:
-    """The confidence a margin of `safety_sigmas` standard deviations gave a normal wait."""
-    return NormalDist().cdf(safety_sigmas)
+def starting_confidence(safety_sigmas: float, config: CalibrationConfig) -> float:
+    """The confidence a margin of `safety_sigmas` standard deviations gave a normal wait, within
+    the clamp: past about 8.3 sigmas the normal's cdf is 1.0, a certainty no prediction can give."""
+    return min(config.max_confidence, max(config.min_confidence, NormalDist().cdf(safety_sigmas)))
 
 
 def confidence_after(confidence: float, expired: bool, config: CalibrationConfig) -> float:

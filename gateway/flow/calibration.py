@@ -21,7 +21,7 @@ class Calibrations:
     ) -> None:
         self._class_names = list(class_names)
         self._config = config
-        self._start = starting_confidence(safety_sigmas)
+        self._start = starting_confidence(safety_sigmas, config)
         self._metrics = metrics
         self._confidence: dict[tuple[str, int], float] = {}
 

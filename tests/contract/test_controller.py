@@ -91,6 +91,22 @@ async def test_cancelled_waiter_leaks_no_slot_even_when_granted_meanwhile(make_s
     assert sut.store.stats(MODEL).free_slots == 1
 
 
+async def test_the_widest_margin_the_settings_allow_still_admits_queues_and_settles(make_store):
+    sut = await make_store(slots=(1,))
+    metrics = GatewayMetrics(CollectorRegistry())
+    widest = AdmissionConfig(safety_sigmas=10.0, retry=RetryAfterConfig(jitter=0.0))
+    controller = AdmissionController(sut.store, CLASSES, metrics, admission=widest)
+    held = await controller.acquire(Flow(MODEL, 1), 1.0, None, never)
+    assert isinstance(held, Lease)
+    waiting = asyncio.ensure_future(controller.acquire(Flow(MODEL, 1), 1.0, None, never))
+    await eventually(lambda: queued(sut) == (0, 1))
+    await controller.release(held)
+    lease = await waiting
+    assert isinstance(lease, Lease)
+    await controller.release(lease)
+    assert sut.store.stats(MODEL).free_slots == 1
+
+
 async def test_release_counts_once(make_store):
     sut = await make_store(slots=(2,))
     controller = controller_for(sut)

@@ -256,7 +256,7 @@ def book_return(
     """
     if not isinstance(spare, Spare):
         spare = Spare(spare, spare, now)
-    if spare.now_per_s <= 0 or spare.settled_per_s <= 0:
+    if not (spare.now_per_s > 0 and spare.settled_per_s > 0):  # none, or not a number: no room
         return _at_ceiling(schedule, cost, earliest_s, now, jitter_u, config)
     booked = list(schedule.booked)
     slot = _fill(booked, elsewhere, schedule, now + earliest_s, max(cost, 0.0), spare)

@@ -79,6 +79,13 @@ def test_first_refusal_of_an_idle_band_comes_back_when_the_queue_fits_it():
     assert ReturnSchedules(1, CONFIG).advise(0, 1.0, 0.0, flow(0.0), 0.0, 0.0) == CONFIG.min_s
 
 
+@pytest.mark.parametrize("drain", [math.inf, math.nan, 5e-324])
+def test_a_drain_rate_out_of_its_range_still_gets_advice_within_the_bounds(drain):
+    schedules = ReturnSchedules(1, CONFIG)
+    advice = advise_many(schedules, 3, flow(600.0, admitted=DRAIN, drain=drain), 0.0)
+    assert all(CONFIG.min_s <= a <= CONFIG.max_s for a in advice)
+
+
 # -- spreading returns over the spare rate --------------------------------------------------------------
 
 

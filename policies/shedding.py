@@ -48,6 +48,7 @@ def first_shed_band(backlog: ClusterBacklog | None, limits: BacklogLimits, bands
     return bands - shed if shed > 0 else None
 
 
-def backlog_retry_after_s(advice_s: float, backlog: ClusterBacklog, max_s: float) -> float:
-    """Retry-After for a shed request: the queue's own advice plus the cluster's admission wait."""
-    return min(max_s, advice_s + (backlog.admission_wait_p95_s or 0.0))
+def backlog_wait_s(backlog: ClusterBacklog) -> float:
+    """How much later than the queue alone would have it a shed request should come back: the
+    cluster's admission wait."""
+    return backlog.admission_wait_p95_s or 0.0

@@ -42,7 +42,7 @@ from policies.outcomes import Outcome
 from policies.queued_bytes import ByteLimits, bytes_excess_wait_s
 from policies.quotas import Quota
 from policies.retry_after import retry_after_s
-from policies.shedding import BacklogLimits, ClusterBacklog, backlog_retry_after_s, first_shed_band
+from policies.shedding import BacklogLimits, ClusterBacklog, backlog_wait_s, first_shed_band
 from policies.wait import QueueStats, Throughput
 
 _DEFAULT_ADMISSION = AdmissionConfig()
@@ -321,8 +321,10 @@ class AdmissionController:
         if first is None or request.band < first:
             return None
         stats = replace(self._store.stats(model), external_waiting=external)
-        advice = self._advise(model, request, stats, throughput).retry_after_s
-        advice = backlog_retry_after_s(advice, backlog, self._admission.retry.max_s)
+        # Booked for the time it is told: the room its return takes is where it will land.
+        advice = self._advise(
+            model, request, stats, throughput, later_s=backlog_wait_s(backlog)
+        ).retry_after_s
         return self._refusal(model, request.band, Outcome.CLUSTER_BACKLOGGED, advice, "kueue")
 
     def _advise(
@@ -333,10 +335,15 @@ class AdmissionController:
         flow: Throughput,
         *,
         reason: Outcome | None = None,
+        later_s: float = 0.0,
     ) -> Reject:
-        """The refusal, with Retry-After the time its return is booked for (see ReturnSchedules)."""
+        """The refusal, with Retry-After the time its return is booked for (see ReturnSchedules);
+        `later_s`: a wait beyond the queue's that the return must sit out too (the cluster's)."""
         reject = refuse(request, stats, flow, self._jitter(), self._admission, reason=reason)
-        return replace(reject, retry_after_s=self._book_return(model, request, reject.excess_wait_s, flow))
+        # A request that would fit the queue has a negative excess: the queue keeps it no later.
+        excess_s = max(0.0, reject.excess_wait_s) + later_s if later_s else reject.excess_wait_s
+        advice = self._book_return(model, request, excess_s, flow)
+        return replace(reject, retry_after_s=advice)
 
     def _rank(self, model: str, band: int, cost: float) -> float:
         """`cost`'s rank among the costs recently offered to the model's band, which it joins."""

@@ -13,6 +13,7 @@ from policies.admission import AdmissionConfig
 from policies.outcomes import Outcome
 from policies.retry_after import RetryAfterConfig
 from policies.return_schedule import OVERLOAD_RETURN_SHARE
+from policies.shedding import BacklogLimits, ClusterBacklog
 from tests.contract.conftest import MODEL
 from tests.eventually import eventually
 
@@ -105,6 +106,44 @@ async def test_the_widest_margin_the_settings_allow_still_admits_queues_and_sett
     assert isinstance(lease, Lease)
     await controller.release(lease)
     assert sut.store.stats(MODEL).free_slots == 1
+
+
+class Backlog:
+    """The cluster's backlog as a test sets it (a gateway.flow.controller.SignalView)."""
+
+    def __init__(self) -> None:
+        self.now: ClusterBacklog | None = None
+
+    def external_waiting(self, model: str) -> float:
+        return 0.0
+
+    def backlog(self) -> ClusterBacklog | None:
+        return self.now
+
+
+async def test_a_shed_request_is_booked_to_return_when_it_is_told_not_before(make_store):
+    sut = await make_store(slots=(1,))
+    cluster = Backlog()
+    controller = AdmissionController(
+        sut.store,
+        CLASSES,
+        GatewayMetrics(CollectorRegistry()),
+        admission=AdmissionConfig(safety_sigmas=0.0, retry=RetryAfterConfig(jitter=0.0)),
+        signals=cluster,
+        backlog_limits=BacklogLimits(pending_workloads=10, admission_wait_p95_s=1.0),
+    )
+    held = await controller.acquire(Flow(MODEL, 0), 1.0, None, never)
+    cluster.now = ClusterBacklog(pending_workloads=100, admission_wait_p95_s=20.0)
+    for _ in range(40):
+        shed = await controller.acquire(Flow(MODEL, 1), 1.0, None, never)
+        assert isinstance(shed, Refusal) and shed.outcome is Outcome.CLUSTER_BACKLOGGED
+        assert shed.retry_after_s is not None and shed.retry_after_s >= 20.0
+    cluster.now = None
+    # Their returns are due 20 s on: the next seconds' room is still free for this refusal's.
+    refusal = await controller.acquire(Flow(MODEL, 1), 1.0, 0.05, never)
+    assert isinstance(refusal, Refusal) and refusal.outcome is Outcome.DEADLINE_UNMEETABLE
+    assert refusal.retry_after_s is not None and refusal.retry_after_s < 0.5
+    await controller.release(held)
 
 
 async def test_release_counts_once(make_store):

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from policies.estimators import counter_increase
 from policies.histograms import bucket_deltas, quantile
 from policies.saturation import saturation
-from policies.shedding import BacklogLimits, ClusterBacklog, backlog_retry_after_s, first_shed_band
+from policies.shedding import BacklogLimits, ClusterBacklog, backlog_wait_s, first_shed_band
 
 INF = math.inf
 
@@ -64,10 +64,9 @@ def test_no_report_sheds_nothing():
     assert first_shed_band(None, LIMITS, 3) is None
 
 
-def test_retry_after_of_a_shed_request_adds_the_cluster_wait():
-    assert backlog_retry_after_s(1.5, ClusterBacklog(20, 42.0), max_s=600) == pytest.approx(43.5)
-    assert backlog_retry_after_s(1.5, ClusterBacklog(20, 42.0), max_s=10) == 10
-    assert backlog_retry_after_s(1.5, ClusterBacklog(20, None), max_s=600) == 1.5
+def test_a_shed_request_comes_back_after_the_cluster_wait_where_one_is_reported():
+    assert backlog_wait_s(ClusterBacklog(20, 42.0)) == 42.0
+    assert backlog_wait_s(ClusterBacklog(20, None)) == 0.0
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ def first_shed_band(backlog: ClusterBacklog | None, limits: BacklogLimits, bands
     return bands - shed if shed > 0 else None
 
 
-def backlog_wait_s(backlog: ClusterBacklog) -> float:
-    """How much later than the queue alone would have it a shed request should come back: the
-    cluster's admission wait."""
-    return backlog.admission_wait_p95_s or 0.0
+def shed_excess_wait_s(queue_excess_s: float, backlog: ClusterBacklog) -> float:
+    """How much longer than allowed a shed request would wait: the queue's excess (none where it
+    would fit the queue) and then the cluster's admission wait."""
+    return max(0.0, queue_excess_s) + (backlog.admission_wait_p95_s or 0.0)

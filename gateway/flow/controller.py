@@ -42,7 +42,7 @@ from policies.outcomes import Outcome
 from policies.queued_bytes import ByteLimits, bytes_excess_wait_s
 from policies.quotas import Quota
 from policies.retry_after import retry_after_s
-from policies.shedding import BacklogLimits, ClusterBacklog, backlog_wait_s, first_shed_band
+from policies.shedding import BacklogLimits, ClusterBacklog, first_shed_band, shed_excess_wait_s
 from policies.wait import QueueStats, Throughput
 
 _DEFAULT_ADMISSION = AdmissionConfig()
@@ -321,10 +321,9 @@ class AdmissionController:
         if first is None or request.band < first:
             return None
         stats = replace(self._store.stats(model), external_waiting=external)
-        # Booked for the time it is told: the room its return takes is where it will land.
-        advice = self._advise(
-            model, request, stats, throughput, later_s=backlog_wait_s(backlog)
-        ).retry_after_s
+        excess_s = refuse(request, stats, throughput, self._jitter(), self._admission).excess_wait_s
+        # Booked for the time it is told (after the cluster's wait): where its return will land.
+        advice = self._book_return(model, request, shed_excess_wait_s(excess_s, backlog), throughput)
         return self._refusal(model, request.band, Outcome.CLUSTER_BACKLOGGED, advice, "kueue")
 
     def _advise(
@@ -335,15 +334,10 @@ class AdmissionController:
         flow: Throughput,
         *,
         reason: Outcome | None = None,
-        later_s: float = 0.0,
     ) -> Reject:
-        """The refusal, with Retry-After the time its return is booked for (see ReturnSchedules);
-        `later_s`: a wait beyond the queue's that the return must sit out too (the cluster's)."""
+        """The refusal, with Retry-After the time its return is booked for (see ReturnSchedules)."""
         reject = refuse(request, stats, flow, self._jitter(), self._admission, reason=reason)
-        # A request that would fit the queue has a negative excess: the queue keeps it no later.
-        excess_s = max(0.0, reject.excess_wait_s) + later_s if later_s else reject.excess_wait_s
-        advice = self._book_return(model, request, excess_s, flow)
-        return replace(reject, retry_after_s=advice)
+        return replace(reject, retry_after_s=self._book_return(model, request, reject.excess_wait_s, flow))
 
     def _rank(self, model: str, band: int, cost: float) -> float:
         """`cost`'s rank among the costs recently offered to the model's band, which it joins."""

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from policies.estimators import counter_increase
 from policies.histograms import bucket_deltas, quantile
 from policies.saturation import saturation
-from policies.shedding import BacklogLimits, ClusterBacklog, backlog_wait_s, first_shed_band
+from policies.shedding import BacklogLimits, ClusterBacklog, first_shed_band, shed_excess_wait_s
 
 INF = math.inf
 
@@ -64,9 +64,10 @@ def test_no_report_sheds_nothing():
     assert first_shed_band(None, LIMITS, 3) is None
 
 
-def test_a_shed_request_comes_back_after_the_cluster_wait_where_one_is_reported():
-    assert backlog_wait_s(ClusterBacklog(20, 42.0)) == 42.0
-    assert backlog_wait_s(ClusterBacklog(20, None)) == 0.0
+def test_a_shed_request_waits_out_the_queue_then_the_cluster():
+    assert shed_excess_wait_s(1.5, ClusterBacklog(20, 42.0)) == pytest.approx(43.5)
+    assert shed_excess_wait_s(-0.9, ClusterBacklog(20, 42.0)) == 42.0  # it would fit the queue
+    assert shed_excess_wait_s(1.5, ClusterBacklog(20, None)) == 1.5
 
 
 @pytest.mark.parametrize(

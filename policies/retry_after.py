@@ -39,6 +39,8 @@ def retry_after_s(
 
 
 def header_values(advice_s: float) -> tuple[str, str]:
-    """`Retry-After` in whole seconds (at least 1, rounded up) and `retry-after-ms` (precise)."""
-    whole_s = max(1, -int(-advice_s // 1))
-    return str(whole_s), str(max(1, round(advice_s * 1000)))
+    """`retry-after-ms` (to the millisecond, at least 1) and `Retry-After`, its whole seconds
+    rounded up: the two name the same moment, never a second apart for a fraction of a
+    millisecond."""
+    millis = max(1, round(advice_s * 1000))
+    return str(-(-millis // 1000)), str(millis)

@@ -35,6 +35,8 @@ def test_jitter_spreads_symmetrically():
         (1.2, "2", "1200"),
         (0.0001, "1", "1"),
         (59.9996, "60", "60000"),
+        (2.0004, "2", "2000"),  # the seconds come from the millis: not "3" for 0.4 ms
+        (2.0006, "3", "2001"),
     ],
 )
 def test_header_values_round_seconds_up_and_keep_millis_precise(advice, seconds, millis):
@@ -48,4 +50,4 @@ def test_advice_stays_within_bounds(excess, drain, u):
     assert 0.05 <= advice <= 30.0
     seconds, millis = header_values(advice)
     assert int(seconds) >= 1
-    assert int(seconds) * 1000 >= int(millis)
+    assert int(seconds) == -(-int(millis) // 1000)

@@ -24,7 +24,7 @@ from typing import Protocol
 
 from gateway.flow.controller import AdmissionController, Lease, Refusal
 from gateway.flow.drain import DRAINING_RETRY_S, Drain
-from gateway.queues.base import Batching, Flow, Slot
+from gateway.queues.base import STORE_PROBE_INTERVAL_S, Batching, Flow, Slot
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import ModelPool
 from policies.outcomes import Outcome
@@ -205,6 +205,9 @@ class AdmittedCall:
                 refusal = lease
                 if refusal.outcome is Outcome.NO_BACKEND:
                     refusal = Refusal(Outcome.NO_BACKEND, admission.no_backend_retry(pool))
+                elif refusal.outcome is Outcome.STORE_UNAVAILABLE and refusal.retry_after_s is None:
+                    # Its wait ended as the shared store went away: back once the store is probed.
+                    refusal = Refusal(Outcome.STORE_UNAVAILABLE, STORE_PROBE_INTERVAL_S)
         self._count(refusal.outcome)  # before the answer: whoever reads the answer sees it counted
         await self._ingress.refuse(refusal)
 

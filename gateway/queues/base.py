@@ -154,6 +154,11 @@ class Full:
     at_cap: bool = False
 
 
+STORE_PROBE_INTERVAL_S = 0.5
+"""How often a shared store that went away is probed: when a request it could not take, or whose
+wait it ended, may come back."""
+
+
 @dataclass(frozen=True, slots=True)
 class Unavailable:
     """The store cannot take requests now (a shared store is unreachable and must not be replaced)."""

@@ -31,7 +31,7 @@ from typing import Literal
 from anyio.abc import TaskStatus
 from redis.exceptions import RedisError
 
-from gateway.queues.base import Batching, Flow, Offer, Slot, Ticket, Unavailable
+from gateway.queues.base import STORE_PROBE_INTERVAL_S, Batching, Flow, Offer, Slot, Ticket, Unavailable
 from gateway.queues.memory import MemoryQueue
 from gateway.queues.redis import RedisQueue
 from gateway.queues.redis_presence import Holding
@@ -52,7 +52,7 @@ class FailoverQueue:
         *,
         mode: Literal["local", "reject"],
         slot_divisor: int,
-        probe_interval_s: float = 0.5,
+        probe_interval_s: float = STORE_PROBE_INTERVAL_S,
         on_state: Callable[[bool], None] = lambda up: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
 from gateway.flow.controller import AdmissionController, Lease, Refusal
 from gateway.flow.drain import Drain
-from gateway.queues.base import Slot
+from gateway.queues.base import STORE_PROBE_INTERVAL_S, Slot
 from gateway.queues.memory import MemoryQueue
 from gateway.settings import Estimation, PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
@@ -148,6 +148,21 @@ async def test_a_call_cancelled_while_queued_leaves_nothing_behind():
     first.finish()
     assert rig.free == 1 and not queued_work.started
     assert (rig.counted(Outcome.OK), rig.counted(Outcome.CLIENT_DISCONNECTED)) == (1, 1)
+
+
+async def test_a_wait_the_store_ends_as_unavailable_is_told_when_to_come_back():
+    rig = Rig()
+    first = Work()
+    await rig.call(first, Ingress(answers(Outcome.OK))).run()  # holds the only slot
+    ingress = Ingress(answers(Outcome.OK))
+    queued = asyncio.ensure_future(rig.call(Work(), ingress).run())
+    await eventually(lambda: rig.store.stats("m").queued_by_band == (1,))
+    rig.store.refuse_waiting("m", Outcome.STORE_UNAVAILABLE)  # as the failover does when Redis goes
+    await queued
+    assert [r.outcome for r in ingress.refused] == [Outcome.STORE_UNAVAILABLE]
+    assert ingress.refused[0].retry_after_s == STORE_PROBE_INTERVAL_S  # a 503 with its Retry-After
+    first.finish()
+    assert rig.free == 1
 
 
 async def test_a_refusal_is_counted_once_and_told_to_the_client():

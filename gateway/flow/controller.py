@@ -144,18 +144,18 @@ class AdmissionController:
         it leaves the queue.
         """
         model, band = flow.model, flow.band
-        if self._windows is not None and (closed := self._windows.closed_for(band, flow.tenant)):
-            closed_s, window = closed
-            return self._refusal(model, band, Outcome.OUTSIDE_WINDOW, closed_s, f"windows[{window}]")
         arrived_at = self._clock()
         share = room_share(self._rank(model, band, cost), self._admission.room_for_costliest)
         request = AdmissionRequest(band, self._max_wait_s[band], budget_s, cost, flow.tenant, share)
         throughput = self._store.throughput(model, arrived_at)
+        if budget_hopeless(request, throughput):  # first: no wait, for a window or else, helps it
+            return self._hopeless(model, request, throughput)
+        if self._windows is not None and (closed := self._windows.closed_for(band, flow.tenant)):
+            closed_s, window = closed
+            return self._refusal(model, band, Outcome.OUTSIDE_WINDOW, closed_s, f"windows[{window}]")
         # Work the backends hold for other clients is ahead of every band: it comes off the
         # limit the store checks atomically.
         external = int(self._signals.external_waiting(model)) * throughput.handover_cost
-        if budget_hopeless(request, throughput):
-            return self._hopeless(model, request, throughput)
         if (shed := self._shed(model, request, throughput, external)) is not None:
             return shed
         if self._quota_waits.applies(flow.tenant) and (over := self._over_quota(request, throughput, flow)):

@@ -243,6 +243,13 @@ async def test_a_class_outside_its_window_is_refused_with_the_time_until_it_open
             advice_s = float(reply.headers["retry-after-ms"]) / 1000
         async with http.post(gateway.url + PATH, json=INFER, headers={"X-Priority": "high"}) as reply:
             assert reply.status == 200
+        # A budget no idle pool can meet is told so, not to come back when the window opens.
+        hopeless = {"X-Priority": "low", "X-Request-Timeout-Ms": "1"}
+        async with http.post(gateway.url + PATH, json=INFER, headers=hopeless) as reply:
+            hopeless_body = await reply.json()
+            assert reply.status == 400 and reply.headers["x-should-retry"] == "false", hopeless_body
+            assert "retry-after" not in reply.headers
+    assert hopeless_body["reason"] == "budget_too_small"
     assert (body["reason"], body["rule"]) == ("outside_window", "windows[later]")
     # Until the window opens: two hours less the seconds into this minute.
     assert 2 * 3600 - 61 <= advice_s <= 2 * 3600

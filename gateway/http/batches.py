@@ -6,6 +6,8 @@ the model's batch size (gateway.queues.base). Each member's work (`BatchMember`)
 `BatchRound` inside the grant; the round starts once every ticket granted the slot has joined
 (`Slot.awaiting`), merges the members' tensors, sends one request, splits the answer and gives each
 member its rows. Its rules:
+- requests merge only with requests sent with the same query and headers (trace ids aside): the
+  merged call goes up with its first member's;
 - a member alone on its slot sends its own request, byte for byte;
 - the slot is released once, when the backend is done with the merged call (each member's
   `on_done` runs then, and the store takes the first);
@@ -19,6 +21,7 @@ member its rows. Its rules:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -36,7 +39,7 @@ from gateway.queues.base import Slot
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tensors.batch import HEADER_LENGTH, Part, SplitError, header_length_of, merged, part_of, split
 from gateway.upstream.backends import ModelPool
-from gateway.upstream.client import downstream_response_headers
+from gateway.upstream.client import HeaderRules, downstream_response_headers, upstream_request_headers
 from gateway.upstream.exchange import Forwarder, UpstreamExchange, UpstreamRequest
 from gateway.upstream.reply import ConnectFailed, UpstreamError
 from policies.batching import BatchLimits
@@ -45,13 +48,41 @@ from policies.outcomes import Outcome, answered
 log = logging.getLogger("gateway.batches")
 
 
-def batch_part(scope: Scope, body: bytes, limits: BatchLimits) -> Part | None:
+# Fields that differ from request to request by nature, not in what the backend is asked: a
+# merged call carries its first member's. The round sets the header length and the encoding.
+_PER_REQUEST = frozenset(
+    {
+        b"x-request-id", b"traceparent", b"tracestate", b"x-forwarded-for", b"forwarded", b"x-real-ip",
+        HEADER_LENGTH, b"accept-encoding",
+    }
+)  # fmt: skip
+
+
+def batch_part(scope: Scope, body: bytes, limits: BatchLimits, rules: HeaderRules) -> Part | None:
     """The request's part in a batch, or None when it passes alone."""
     headers = scope["headers"]
     if any(name == b"content-encoding" for name, _ in headers):
         return None  # a compressed body is the backend's to read
     part = part_of(scope["path"], body, header_length_of(headers))
-    return part if part is not None and part.rows <= limits.max_batch_size else None
+    if part is None or part.rows > limits.max_batch_size:
+        return None
+    return replace(part, key=_sent_alike_key(part.key, scope, rules))
+
+
+def _sent_alike_key(key: str, scope: Scope, rules: HeaderRules) -> str:
+    """`key`, narrowed to requests the backend would get with the same query and headers.
+
+    The merged call goes up with its first member's: another client's credentials or options
+    must not ride on it.
+    """
+    digest = hashlib.blake2b(key.encode(), digest_size=12)
+    digest.update(b"%d:%s" % (len(scope["query_string"]), scope["query_string"]))
+    sent = sorted(
+        (k, v) for k, v in upstream_request_headers(scope["headers"], rules) if k not in _PER_REQUEST
+    )
+    for name, value in sent:
+        digest.update(b"%d:%s%d:%s" % (len(name), name, len(value), value))
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ class InferEndpoint(AdmittedEndpoint):
             await self.fail(send, body, model=model, priority=meta.priority)
             return
         limits = pool.batch_limits
-        part = None if limits is None else batch_part(scope, body, limits)
+        part = None if limits is None else batch_part(scope, body, limits, intake.header_rules)
         if part is not None and limits is not None:
             admitted = self.admit(scope, receive, send, pool, meta, body, part.rows, (part, limits))
         else:

@@ -106,6 +106,40 @@ async def test_queued_requests_merge_into_one_call_and_each_gets_its_own_rows(
     assert gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="ok") == 7
 
 
+async def test_requests_merge_only_with_requests_sent_alike(start_sim, start_gateway):
+    """A merged call goes up with its first member's headers and query: a request another client
+    sent with other credentials or another query must not ride on it. Trace ids may differ."""
+    sim = start_sim(slots=1, base_ms=100)
+    gateway = start_gateway(batching_config(sim))
+    client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
+    alice = {"Authorization": "Bearer alice"}
+    try:
+        blocker = await hold_the_slot(client, sim)
+        requests = [
+            ("a1", {**alice, "traceparent": "00-a1"}, None),
+            ("a2", {**alice, "traceparent": "00-a2"}, None),
+            ("b", {"Authorization": "Bearer bob"}, None),
+            ("q", alice, {"trace": "1"}),
+        ]
+        sends = []
+        for seed, (request_id, headers, query) in enumerate(requests, start=1):
+            sends.append(
+                asyncio.ensure_future(
+                    infer(client, rows(1, seed), request_id, headers=headers, query_params=query)
+                )
+            )
+            await queued(gateway, seed)  # in this order
+        await let_go(sim)
+        results = await asyncio.gather(*sends)
+        await blocker
+    finally:
+        await client.close()
+    for result, seed, request_id in zip(results, [1, 2, 3, 4], ["a1", "a2", "b", "q"], strict=True):
+        check_own_rows(result, rows(1, seed), request_id)
+    assert sim.stats()["completed"] == 1 + 3  # the blocker; a1 with a2; b alone; q alone
+    assert gateway.metric("gateway_batch_size_sum", model="sim") == 1 + 2 + 1 + 1
+
+
 async def test_a_batch_takes_at_most_max_batch_size_items(start_sim, start_gateway):
     sim = start_sim(slots=1, base_ms=100)
     gateway = start_gateway(batching_config(sim, max_batch_size=4))

@@ -259,6 +259,11 @@ class BatchRound:
             reply = exchange.reply or await exchange.start()
             await reply.head()
             body = await reply.read()
+            headers = downstream_response_headers(reply.headers)
+            if reply.status != 200:  # the backend's own error, to each member as it came
+                results = [Answered(reply.status, headers, body)] * len(live)
+            else:
+                results = _split_answer(body, headers, parts)
         except ConnectFailed:
             results = [Failed(Outcome.NO_BACKEND, retry_after_s=self._batches.no_backend_retry_s)] * len(live)
         except TimeoutError:
@@ -269,12 +274,6 @@ class BatchRound:
         except Exception:  # whatever it is, no member may be left waiting for an answer
             log.exception("a batch of %d on %s failed", len(live), self.slot.backend.url)
             results = [Failed(Outcome.UPSTREAM_ERROR)] * len(live)
-        else:
-            headers = downstream_response_headers(reply.headers)
-            if reply.status != 200:  # the backend's own error, to each member as it came
-                results = [Answered(reply.status, headers, body)] * len(live)
-            else:
-                results = _split_answer(body, headers, parts)
         for member, result in zip(live, results, strict=True):
             if member.result is not None and not member.result.done():
                 member.result.set_result(result)

@@ -7,6 +7,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from gateway.fields import decimal
 from policies.outcomes import Outcome
 
 RawHeaders = list[tuple[bytes, bytes]]
@@ -26,7 +27,7 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes |
     A declared Content-Length over the limit is refused before reading anything.
     """
     declared = header(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
+    if declared is not None and (decimal(declared) or 0) > limit_bytes:
         return Outcome.BODY_TOO_LARGE
     message = await receive()
     if message["type"] == "http.disconnect":

@@ -17,23 +17,19 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gateway.tensors.batch import HEADER_LENGTH
+from gateway.tensors.batch import header_length_of
 from policies.token_costs import CostEstimate, TokenCostModel
 
 
 def batch_items(body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> float:
     """The request's batch size, or 1 where it cannot be read."""
-    document = body
-    for name, value in headers:
-        if name == HEADER_LENGTH:
-            if not value.isdigit() or int(value) > len(body):
-                return 1.0
-            document = body[: int(value)]
-            break
+    length = header_length_of(headers)
+    if length is not None and not 0 <= length <= len(body):
+        return 1.0
     try:
-        request = json.loads(document)
+        request = json.loads(body if length is None else body[:length])
         first = request["inputs"][0]["shape"][0]
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         return 1.0
     if isinstance(first, bool) or not isinstance(first, int) or first < 1:
         return 1.0
@@ -53,11 +49,20 @@ def prompt_chars(payload: dict[str, Any]) -> int:
 
 
 def _text_chars(content: Any) -> int:
+    """A string's characters, or a list's: content parts, or a batch of prompts (strings, or token
+    ids at 4 each). Nothing deeper counts: a body nested hundreds deep must not exhaust the stack."""
     if isinstance(content, str):
         return len(content)
-    if isinstance(content, list):  # content parts, or a batch of prompts
-        return sum(_text_chars(part.get("text") if isinstance(part, dict) else part) for part in content)
-    return 0
+    if not isinstance(content, list):
+        return 0
+    chars = 0
+    for part in content:
+        text = part.get("text") if isinstance(part, dict) else part
+        if isinstance(text, str):
+            chars += len(text)
+        elif isinstance(text, list) and all(isinstance(t, int) for t in text):
+            chars += 4 * len(text)
+    return chars
 
 
 def max_tokens_of(payload: dict[str, Any]) -> int | None:

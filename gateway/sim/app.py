@@ -19,6 +19,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from gateway.fields import decimal
 from gateway.http.exchange import until_disconnect
 from gateway.sim.chat import ContinuousChat
 from gateway.sim.continuous import ContinuousEngine
@@ -192,7 +193,8 @@ class SimApp:
         header_length = None
         for key, value in scope["headers"]:
             if key == b"inference-header-content-length":
-                header_length = int(value) if value.isdigit() else -1
+                length = decimal(value)
+                header_length = -1 if length is None else length
         try:
             request = parse_infer(body, header_length)
         except TensorError as error:

@@ -84,7 +84,7 @@ def parse_infer(body: bytes, header_length: int | None) -> InferRequest:
         raise TensorError("Inference-Header-Content-Length exceeds the body")
     try:
         header = json.loads(json_part)
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise TensorError(f"the inference header is not valid JSON: {error}") from None
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list) or not header["inputs"]:
         raise TensorError("the request needs a non-empty 'inputs' list")

@@ -19,11 +19,14 @@ import itertools
 import json
 import math
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from tritonclient.utils import triton_to_np_dtype
+
+from gateway.fields import decimal
 
 HEADER_LENGTH = b"inference-header-content-length"
 
@@ -68,11 +71,12 @@ class Part:
         return "id" in self.header
 
 
-def header_length_of(headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...]) -> int | None:
+def header_length_of(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
     """The binary extension's JSON header length, or None for a JSON body (or an invalid value)."""
     for name, value in headers:
         if name == HEADER_LENGTH:
-            return int(value) if value.isdigit() else -1
+            length = decimal(value)
+            return -1 if length is None else length
     return None
 
 

@@ -34,6 +34,7 @@ from typing import cast
 
 import httptools
 
+from gateway.fields import decimal
 from gateway.upstream.client import RawHeaders
 from gateway.upstream.origin import OnAbandon, Origin, TlsOptions
 from gateway.upstream.reply import BackendGone, ConnectFailed, Reply, UpstreamBroken
@@ -189,7 +190,7 @@ class _Connection(asyncio.Protocol):
         self._headers.append((name, value))
         lowered = name.lower()
         if lowered == b"content-length":
-            self._content_length = int(value) if value.isdigit() else None
+            self._content_length = decimal(value)
             self._framed = True
         elif lowered == b"transfer-encoding":
             self._framed = True

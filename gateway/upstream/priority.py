@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gateway.fields import decimal
 from gateway.settings import ForwardPriority
 from gateway.tensors.batch import HEADER_LENGTH
 from gateway.upstream.client import RawHeaders
@@ -69,5 +70,6 @@ def _object(document: bytes) -> dict[str, Any] | None:
 def _header_length(headers: RawHeaders, body_length: int) -> int | None:
     for name, value in headers:
         if name == HEADER_LENGTH:
-            return int(value) if value.isdigit() and int(value) <= body_length else None
+            length = decimal(value)
+            return length if length is not None and length <= body_length else None
     return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import aiohttp
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 import tritonclient.http.aio as triton
 
 from tests.eventually import eventually
+from tests.integration.scripted import OK, Reader, ScriptedServer, Writer
 from tests.integration.servers import gateway_config, http_post
 
 pytestmark = pytest.mark.anyio
@@ -372,3 +374,53 @@ async def test_batching_never_holds_a_request_past_its_budget(start_sim, start_g
     # the two holds, about 0.8 s each, come to less than the budget each.
     assert timing["batch"] < 900, timing
     assert gateway.metric("gateway_batch_wait_seconds_sum", model="sim") < 2 * 1.0
+
+
+def held_infers(go: asyncio.Event, infer_answer: bytes):
+    """A backend that answers health checks at once and each inference with `infer_answer` once
+    `go` is set."""
+
+    async def handler(server: ScriptedServer, reader: Reader, writer: Writer) -> None:
+        while request := await server.read_request(reader):
+            if request.startswith(b"POST"):
+                await go.wait()
+                writer.write(infer_answer)
+            else:
+                writer.write(OK)
+            await writer.drain()
+
+    return handler
+
+
+async def test_a_batched_answer_whose_header_length_cannot_be_read_is_a_502_to_each_member(start_gateway):
+    go = asyncio.Event()
+    unreadable = (  # more digits than Python's int() takes
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n"
+        b"inference-header-content-length: " + b"9" * 5000 + b"\r\ncontent-length: 2\r\n\r\n{}"
+    )
+    document = {"inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+    async with ScriptedServer(held_infers(go, unreadable)) as server:
+        backend = SimpleNamespace(url=f"http://127.0.0.1:{server.origin.port}")
+        gateway = await asyncio.to_thread(start_gateway, batching_config(backend))
+
+        async def post(http: aiohttp.ClientSession) -> int:
+            headers = {"X-Request-Timeout-Ms": "8000"}
+            async with http.post(
+                gateway.url + "/v2/models/sim/infer", json=document, headers=headers
+            ) as reply:
+                await reply.read()
+                return reply.status
+
+        async with aiohttp.ClientSession() as http:
+            first = asyncio.ensure_future(post(http))
+            await eventually(lambda: any(r.startswith(b"POST") for r in server.requests), what="a call held")
+            members = [asyncio.ensure_future(post(http)) for _ in range(2)]
+            await queued(gateway, 2)
+            go.set()
+            assert await first == 200  # alone, its answer passes as it came
+            assert await asyncio.gather(*members) == [502, 502]
+    assert sum(r.startswith(b"POST") for r in server.requests) == 2  # the members' call was one
+    assert (
+        gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="upstream_error") == 2
+    )
+    assert "Traceback" not in gateway.log()

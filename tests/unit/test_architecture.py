@@ -48,7 +48,16 @@ LAYERS = {
     "gateway.queues": 1,
     **{
         f"gateway.{room}": 0
-        for room in ("upstream", "telemetry", "signals", "settings", "supervision", "errors", "tensors")
+        for room in (
+            "upstream",
+            "telemetry",
+            "signals",
+            "settings",
+            "supervision",
+            "errors",
+            "tensors",
+            "fields",
+        )
     },
 }
 

@@ -17,6 +17,15 @@ def test_prompt_characters_come_from_messages_parts_prompts_and_token_ids():
     assert prompt_chars({"prompt": [101, 102, 103]}) == 12
     assert prompt_chars({"messages": "not a list"}) == 0
     assert prompt_chars({}) == 0
+    assert prompt_chars({"prompt": [[101, 102], [103]]}) == 12  # a batch of token-id prompts
+
+
+def test_a_prompt_nested_deeper_than_content_parts_counts_nothing_and_never_exhausts_the_stack():
+    content: object = "hi"
+    for _ in range(5000):
+        content = [content]
+    assert prompt_chars({"messages": [{"role": "user", "content": content}]}) == 0
+    assert prompt_chars({"prompt": content}) == 0
 
 
 def test_max_tokens_is_the_newer_field_first_and_only_a_positive_integer():

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from gateway.http.pricing import HEADER_LENGTH, batch_items
+from gateway.http.pricing import batch_items
+from gateway.tensors.batch import HEADER_LENGTH
 
 
 def json_body(*shapes: list[int]) -> bytes:
@@ -49,3 +50,10 @@ def test_a_binary_request_is_priced_from_its_json_header_alone():
 )
 def test_a_body_whose_batch_cannot_be_read_costs_one(body, headers):
     assert batch_items(body, headers) == 1.0
+
+
+def test_a_body_or_a_header_length_pricing_cannot_read_costs_one():
+    deep = b'{"inputs": [{"shape": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}"
+    assert batch_items(deep, []) == 1.0
+    assert batch_items(json_body([8, 2]), [(HEADER_LENGTH, b"9" * 5000)]) == 1.0  # past int()'s digits
+    assert batch_items(json_body([8, 2]), [(HEADER_LENGTH, b"-1")]) == 1.0

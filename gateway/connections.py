@@ -30,17 +30,14 @@ The limits need httptools (a hard dependency); uvicorn's h11 protocol does not k
 from __future__ import annotations
 
 import asyncio
-import json
-import resource
 from collections.abc import Iterator
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import httptools
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gateway.client_limits import ClientLimits, Cut, refusal_body
 from gateway.connection_table import ConnectionTable
 from gateway.head_with_body import HeadWithBody
 
@@ -55,63 +52,15 @@ _REQUEST_LINE_AND_END = len(b"  HTTP/1.1\r\n") + len(b"\r\n")
 _FIELD_SEPARATORS = len(b": \r\n")
 
 
-class Cut(StrEnum):
-    """Why the gateway closed a client's connection: a closed set, used as a metric label."""
-
-    HEADER_TIMEOUT = "header_timeout"
-    BODY_TIMEOUT = "body_timeout"
-    HEADERS_TOO_LARGE = "headers_too_large"
-    TOO_MANY_HEADERS = "too_many_headers"
-    SEND_TIMEOUT = "send_timeout"  # the client did not take its answer's bytes
-    EVICTED = "evicted"  # closed for a new connection at `max_connections`
-    REFUSED = "refused"  # a new connection at `max_connections`, every other one busy
-
-
-def connections_for(open_files: int, backend_files: int = 0) -> int:
-    """Client connections a process with this open-file limit may hold: a quarter of the limit, and
-    at least the connections its backends and Redis may take (`backend_files`) plus 64 for
-    listeners and files, stays free for them."""
-    return max(16, open_files - max(64 + backend_files, open_files // 4))
-
-
-@dataclass(frozen=True, slots=True)
-class ClientLimits:
-    max_header_bytes: int
-    max_headers: int
-    header_timeout_s: float
-    body_timeout_s: float
-    send_timeout_s: float
-    max_connections: int
-
-    @classmethod
-    def from_settings(
-        cls, limits: Limits, open_files: int | None = None, backend_files: int = 0
-    ) -> ClientLimits:
-        if open_files is None:
-            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-            open_files = 1 << 20 if soft == resource.RLIM_INFINITY else soft
-        return cls(
-            max_header_bytes=limits.max_header_bytes,
-            max_headers=limits.max_headers,
-            header_timeout_s=limits.header_timeout_ms / 1000,
-            body_timeout_s=limits.body_timeout_ms / 1000,
-            send_timeout_s=limits.send_timeout_ms / 1000,
-            max_connections=limits.max_connections or connections_for(open_files, backend_files),
-        )
-
-
-def refusal_body(cut: Cut, limits: ClientLimits, *, openai: bool) -> bytes:
-    """The 431's JSON, shaped like the gateway's other errors (gateway.errors) for the route's style."""
-    if cut is Cut.TOO_MANY_HEADERS:
-        message = f"too many request header fields: more than {limits.max_headers}"
-    else:
-        message = f"request header fields too large: more than {limits.max_header_bytes} bytes"
-    payload: dict[str, Any]
-    if openai:
-        payload = {"error": {"message": message, "type": "invalid_request_error", "code": cut.value}}
-    else:
-        payload = {"error": message, "reason": cut.value}
-    return json.dumps(payload).encode()
+def _declared_length(headers: list[tuple[bytes, bytes]]) -> int:
+    """A request's body length as its head declares it: -1 when chunked (the parser has checked
+    that Content-Length is a number, and that both are not sent)."""
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value)
+        if name == b"transfer-encoding":
+            return -1
+    return 0
 
 
 class _Refused(Exception):
@@ -141,6 +90,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._refusal: Cut | None = None
         self._refusal_due: Cut | None = None
         self._lingering = False  # a head was refused: what the client sends now is dropped
+        self._upgrade_body_left: int | None = None
+        """Of a request with Upgrade: bytes of its body still to come (-1 when chunked)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -167,9 +118,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._body_read = self._head_ended_in_read = False
         self._unset_keepalive_if_required()
         try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            pass  # uvicorn_config sets ws="none": an upgrade is served as a plain request
+            if self._upgrade_body_left is None:
+                self.parser.feed_data(data)
+            else:
+                self._read_upgrade_body(data)
+        except httptools.HttpParserUpgrade as upgrade:  # uvicorn_config sets ws="none"
+            self._read_upgrade_body(data[upgrade.args[0] :])
         except httptools.HttpParserError:
             if self._refusal is not None:
                 self._refuse(self._refusal)
@@ -211,9 +165,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._field_bytes = self._fields = 0
 
     def on_url(self, url: bytes) -> None:
+        super().on_url(url)  # first: a 431 for a target too long takes its route's style from it
         self._field_bytes += len(url)
         self._check_head_bytes(0)
-        super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._reading_head:
@@ -241,6 +195,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self._upgrade_body_left is None and self.parser.should_upgrade():
+            # The parser ends an upgrade's request at its head; the upgrade is ignored (RFC 9110
+            # 7.8), so its body is read past the parser, which is spent for this connection.
+            self._upgrade_body_left = _declared_length(self.headers)
+            if self._upgrade_body_left != 0:
+                return
         super().on_message_complete()
         self._disarm()
         self._in_body = self._head_begun = False
@@ -254,6 +214,21 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if self._refusal_due is not None:
                 self._answer_refusal(self._refusal_due)
         self._reschedule()
+
+    def _read_upgrade_body(self, data: bytes) -> None:
+        """An ignored upgrade's body, past the parser; then the answer closes the connection."""
+        left = self._upgrade_body_left
+        if left is None or left < 0:  # chunked: only the parser could read it
+            self._lingering = True
+            self.send_400_response("a request with Upgrade must have a Content-Length body, or none")
+            return
+        if left and data:
+            self.on_body(data[:left])
+            self._upgrade_body_left = left = max(0, left - len(data))
+            if left == 0:
+                self.on_message_complete()
+        if left == 0 and self.cycle is not None:
+            self.cycle.keep_alive = False  # what follows cannot be parsed: it is dropped
 
     # Limits
 

@@ -125,6 +125,50 @@ async def test_on_openai_routes_the_431_is_an_openai_error(gateway):
     assert (error["type"], error["code"]) == ("invalid_request_error", "headers_too_large")
 
 
+async def test_on_openai_routes_a_target_over_the_limit_gets_an_openai_431_too(gateway):
+    answer = await refusal(gateway, infer_request(path="/v1/chat/completions?" + "q" * 40_000))
+    assert answer.status == 431
+    assert answer.json()["error"]["code"] == "headers_too_large"
+
+
+async def test_an_upgrade_is_ignored_and_its_body_served_then_the_connection_closes(gateway, sim):
+    """`curl --http2` on http:// asks for h2c on every request: the gateway, which speaks HTTP/1.1
+    only, ignores the Upgrade (RFC 9110 7.8) and serves the request with its body."""
+    upgrade = [
+        ("Connection", "Upgrade, HTTP2-Settings"),
+        ("Upgrade", "h2c"),
+        ("HTTP2-Settings", "AAMAAABkAAQAAP__"),
+    ]
+    before = served(sim)
+    for split_at in (None, 10):  # the body in the head's read, and in reads of its own
+        request = infer_request(*upgrade)
+        reader, writer = await connect(gateway)
+        try:
+            if split_at is None:
+                writer.write(request)
+            else:
+                body_at = head_size(request)
+                writer.write(request[: body_at + split_at])
+                await writer.drain()
+                writer.write(request[body_at + split_at :])
+            answer = await read_answer(reader)
+            assert await closed_within(reader, 5.0), "the spent connection stayed open"
+        finally:
+            writer.close()
+        assert answer.status == 200, answer.body
+        assert answer.headers["connection"] == "close"
+    assert served(sim) - before == 2
+
+    chunked = (
+        b"POST /v2/models/sim/infer HTTP/1.1\r\nHost: gateway\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n"
+    )
+    chunked += b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    answer = await refusal(gateway, chunked)
+    assert answer.status == 400
+    assert b"Content-Length" in answer.body
+    assert served(sim) - before == 2
+
+
 async def test_a_pipelined_head_over_the_limit_is_answered_431_after_the_answer_before_it(gateway):
     reader, writer = await connect(gateway)
     try:

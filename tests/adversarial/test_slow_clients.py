@@ -15,7 +15,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from gateway.connections import connections_for
+from gateway.client_limits import connections_for
 from gateway.settings import parse_settings
 from tests.adversarial.slow_client_support import (
     INFER_BODY,

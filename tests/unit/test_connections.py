@@ -1,12 +1,12 @@
-"""The pure parts of gateway.connections: which connection a newcomer closes at the limit, the
-limits' defaults and the 431's body."""
+"""The pure parts of gateway.connections and gateway.client_limits: which connection a newcomer
+closes at the limit, the limits' defaults and the 431's body."""
 
 import json
 
 import pytest
 
+from gateway.client_limits import ClientLimits, Cut, connections_for, refusal_body
 from gateway.connection_table import ConnectionTable
-from gateway.connections import ClientLimits, Cut, connections_for, refusal_body
 from gateway.settings import Limits
 
 

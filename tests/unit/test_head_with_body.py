@@ -8,7 +8,8 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from gateway.connections import ClientConnections, ClientLimits
+from gateway.client_limits import ClientLimits
+from gateway.connections import ClientConnections
 from gateway.head_with_body import HeadWithBody
 from tests.eventually import eventually
 

@@ -11,6 +11,7 @@ answer. The chunks before it carry `"usage": null`, a field of the schema, which
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 _ASK = b'"stream_options":{"include_usage":true},'
@@ -61,20 +62,34 @@ class UsageChunkDropper:
         return rest
 
 
+# An event stream's lines end in CRLF, LF or CR, and an event with an empty line (the WHATWG
+# HTML standard's event-stream grammar).
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
 def _event_end(data: bytes, start: int) -> int:
     """The end (past its blank line) of the event that starts at `start`, or -1 if incomplete."""
-    ends = [at + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (at := data.find(sep, start)) >= 0]
-    return min(ends) if ends else -1
+    line_start = start
+    for end in _LINE_END.finditer(data, start):
+        if end.start() == line_start:  # an empty line; were it a CR whose LF is in the next read,
+            return end.end()  # that LF is an empty line of its own, which dispatches nothing
+        line_start = end.end()
+    return -1
 
 
 def _is_usage_chunk(event: bytes) -> bool:
     if len(event) > _USAGE_CHUNK_MAX_BYTES or b'"usage"' not in event:
         return False
-    text = event.strip()
-    if not text.startswith(b"data:"):
+    data: list[bytes] = []
+    for line in _LINE_END.split(event):
+        if line.startswith(b"data:"):
+            data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+        elif line and not line.startswith((b":", b"id:")):
+            return False  # a named event, or a field OpenAI's chunks do not have
+    if not data:
         return False
     try:
-        chunk = json.loads(text[len(b"data:") :])
+        chunk = json.loads(b"\n".join(data))
     except (ValueError, UnicodeDecodeError, RecursionError):
         return False
     return isinstance(chunk, dict) and chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict)

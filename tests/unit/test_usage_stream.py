@@ -55,3 +55,48 @@ def test_other_events_pass_as_they_are():
     assert dropper.feed(b"data: {not json\n\n") == b"data: {not json\n\n"
     assert dropper.feed(b"data: partial") == b""
     assert dropper.close() == b"data: partial"  # what is left at the end goes on as it is
+
+
+ENDINGS = [b"\n", b"\r", b"\r\n"]
+
+
+@st.composite
+def streams(draw):
+    """A stream in any of the line endings the event-stream grammar allows, mixed, its usage event
+    with an id or a comment line or neither; and the stream without it."""
+
+    def event(*lines: bytes) -> bytes:
+        written, ending = b"", b""
+        for line in (*lines, b""):
+            # A CR then an LF would be one CRLF, not two line ends.
+            ending = draw(st.sampled_from(ENDINGS[1:] if ending == b"\r" and not line else ENDINGS))
+            written += line + ending
+        return written
+
+    usage_lines = [USAGE.strip()]
+    extra = draw(st.sampled_from([None, b"id: 7", b": keep-alive"]))
+    if extra is not None:
+        usage_lines.insert(draw(st.integers(0, 1)), extra)
+    before = [event(chunk(c).strip()) for c in "ab"]
+    done = event(DONE.strip())
+    return b"".join([*before, event(*usage_lines), done]), b"".join([*before, done])
+
+
+@given(streams(), st.lists(st.integers(0, 400), max_size=6))
+def test_the_usage_chunk_leaves_streams_of_any_line_endings_wherever_reads_split_them(stream, cuts):
+    sent, expected = stream
+    dropper = UsageChunkDropper()
+    bounds = [0, *sorted(min(c, len(sent)) for c in cuts), len(sent)]
+    out = b"".join(dropper.feed(sent[a:b]) for a, b in itertools.pairwise(bounds))
+    assert out + dropper.close() == expected
+
+
+def test_an_event_is_passed_on_as_soon_as_its_blank_line_is_read_whatever_its_line_endings():
+    for ending in ENDINGS:
+        event = chunk("a").strip() + ending + ending
+        assert UsageChunkDropper().feed(event) == event
+
+
+def test_a_named_event_with_usage_is_not_an_openai_usage_chunk():
+    named = b"event: usage\n" + USAGE
+    assert UsageChunkDropper().feed(named) == named

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import echoed
+from gateway.errors import route_error
 from gateway.flow.admitted import Admission
 from gateway.flow.auto_limits import AutoLimits
 from gateway.flow.controller import AdmissionController
@@ -173,10 +173,10 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp
             yield
 
     async def not_found(request: Request, exc: Exception) -> JSONResponse:
-        status = exc.status_code if isinstance(exc, HTTPException) else 404
+        status, allow = (exc.status_code, exc.headers) if isinstance(exc, HTTPException) else (404, None)
         # scope's path, not request.url: urlsplit caches the URLs it parses, input anyone can send.
-        message = f"no route for {request.method} {echoed(request.scope['path'])}"
-        return JSONResponse({"error": message}, status_code=status)
+        error = route_error(status, request.scope["path"], request.method)
+        return JSONResponse(error, status_code=status, headers=allow)  # a 405's Allow
 
     errors = {404: not_found, 405: not_found}
     ops = ops_routes(rt.readiness, rt.metrics.registry)

@@ -121,3 +121,17 @@ def _error_body(
         if rule is not None:
             payload["rule"] = rule
     return spec.status, json.dumps(payload).encode()
+
+
+_ROUTE_ERRORS = {404: "not_found", 405: "method_not_allowed"}
+
+
+def route_error(status: int, path: str, method: str) -> dict[str, object]:
+    """The JSON error for a path no route serves (404) or a method its route does not take (405),
+    in the style of the routes under that path (OpenAI's under /v1/)."""
+    reason = _ROUTE_ERRORS.get(status, "not_found")
+    what = "no route for" if status == 404 else "the route does not take"
+    message = f"{what} {method} {echoed(path)}"
+    if path.startswith("/v1/"):
+        return {"error": {"message": message, "type": _INVALID, "code": reason}}
+    return {"error": message, "reason": reason}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import echoed
+from gateway.errors import route_error
 from gateway.http.exchange import send_json
 
 OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
@@ -48,8 +48,8 @@ class InferenceRoutes:
                 endpoint = self._kserve_infer
             if endpoint is not None:
                 if scope["method"] != "POST":
-                    message = f"{echoed(path)} takes POST"
-                    await send_json(send, 405, {"error": message}, [(b"allow", b"POST")])
+                    error = route_error(405, path, scope["method"])
+                    await send_json(send, 405, error, [(b"allow", b"POST")])
                     return
                 await endpoint(scope, receive, send)
                 return

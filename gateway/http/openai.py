@@ -89,8 +89,8 @@ def _request_in(body: bytes) -> tuple[str, dict[str, Any]] | Problem:
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         return Problem(Outcome.BAD_REQUEST, "the body needs a string field 'model'")
-    if not isinstance(payload.get("stream", False), bool):
-        return Problem(Outcome.BAD_REQUEST, "'stream' must be true or false")
+    if (stream := payload.get("stream")) is not None and not isinstance(stream, bool):  # null: false
+        return Problem(Outcome.BAD_REQUEST, "'stream' must be true, false or null")
     return model, payload
 
 

@@ -78,6 +78,7 @@ async def test_kserve_bad_input(open_gateway, path, payload, headers, status, re
         (b'{"messages": []}', 400, "bad_request"),
         (b'{"model": 7}', 400, "bad_request"),
         (b'{"model": "sim", "stream": "yes"}', 400, "bad_request"),
+        (b'{"model": "sim", "stream": 0}', 400, "bad_request"),
         (b'{"model": "gpt-9"}', 404, "unknown_model"),
         (b"\xff\xfe", 400, "bad_request"),
     ],
@@ -88,6 +89,14 @@ async def test_openai_bad_body(open_gateway, data, status, reason):
         gateway, "/v1/chat/completions", data=data, headers={"Content-Type": "application/json"}
     )
     assert (got_status, openai_reason(body)) == (status, reason)
+
+
+async def test_a_null_stream_is_the_schemas_default_not_streaming(open_gateway):
+    _, gateway = open_gateway
+    body = {"model": "sim", "stream": None, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    status, answer = await call(gateway, "/v1/chat/completions", json=body)
+    assert status == 200
+    assert answer["object"] == "chat.completion"
 
 
 async def test_body_over_the_limit_is_refused_while_streaming_in(open_gateway):
@@ -113,13 +122,27 @@ async def test_backend_errors_pass_through_unchanged(open_gateway):
     assert counted["backend_client_error"] >= 1
 
 
-async def test_unknown_route_and_method_are_json_errors(open_gateway):
+async def test_unknown_route_and_method_are_json_errors_in_the_style_of_the_path(open_gateway):
     _, gateway = open_gateway
     async with aiohttp.ClientSession() as http:
         missing = await http.get(gateway.url + "/v3/whatever")
-        assert missing.status == 404 and "error" in await missing.json()
+        assert (missing.status, kserve_reason(await missing.json())) == (404, "not_found")
         wrong = await http.get(gateway.url + "/v2/models/sim/infer")
-        assert wrong.status == 405 and "error" in await wrong.json()
+        assert (wrong.status, kserve_reason(await wrong.json())) == (405, "method_not_allowed")
+        assert wrong.headers["Allow"] == "POST"
+        # Under /v1/, OpenAI's shape, which its SDKs read; a 405 names the methods the route takes.
+        for method, path, status, allow in [
+            ("GET", "/v1/chat/completions", 405, {"POST"}),
+            ("POST", "/v1/models", 405, {"GET", "HEAD"}),
+            ("GET", "/v1/nothing", 404, None),
+        ]:
+            async with http.request(method, gateway.url + path) as answer:
+                body = await answer.json()
+                expected = "not_found" if status == 404 else "method_not_allowed"
+                assert (answer.status, openai_reason(body)) == (status, expected), (method, path, body)
+                assert body["error"]["type"] == "invalid_request_error"
+                allowed = answer.headers.get("Allow")
+                assert (allowed and set(allowed.split(", "))) == allow, (method, path)
 
 
 @pytest.mark.parametrize(

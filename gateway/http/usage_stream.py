@@ -25,12 +25,14 @@ def asking_usage(body: bytes, payload: dict[str, Any]) -> bytes | None:
     if payload.get("stream") is not True:
         return None
     options = payload.get("stream_options")
-    if options is None and "stream_options" not in payload:
+    # Spliced in where the body is UTF-8 (a NUL in its first bytes is UTF-16 or UTF-32, which
+    # json.loads takes too); written anew, in UTF-8, otherwise.
+    if options is None and "stream_options" not in payload and b"\x00" not in body[:4]:
         opening = body.find(b"{")  # the payload is an object with members (a model at least)
         return body[: opening + 1] + _ASK + body[opening + 1 :]
-    if not isinstance(options, dict) or options.get("include_usage") is True:
+    if options is not None and (not isinstance(options, dict) or options.get("include_usage") is True):
         return None
-    return json.dumps({**payload, "stream_options": {**options, "include_usage": True}}).encode()
+    return json.dumps({**payload, "stream_options": {**(options or {}), "include_usage": True}}).encode()
 
 
 class UsageChunkDropper:

@@ -21,6 +21,13 @@ def test_a_stream_that_does_not_ask_for_usage_is_made_to():
     assert asked(declined)["stream_options"] == {"include_usage": True}
 
 
+def test_a_body_in_utf_16_or_32_is_written_anew_in_utf_8():
+    payload = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "h\u00e9"}]}
+    for encoding in ("utf-16", "utf-16-le", "utf-32"):
+        body = asking_usage(json.dumps(payload).encode(encoding), payload)
+        assert json.loads(body.decode("utf-8")) == {**payload, "stream_options": {"include_usage": True}}
+
+
 def test_requests_that_ask_already_or_do_not_stream_are_left_alone():
     assert asked({"model": "m", "stream": True, "stream_options": {"include_usage": True}}) is None
     assert asked({"model": "m"}) is None

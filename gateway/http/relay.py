@@ -36,6 +36,9 @@ class StreamRewrite(Protocol):
     def close(self) -> bytes: ...
 
 
+# Statuses whose answers have no body, and must not say how long it is (RFC 9110 8.6).
+_BODILESS = frozenset({204, 304})
+
 # What of a stream its observer sees: enough for the last event or two (an OpenAI usage chunk).
 _TAIL_BYTES = 4096
 
@@ -134,10 +137,9 @@ class Relay:
             log.warning("backend %s failed: %s", lease.slot.backend.url, error)
             outcome, retry_after_s = Outcome.UPSTREAM_ERROR, None
         else:
-            headers += [
-                (b"content-length", str(len(body)).encode()),
-                server_timing(lease.queue_wait_s, work.elapsed_s or 0.0, lease.batch_wait_s),
-            ]
+            if reply.status not in _BODILESS:
+                headers.append((b"content-length", str(len(body)).encode()))
+            headers.append(server_timing(lease.queue_wait_s, work.elapsed_s or 0.0, lease.batch_wait_s))
             await send_response(self._send, reply.status, headers, body)
             if self._observe is not None and 200 <= reply.status < 300:
                 self._observe(body)

@@ -1,7 +1,9 @@
 """The gateway is transparent: real clients get the same answers through it as from the backend."""
 
+import asyncio
 import json
 import time
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 import tritonclient.http as triton
 from openai import OpenAI
 
+from tests.integration.scripted import OK, Reader, ScriptedServer, Writer
 from tests.integration.servers import gateway_config, http_get
 
 pytestmark = pytest.mark.anyio
@@ -104,3 +107,34 @@ def test_health_routes_answer_from_the_gateway(pair):
     status, body = http_get(gateway.url + "/readyz")
     assert status == 200 and json.loads(body)["models"] == {"sim": True}
     assert http_get(gateway.url + "/v2/health/ready")[0] == 200
+
+
+@pytest.mark.parametrize("sent_length", [True, False])
+async def test_an_answer_without_a_body_goes_on_without_a_length(start_gateway, sent_length):
+    """A 204 (or 304) from the backend reaches the client without Content-Length, which RFC 9110
+    forbids on it, and without a body."""
+
+    # Some servers say `content-length: 0` on a 204, which is read whole; others send nothing.
+    length = b"content-length: 0\r\n" if sent_length else b""
+    no_content_answer = b"HTTP/1.1 204 No Content\r\n" + length + b"\r\n"
+
+    async def no_content(server: ScriptedServer, reader: Reader, writer: Writer) -> None:
+        while request := await server.read_request(reader):
+            writer.write(no_content_answer if request.startswith(b"POST") else OK)
+            await writer.drain()
+
+    async with ScriptedServer(no_content) as server:
+        url = f"http://127.0.0.1:{server.origin.port}"
+        gateway = await asyncio.to_thread(start_gateway, gateway_config([(url, 1)]))
+        reader, writer = await asyncio.open_connection("127.0.0.1", urlsplit(gateway.url).port)
+        try:
+            writer.write(b"POST /v2/models/sim/infer HTTP/1.1\r\nHost: g\r\nContent-Length: 2\r\n\r\n{}")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: g\r\n\r\n")  # the connection goes on
+            after = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        finally:
+            writer.close()
+    assert head.startswith(b"HTTP/1.1 204 ")
+    fields = head.lower()
+    assert b"content-length" not in fields and b"transfer-encoding" not in fields
+    assert after.startswith(b"HTTP/1.1 200 ")

@@ -209,7 +209,13 @@ class AdmittedCall:
                     # Its wait ended as the shared store went away: back once the store is probed.
                     refusal = Refusal(Outcome.STORE_UNAVAILABLE, STORE_PROBE_INTERVAL_S)
         self._count(refusal.outcome)  # before the answer: whoever reads the answer sees it counted
-        await self._ingress.refuse(refusal)
+        try:
+            await self._ingress.refuse(refusal)
+        except asyncio.CancelledError:
+            # The drain's cut while a client slow to read took its refusal: counted, and not
+            # answered again (its endpoint would, as draining).
+            if not admission.drain.absorb_cut():
+                raise
 
     def _while_queued(self) -> Awaitable[object]:
         """Called once the request is queued, and awaited until it leaves the queue: its work gets

@@ -175,6 +175,42 @@ async def test_a_refusal_is_counted_once_and_told_to_the_client():
     assert rig.free == 1
 
 
+async def test_a_refusal_cut_by_the_drain_while_it_is_written_is_counted_once_and_not_answered_again():
+    """A client slow to read its 429 when the drain's time runs out: the cut ends the write, and
+    the request is neither counted again nor answered a second time (as a 503 draining)."""
+    rig = Rig()
+    rig.admission.drain.draining = True
+    ingress = Ingress(answers(Outcome.OK))
+    writing = asyncio.Event()
+
+    async def refuse_slowly(refusal: Refusal) -> None:
+        ingress.refused.append(refusal)
+        writing.set()
+        await asyncio.Event().wait()  # the client's socket buffer is full
+
+    ingress.refuse = refuse_slowly  # type: ignore[method-assign]
+    drain = rig.admission.drain
+    endpoint_errors: list[BaseException] = []
+
+    async def request() -> None:  # as gateway.http.intake.AdmittedEndpoint runs it
+        drain.started()
+        try:
+            await rig.call(Work(), ingress).run()
+        except asyncio.CancelledError as error:
+            endpoint_errors.append(error)  # the endpoint would count and answer it again
+            raise
+        finally:
+            drain.finished()
+
+    task = asyncio.ensure_future(request())
+    await writing.wait()
+    assert drain.cut() == 1
+    await task
+    assert endpoint_errors == []
+    assert [r.outcome for r in ingress.refused] == [Outcome.DRAINING]
+    assert rig.counted(Outcome.DRAINING) == 1
+
+
 async def test_work_is_prepared_while_queued_and_never_for_a_request_refused_or_granted_at_once():
     rig = Rig()
     first = Work()

@@ -47,18 +47,21 @@ class RequestClassifier:
 
     def classify(self, headers: list[tuple[bytes, bytes]]) -> RequestMeta | Problem:
         priority = authorization = tenant_name = timeout = None
-        retry = False
+        retry = twice = False
         for key, value in headers:
             if key == b"x-priority":
-                priority = value
+                twice, priority = twice or priority is not None, value
             elif key == b"authorization":
-                authorization = value
+                twice, authorization = twice or authorization is not None, value
             elif key == b"x-tenant":
-                tenant_name = value
+                twice, tenant_name = twice or tenant_name is not None, value
             elif key == b"x-request-timeout-ms":
-                timeout = value
+                twice, timeout = twice or timeout is not None, value
             elif key in _RETRY_HEADERS:
                 retry = retry or _counts_a_retry(value)
+        if twice:  # which one would count is anyone's guess: the gateway and its backend may differ
+            detail = "X-Priority, X-Tenant, X-Request-Timeout-Ms and Authorization may each be sent once"
+            return Problem(Outcome.BAD_REQUEST, detail)
 
         tenant: str | None = None
         found: Tenant | None = None

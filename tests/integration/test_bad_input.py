@@ -59,6 +59,14 @@ def openai_reason(body):
         ("/v2/models/sim/infer", INFER, {"X-Request-Timeout-Ms": "-5"}, 400, "bad_request"),
         ("/v2/models/sim/infer", INFER, {"X-Request-Timeout-Ms": "9" * 12}, 400, "bad_request"),
         ("/v2/models/sim/infer", INFER, {"X-Tenant": "t" * 200}, 400, "bad_request"),
+        ("/v2/models/sim/infer", INFER, [("X-Priority", "high"), ("X-Priority", "low")], 400, "bad_request"),
+        (
+            "/v2/models/sim/infer",
+            INFER,
+            [("X-Request-Timeout-Ms", "abc"), ("X-Request-Timeout-Ms", "9")],
+            400,
+            "bad_request",
+        ),
         ("/v2/models/sim/infer", {"pad": "x" * 2000}, {}, 413, "body_too_large"),
     ],
 )

@@ -14,8 +14,11 @@ The client's rules, held to h11's standard:
   trailers are kept apart from the headers; a head (status line and fields) may take at most
   `max_head_bytes`, counted as bytes arrive, so a head that never ends is cut at once;
 - a connection idle for longer than its origin's `keepalive_s` is closed, not reused; a request
-  whose reused connection died before any answer byte came (the backend closed it as we wrote) is
-  sent once more on a fresh connection, and only then;
+  whose reused connection died before any answer byte came is sent once more on a fresh connection
+  where the backend closed it as we wrote (within CLOSED_AS_WRITTEN_S of the write) or where its
+  method is idempotent, and only then: an inference the backend held and died on is not sent twice;
+- a body that ends with the connection (no Content-Length, no chunking) is whole only at a clean
+  close; a reset is a broken answer. Trailers are held to the head's byte bound as they arrive;
 - an exchange that fails (timeout, a broken or malformed answer) aborts its connection, since a
   half-read answer would corrupt the next one; one whose reader left ends as gateway.upstream.reply
   says;
@@ -38,6 +41,13 @@ from gateway.fields import decimal
 from gateway.upstream.client import RawHeaders
 from gateway.upstream.origin import OnAbandon, Origin, TlsOptions
 from gateway.upstream.reply import BackendGone, ConnectFailed, Reply, UpstreamBroken
+
+CLOSED_AS_WRITTEN_S = 0.1
+"""A reused connection closed this soon after a request was written on it, without an answer byte,
+was closed by its backend as the request travelled (the keep-alive race): the request is sent again.
+A close this soon after a request the backend did read is a crash on reading it; it is sent once more."""
+
+_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
 
 
 def serialize_request(method: str, target: str, origin: Origin, headers: RawHeaders, body: bytes) -> bytes:
@@ -66,11 +76,20 @@ class _Connection(asyncio.Protocol):
         self._request = b""
         self._answer_bytes = 0
         self._parser = httptools.HttpResponseParser(self)
+        # What h11 takes too: a bare LF ending a line, spaces after a chunk's size.
+        self._parser.set_dangerous_leniencies(
+            lenient_optional_cr_before_lf=True, lenient_spaces_after_chunk_size=True
+        )
         self._headers: RawHeaders = []
         self._head_done = False
         self._head_bytes = 0
         """Bytes read while the current head was incomplete."""
         self._field_bytes = 0
+        self._trailer_bytes = 0
+        """Bytes read since the body's last byte, while the answer is not complete (its last
+        chunk's framing and trailers, which the parser buffers)."""
+        self._body_in_read = False
+        self._sent_at = 0.0
         self._content_length: int | None = None
         self._framed = False
         self._paused = False
@@ -91,8 +110,9 @@ class _Connection(asyncio.Protocol):
         reply.carrier = self
         self.exchanges += 1
         self._request = request
-        self._answer_bytes = self._head_bytes = 0
+        self._answer_bytes = self._head_bytes = self._trailer_bytes = 0
         self._head_done = False
+        self._sent_at = self._pool.clock()
         self.transport.write(request)
 
     # Carrier, for the Reply
@@ -132,21 +152,27 @@ class _Connection(asyncio.Protocol):
             self.abort()  # bytes nobody asked for: the connection can no longer be trusted
             return
         self._answer_bytes += len(data)
-        if not self._head_done:
+        in_body = self._head_done
+        if not in_body:
             self._head_bytes += len(data)
+        self._body_in_read = False
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as error:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as error:  # 101: never asked
             if self._ended is None:
                 refused = error.__context__  # what one of our callbacks raised, if it was that
                 reason = refused if isinstance(refused, UpstreamBroken) else None
-                self.broken(reason or UpstreamBroken(f"malformed answer: {error}"))
+                self.broken(reason or UpstreamBroken(f"malformed answer: {error!r}"))
                 return
             self._dirty = True  # garbage after a complete answer
         if self._ended is not None:
             self._settle()
         elif not self._head_done and self._head_bytes > self._max_head_bytes:
             self.broken(UpstreamBroken(f"answer head over {self._max_head_bytes} bytes"))
+        elif in_body:
+            self._trailer_bytes = 0 if self._body_in_read else self._trailer_bytes + len(data)
+            if self._trailer_bytes > self._max_head_bytes:
+                self.broken(UpstreamBroken(f"answer trailers over {self._max_head_bytes} bytes"))
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -160,13 +186,29 @@ class _Connection(asyncio.Protocol):
         if self._hung_up:
             reply._fail(UpstreamBroken("closed after its reader left"))
         elif reply.headers_received and not self._framed and not reply.head_only:
-            reply._finish()  # a body without Content-Length or chunking ends with the connection
-        elif self._answer_bytes == 0 and self.exchanges > 1 and not reply.retried and not reply.given_up:
+            if exc is None:
+                reply._finish()  # a body without Content-Length or chunking ends with the connection
+            else:  # a reset is not the end of the body: the client must not take it whole
+                reply._fail(UpstreamBroken(f"the connection broke before the answer's end: {exc!r}"))
+        elif self._answer_bytes == 0 and self.exchanges > 1 and reply.given_up:
+            # Reused and closed without a word while its reader left: the keep-alive race, not a
+            # backend gone (which would be taken out of dispatch).
+            reply._fail(UpstreamBroken("closed without answering after its reader left"))
+        elif self._answer_bytes == 0 and self.exchanges > 1 and not reply.retried and self._may_resend():
             self._pool._retry(self.origin, self._request, reply)
         elif self._answer_bytes == 0:
             reply._fail(BackendGone("the backend closed the connection without answering"))
         else:
             reply._fail(UpstreamBroken("the backend closed the connection before the answer was complete"))
+
+    def _may_resend(self) -> bool:
+        """Whether a request its reused connection lost without a byte of answer was, by all signs,
+        never read: the backend closed the idle connection as it was written (its close arrives
+        within a moment of the write). A request the backend held longer it may have worked on,
+        and only an idempotent method (RFC 9110 9.2.2) is sent again then."""
+        if self._pool.clock() - self._sent_at <= CLOSED_AS_WRITTEN_S:
+            return True
+        return self._request.split(b" ", 1)[0] in _IDEMPOTENT
 
     # httptools callbacks
 
@@ -211,6 +253,7 @@ class _Connection(asyncio.Protocol):
             self.reply, self._ended, self._keep_alive = None, reply, False
 
     def on_body(self, body: bytes) -> None:
+        self._body_in_read = True
         reply = self.reply
         if reply is not None and reply._feed(body) and not self._paused and self.transport is not None:
             self._paused = True

@@ -4,12 +4,15 @@ the way model servers (and broken ones) do."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 
 import pytest
 
-from gateway.upstream.http1 import UpstreamClient, serialize_request
-from gateway.upstream.origin import ConnectionOptions, Origin, TlsOptions, origin_of
-from gateway.upstream.reply import ConnectFailed, Reply, UpstreamBroken
+from gateway.upstream.http1 import CLOSED_AS_WRITTEN_S, UpstreamClient, serialize_request
+from gateway.upstream.origin import ConnectionOptions, OnAbandon, Origin, TlsOptions, origin_of
+from gateway.upstream.reply import BackendGone, ConnectFailed, Reply, UpstreamBroken
+from tests.eventually import eventually
 from tests.integration.scripted import (
     OK,
     ScriptedServer,
@@ -355,3 +358,144 @@ async def test_https_backend_with_an_untrusted_certificate_is_a_connect_failure(
         with pytest.raises(ConnectFailed, match="CERTIFICATE_VERIFY_FAILED"):
             await exchange(client, server.origin, infer(server.origin))
         await client.close()
+
+
+def reset(writer: asyncio.StreamWriter) -> None:
+    """Close with a reset (RST), as a process killed mid-answer or a proxy that gives up does."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def test_a_body_ended_by_a_reset_is_broken_not_complete():
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(b'HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: {"partial": ')
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the head and the first bytes are read apart from the reset
+        reset(writer)
+
+    async with ScriptedServer(handler) as server:
+        client = UpstreamClient()
+        reply = await exchange(client, server.origin, infer(server.origin))
+        with pytest.raises(UpstreamBroken, match="broke before the answer's end"):
+            await reply.read()
+        assert not reply.complete
+        await client.close()
+
+
+async def test_a_switch_of_protocols_nobody_asked_for_breaks_the_exchange_and_never_hangs_it():
+    switch = b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n"
+    async with ScriptedServer(answer_each(switch)) as server:
+        client = UpstreamClient()
+        with pytest.raises(UpstreamBroken, match="malformed"):
+            await exchange(client, server.origin, infer(server.origin))
+        await client.close()
+    # After a complete answer, in the same segment: the answer is whole, the connection not reused.
+    async with ScriptedServer(answer_each(OK + switch, OK)) as server:
+        client = UpstreamClient()
+        reply = await asyncio.wait_for(exchange(client, server.origin, infer(server.origin)), 5)
+        assert await reply.read() == b"{}"
+        assert await (await exchange(client, server.origin, infer(server.origin))).read() == b"{}"
+        assert server.connections == 2
+        await client.close()
+
+
+def close_on_the_second_request(held_s: float):
+    """Answers the first request on a connection, then reads the second and closes after `held_s`
+    without a word; every later connection answers."""
+
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        first_connection = server.connections == 1
+        if not await server.read_request(reader):
+            return
+        writer.write(OK)
+        await writer.drain()
+        if first_connection:
+            await server.read_request(reader)
+            await asyncio.sleep(held_s)
+            return  # closed by ScriptedServer
+        while await server.read_request(reader):
+            writer.write(OK)
+            await writer.drain()
+
+    return handler
+
+
+async def test_a_request_its_backend_closed_the_connection_on_as_it_arrived_is_sent_again():
+    async with ScriptedServer(close_on_the_second_request(held_s=0)) as server:
+        client = UpstreamClient()
+        await (await exchange(client, server.origin, infer(server.origin))).read()
+        reply = await exchange(client, server.origin, infer(server.origin))
+        assert (await reply.read(), reply.retried, server.connections) == (b"{}", True, 2)
+        await client.close()
+
+
+async def test_an_inference_its_backend_held_and_died_on_is_not_sent_again():
+    """The backend read it and worked on it (a crash, an OOM kill): sending it again would run it
+    twice. An idempotent request is sent again."""
+    held = CLOSED_AS_WRITTEN_S * 3
+    async with ScriptedServer(close_on_the_second_request(held)) as server:
+        client = UpstreamClient()
+        await (await exchange(client, server.origin, infer(server.origin))).read()
+        with pytest.raises(BackendGone):
+            await exchange(client, server.origin, infer(server.origin))
+        assert len(server.requests) == 2 and server.connections == 1
+        await client.close()
+    async with ScriptedServer(close_on_the_second_request(held)) as server:
+        client = UpstreamClient()
+        get = serialize_request("GET", "/v2/models/sim", server.origin, [], b"")
+        await (await exchange(client, server.origin, get)).read()
+        assert await (await exchange(client, server.origin, get)).read() == b"{}"
+        assert len(server.requests) == 3
+        await client.close()
+
+
+async def test_a_reused_connection_closed_after_its_reader_left_does_not_say_the_backend_is_gone():
+    """The keep-alive race while the client leaves (the drain's give-up waits for the backend):
+    a broken exchange, not a dead backend, which would be taken out of dispatch."""
+    async with ScriptedServer(close_on_the_second_request(held_s=0.2)) as server:
+        client = UpstreamClient()
+        await (await exchange(client, server.origin, infer(server.origin))).read()
+        reply = Reply(asyncio.get_running_loop(), 5.0, on_abandon=OnAbandon.DRAIN)
+        await client.send(server.origin, infer(server.origin), reply)
+        reply.give_up(UpstreamBroken("its client left"))
+        await eventually(lambda: reply.finished, what="the exchange to end")
+        assert isinstance(reply.error, UpstreamBroken) and not isinstance(reply.error, BackendGone)
+        await client.close()
+
+
+async def test_trailers_that_never_end_are_cut_at_the_head_bound():
+    limit = ConnectionOptions().max_head_bytes
+
+    async def handler(
+        server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx-trailer: ")
+        for _ in range(limit // 1024 + 4):  # a trailer line that never ends
+            writer.write(b"a" * 1024)
+            await writer.drain()
+            await asyncio.sleep(0)
+        await server.read_request(reader)
+
+    async with ScriptedServer(handler) as server:
+        client = UpstreamClient()
+        reply = await exchange(client, server.origin, infer(server.origin))
+        with pytest.raises(UpstreamBroken, match="trailers over"):
+            await asyncio.wait_for(reply.read(), 5)
+        await client.close()
+
+
+async def test_answers_h11_reads_are_read_too():
+    bare_lf = b"HTTP/1.1 200 OK\ncontent-length: 2\n\n{}"
+    spaced_chunk = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2 \r\n{}\r\n0\r\n\r\n"
+    for answer in (bare_lf, spaced_chunk):
+        async with ScriptedServer(answer_each(answer)) as server:
+            client = UpstreamClient()
+            assert await (await exchange(client, server.origin, infer(server.origin))).read() == b"{}"
+            await client.close()

@@ -230,23 +230,25 @@ class UpstreamExchange:
         assert reply is not None, "on_complete is set on the reply it completes"
         backend = self.backend
         backend.in_flight.discard(reply)
-        # Before the slot goes back, or its release would hand it to a waiter for this backend.
-        if isinstance(reply.error, ConnectFailed | BackendGone):
-            forwarder.on_unreachable(self._pool, backend)
-        if forwarder.on_verdict is not None:
-            verdict = verdict_of(ending(reply), reply.status)
-            if verdict is not None:
-                forwarder.on_verdict(self._pool, backend, verdict)
         service_s: float | None = None
-        if reply.complete:
-            forwarder.observe_upstream_s(self._pool.name, self.elapsed_s)
-            if reply.status < 400:
-                service_s = self.elapsed_s
-        elif isinstance(reply.given_up, TimeoutError) and not isinstance(reply.given_up, BackendStalled):
-            service_s = self.elapsed_s  # cut short: the service took at least this long
-        on_done, self.on_done = self.on_done, None  # once; and the exchange lets go of its caller
-        if on_done is not None:
-            on_done(service_s)
+        try:
+            # Before the slot goes back, or its release would hand it to a waiter for this backend.
+            if isinstance(reply.error, ConnectFailed | BackendGone):
+                forwarder.on_unreachable(self._pool, backend)
+            if forwarder.on_verdict is not None:
+                verdict = verdict_of(ending(reply), reply.status)
+                if verdict is not None:
+                    forwarder.on_verdict(self._pool, backend, verdict)
+            if reply.complete:
+                forwarder.observe_upstream_s(self._pool.name, self.elapsed_s)
+                if reply.status < 400:
+                    service_s = self.elapsed_s
+            elif isinstance(reply.given_up, TimeoutError) and not isinstance(reply.given_up, BackendStalled):
+                service_s = self.elapsed_s  # cut short: the service took at least this long
+        finally:  # whatever the bookkeeping raised, the backend is done: its slot goes back
+            on_done, self.on_done = self.on_done, None  # once; and the exchange lets go of its caller
+            if on_done is not None:
+                on_done(service_s)
 
     def _wire(self, backend: BackendState) -> bytes:
         """The request as `backend` gets it (kept for the backend it was last made for).

@@ -1,12 +1,16 @@
 """A queued request holds its body once: in the wire prepared for its backend, not beside it."""
 
 import json
+from types import SimpleNamespace
+
+import pytest
 
 from gateway.settings import Backend, Model
 from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.exchange import Forwarder, UpstreamExchange, UpstreamRequest, serialized
 from gateway.upstream.http1 import UpstreamClient
 
+pytestmark = pytest.mark.anyio
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 4096}]}).encode()
 
 
@@ -75,3 +79,22 @@ def test_with_several_backends_a_queued_request_is_built_and_left_for_its_grant_
     call.prepare()
     assert len(built) == 1 and call._prepared is None
     assert call._wire(second) == serialized(built[0], second)
+
+
+async def test_the_slot_goes_back_even_when_reporting_the_backend_raises():
+    """Whatever the bookkeeping of an ended exchange raises (marking a backend, a passive-health
+    verdict), its `on_done` runs: the slot is never left held."""
+
+    def unreachable(*_: object) -> None:
+        raise RuntimeError("the health table broke")
+
+    gone = backend("http://127.0.0.1:1")  # nothing listens: the connect fails
+    forwarder = Forwarder(UpstreamClient(), on_unreachable=unreachable, observe_upstream_s=lambda *_: None)
+    request = UpstreamRequest("POST", "/v2/models/m/infer", b"", [], b"{}")
+    call = UpstreamExchange(forwarder, ModelPool("m", [gone]), request, None)
+    done: list[float | None] = []
+    call.on_done = done.append
+    call.start_at_grant(SimpleNamespace(backend=gone))  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="the health table broke"):
+        await call.start()
+    assert done == [None]

@@ -42,10 +42,11 @@ from gateway.upstream.client import RawHeaders
 from gateway.upstream.origin import OnAbandon, Origin, TlsOptions
 from gateway.upstream.reply import BackendGone, ConnectFailed, Reply, UpstreamBroken
 
-CLOSED_AS_WRITTEN_S = 0.1
+CLOSED_AS_WRITTEN_S = 0.25
 """A reused connection closed this soon after a request was written on it, without an answer byte,
 was closed by its backend as the request travelled (the keep-alive race): the request is sent again.
-A close this soon after a request the backend did read is a crash on reading it; it is sent once more."""
+The race's close comes within a round trip; the margin is for a gateway whose loop is busy. A
+backend that did read the request and died on it this soon gets it once more."""
 
 _IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
 

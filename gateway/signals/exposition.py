@@ -31,6 +31,10 @@ class Exposition:
     def has(self, name: str) -> bool:
         return name in self.families
 
+    def has_series(self, name: str, where: Callable[[Labels], bool]) -> bool:
+        """Whether any sample of the family has labels that match."""
+        return any(where(labels) for _, labels, _ in self.families.get(name, ()))
+
     def total(self, name: str, where: Callable[[Labels], bool] = lambda labels: True) -> float | None:
         """The sum of a gauge's or counter's samples whose labels match; None if it is absent.
 

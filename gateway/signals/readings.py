@@ -46,8 +46,14 @@ class EngineCounters:
     """(sum, count) of vllm:request_queue_time_seconds (the wait inside before running)."""
 
 
+def is_server_page(exposition: Exposition) -> bool:
+    """Whether the text is Triton's or vLLM's metrics."""
+    return exposition.has(TRITON_PENDING) or exposition.has(VLLM_WAITING)
+
+
 def read_server(exposition: Exposition, model: str) -> ServerReading | None:
-    """Triton's or vLLM's metrics for `model`, whichever the text holds; None if it holds neither."""
+    """Triton's or vLLM's metrics for `model`, whichever the text holds; None if it holds neither,
+    or holds nothing of `model`."""
     if exposition.has(TRITON_PENDING):
         return read_triton(exposition, model)
     if exposition.has(VLLM_WAITING):
@@ -55,12 +61,15 @@ def read_server(exposition: Exposition, model: str) -> ServerReading | None:
     return None
 
 
-def read_triton(exposition: Exposition, model: str) -> ServerReading:
-    """Sum over version, gpu_uuid and any other label of the model's series."""
+def read_triton(exposition: Exposition, model: str) -> ServerReading | None:
+    """Sum over version, gpu_uuid and any other label of the model's series; None when the page
+    has none (the model is not loaded, or is named otherwise): an unknown queue, not an empty one."""
 
     def mine(labels: Labels) -> bool:
         return labels.get("model") == model
 
+    if not exposition.has_series(TRITON_PENDING, mine):
+        return None
     return ServerReading(
         waiting=exposition.total(TRITON_PENDING, mine) or 0.0,
         queue_duration_us=exposition.total("nv_inference_queue_duration_us", mine),
@@ -70,11 +79,13 @@ def read_triton(exposition: Exposition, model: str) -> ServerReading:
     )
 
 
-def read_vllm(exposition: Exposition, model: str) -> ServerReading:
+def read_vllm(exposition: Exposition, model: str) -> ServerReading | None:
     """Sum over engines; a server that serves one model may name it differently, so when no series
     carries `model` the server's only model_name counts."""
     names = {labels.get("model_name") for _, labels, _ in exposition.families.get(VLLM_WAITING, [])}
     target = model if model in names or len(names) != 1 else next(iter(names))
+    if target not in names:
+        return None  # several models, none of them this one: its queue is unknown
 
     def mine(labels: Labels) -> bool:
         return labels.get("model_name") == target

@@ -24,7 +24,7 @@ from anyio.abc import TaskStatus
 
 from gateway.settings import Kueue, Signals
 from gateway.signals.exposition import Exposition
-from gateway.signals.readings import KueueReading, ServerReading, read_kueue, read_server
+from gateway.signals.readings import KueueReading, ServerReading, is_server_page, read_kueue, read_server
 from gateway.supervision import Loop, Supervisor
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import BackendState, ModelPool
@@ -105,6 +105,9 @@ class SignalBoard:
         self._loops: list[Loop] = []
         self._own_sessions: list[aiohttp.ClientSession] = []
         self._backend_loops: dict[str, Loop] = {}
+        """One loop per metrics page: one server may serve several models (and backends)."""
+        self._watched: dict[str, list[tuple[ModelPool, BackendState]]] = {}
+        """The backends each page reports on, every model's."""
         self._session: aiohttp.ClientSession | None = None
 
     def external_waiting(self, model: str) -> float:
@@ -128,15 +131,20 @@ class SignalBoard:
         if self._session is None:
             return
         pool = next(p for p in self._pools if p.name == model)
-        current = {b.metrics_url: b for b in pool.backends if b.metrics_url}
-        for url, loop in list(self._backend_loops.items()):
-            if url not in current:
-                loop.cancel()
-                del self._backend_loops[url]
-                self._metrics.signal_up.remove(url)
-        for url, backend in current.items():
+        watched: dict[str, list[tuple[ModelPool, BackendState]]] = {}
+        for url, pairs in self._watched.items():  # the other models' backends stay as they are
+            if others := [(p, b) for p, b in pairs if p is not pool]:
+                watched[url] = others
+        for backend in pool.backends:
+            if backend.metrics_url:
+                watched.setdefault(backend.metrics_url, []).append((pool, backend))
+        self._watched = watched
+        for url in [url for url in self._backend_loops if url not in watched]:
+            self._backend_loops.pop(url).cancel()
+            self._metrics.signal_up.remove(url)
+        for url in watched:
             if url not in self._backend_loops:
-                self._backend_loops[url] = self._loop(self._session, url, self._backend_scrape(pool, backend))
+                self._backend_loops[url] = self._loop(self._session, url, self._page_scrape(url))
 
     async def stop(self) -> None:
         loops = self._loops + list(self._backend_loops.values())
@@ -172,7 +180,7 @@ class SignalBoard:
                 # comes as the scrape completes, and this loop would then never stop.
                 async with asyncio.timeout(self._config.scrape_timeout_ms / 1000):
                     await scrape(session, state)
-            except (ScrapeError, aiohttp.ClientError, TimeoutError, ValueError) as error:
+            except Exception as error:  # any failure counts toward staleness; the supervisor sees none
                 state.failures += 1
                 if state.up and state.failures >= self._config.stale_after_failures:
                     state.up = False
@@ -191,6 +199,10 @@ class SignalBoard:
             await asyncio.sleep(interval_s * random.uniform(0.8, 1.2))
 
     def _stale(self, name: str) -> None:
+        if name == "kueue" and self.cluster is not None:
+            self.cluster.backlog = None  # decisions fall back to the gateway's own counts
+            self.cluster.previous_buckets = {}
+            return
         for pool in self._pools:
             for backend in pool.backends:
                 if backend.metrics_url == name and backend.signal_up:
@@ -199,24 +211,39 @@ class SignalBoard:
 
     # -- sources ---------------------------------------------------------------------------------
 
-    def _backend_scrape(self, pool: ModelPool, backend: BackendState) -> Scrape:
-        signal = self.backend_signals.setdefault(id(backend), BackendSignal())
+    def _page_scrape(self, url: str) -> Scrape:
+        """One metrics page, read for every backend (of any model) it reports on."""
 
         async def scrape(session: aiohttp.ClientSession, state: SourceState) -> None:
-            assert backend.metrics_url is not None
-            reading = read_server(await _fetch(session, backend.metrics_url), backend.served_model)
-            if reading is None:
+            page = await _fetch(session, url)
+            if not is_server_page(page):
                 raise ScrapeError("neither Triton nor vLLM metrics")
             now = self._clock()
-            self._derive(signal, reading, now)
-            backend.reported_waiting = reading.waiting
-            backend.reported_running = reading.running
-            backend.signal_up = True
-            if signal.engine is not None and self.on_engine_sample is not None:
-                await self.on_engine_sample(pool, backend, signal.engine)
-            self._on_backend_signal(pool.name)
+            for pool, backend in list(self._watched.get(url, ())):
+                reading = read_server(page, backend.served_model)
+                if reading is None:
+                    self._not_on_page(pool, backend, url)
+                    continue
+                signal = self.backend_signals.setdefault(id(backend), BackendSignal())
+                self._derive(signal, reading, now)
+                backend.reported_waiting = reading.waiting
+                backend.reported_running = reading.running
+                backend.signal_up = True
+                if signal.engine is not None and self.on_engine_sample is not None:
+                    await self.on_engine_sample(pool, backend, signal.engine)
+                self._on_backend_signal(pool.name)
 
         return scrape
+
+    def _not_on_page(self, pool: ModelPool, backend: BackendState, url: str) -> None:
+        """The page has no series of the backend's model (unloaded, or `served_model` misspelt):
+        its queue is unknown, not empty."""
+        if backend.signal_up or id(backend) not in self.backend_signals:
+            log.warning("%s reports nothing of model %r: its queue is not counted", url, backend.served_model)
+        self.backend_signals.setdefault(id(backend), BackendSignal())
+        if backend.signal_up:
+            backend.signal_up = False
+            self._on_backend_signal(pool.name)
 
     @staticmethod
     def _derive(signal: BackendSignal, reading: ServerReading, now: float) -> None:
@@ -251,12 +278,16 @@ class SignalBoard:
         return scrape
 
     def _take_kueue(self, cluster: ClusterState, reading: KueueReading, cluster_queue: str) -> None:
+        # The wait of this interval's admissions: the first scrape has no interval, and the
+        # controller's whole history is no measure of the wait now.
+        first = cluster.backlog is None
         window = bucket_deltas(cluster.previous_buckets, reading.admission_wait_buckets)
         cluster.previous_buckets = reading.admission_wait_buckets
-        p95 = quantile(0.95, (window or reading.admission_wait_buckets).items())
-        if not window or not any(window.values()):
-            # No admissions in this interval: keep the last p95 rather than claim none is needed.
-            p95 = cluster.backlog.admission_wait_p95_s if cluster.backlog is not None else p95
+        p95: float | None = None
+        if not first and window and any(window.values()):
+            p95 = quantile(0.95, window.items())
+        elif reading.pending_active > 0 and cluster.backlog is not None:
+            p95 = cluster.backlog.admission_wait_p95_s  # none admitted while some wait: the wait goes on
         cluster.backlog = ClusterBacklog(pending_workloads=reading.pending_active, admission_wait_p95_s=p95)
         self._metrics.pending_workloads.labels(cluster_queue).set(reading.pending_active)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import anyio
 import tritonclient.http.aio as triton
 from anyio.abc import TaskStatus
@@ -79,8 +80,11 @@ class TritonDiscovery:
         try:
             async with asyncio.timeout(self._timeout_s):  # not wait_for: it can drop a cancellation
                 model = await self._read(backend)
-        except (InferenceServerException, OSError, TimeoutError) as error:
+        except (InferenceServerException, OSError, TimeoutError, aiohttp.ClientError) as error:
             log.debug("discovery of %s at %s failed: %r", backend.served_model, backend.url, error)
+            return
+        except Exception as error:  # an answer that is no model config: this backend's problem alone
+            log.warning("discovery of %s at %s failed: %r", backend.served_model, backend.url, error)
             return
         backend.max_batch_size = model.max_batch_size
         backend.dynamic_batching = model.dynamic_batching

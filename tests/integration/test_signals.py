@@ -232,7 +232,8 @@ async def test_kueue_backlog_sheds_the_least_urgent_class(start_sim, start_gatew
 
         kueue.token = "rotated-elsewhere"  # the gateway's token is no longer accepted
         await eventually(lambda: gateway.metric("gateway_signal_up", source="kueue") == 0, what="staleness")
-        assert (await infer(gateway.url, **{"X-Priority": "low"}))[0] == 429  # the backlog is not forgotten
+        # Stale, the backlog is unknown: admission falls back to the gateway's own counts.
+        assert (await infer(gateway.url, **{"X-Priority": "low"}))[0] == 200
 
         kueue.token = "s3cret-token"
         kueue.pending = 1
@@ -264,5 +265,175 @@ async def test_kueue_with_an_untrusted_certificate_is_refused_unless_told_otherw
         )
         await eventually(lambda: lax.metric("gateway_signal_up", source="kueue") == 1, what="the lax scrape")
         assert strict.metric("gateway_signal_up", source="kueue") == 0  # self-signed: not trusted
+    finally:
+        await kueue.stop()
+
+
+class FakePages:
+    """Metrics pages at /<name>/metrics: Triton's format, `waiting` per model on each page; and a
+    Triton model API whose model config is not JSON (a proxy's error page, say)."""
+
+    def __init__(self) -> None:
+        self.pages: dict[str, dict[str, float]] = {}
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        lines = ["# TYPE nv_inference_pending_request_count gauge"]
+        for model, waiting in self.pages.get(request.match_info["name"], {}).items():
+            lines.append(f'nv_inference_pending_request_count{{model="{model}",version="1"}} {waiting}')
+        return web.Response(text="\n".join(lines) + "\n")
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/{name}/metrics", self.metrics)
+        app.router.add_get("/v2/health/ready", _ok)
+        app.router.add_get("/v2/models/{model}/ready", _ok)
+        app.router.add_get("/v2/models/{model}/config", _not_json)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        port = free_port()
+        await web.TCPSite(self.runner, "127.0.0.1", port).start()
+        return f"http://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def _ok(request: web.Request) -> web.Response:
+    return web.Response()
+
+
+async def _not_json(request: web.Request) -> web.Response:
+    return web.Response(text="<html>Bad gateway</html>")
+
+
+def two_models(sim, urls: tuple[str, str]) -> dict:
+    config = signal_config(sim, urls[0])
+    other = {**config["models"][0], "name": "other", "backends": [dict(config["models"][0]["backends"][0])]}
+    other["backends"][0]["metrics_url"] = urls[1]
+    config["models"].append(other)
+    return config
+
+
+async def test_every_models_backends_are_scraped_on_their_own_pages_and_on_a_shared_one(
+    start_sim, start_gateway
+):
+    fake = FakePages()
+    base = await fake.start()
+    try:
+        sim = start_sim(slots=1, base_ms=10)
+        fake.pages = {"a": {"sim": 3.0}, "b": {"other": 5.0}, "both": {"sim": 2.0, "other": 7.0}}
+        for urls, expected in [
+            ((f"{base}/a/metrics", f"{base}/b/metrics"), {"sim": 3, "other": 5}),
+            ((f"{base}/both/metrics", f"{base}/both/metrics"), {"sim": 2, "other": 7}),
+        ]:
+            gateway = start_gateway(two_models(sim, urls))
+            for model, waiting in expected.items():
+                await eventually(
+                    lambda g=gateway, m=model, w=waiting: (
+                        g.metric_by("gateway_backend_queue", "model")[m] == w
+                    ),
+                    what=f"{model}'s queue",
+                )
+            fake.pages = {name: {m: w + 1 for m, w in page.items()} for name, page in fake.pages.items()}
+            for model, waiting in expected.items():  # and kept up to date, every one
+                await eventually(
+                    lambda g=gateway, m=model, w=waiting: (
+                        g.metric_by("gateway_backend_queue", "model")[m] == w + 1
+                    ),
+                    what=f"{model}'s queue to move",
+                )
+            fake.pages = {"a": {"sim": 3.0}, "b": {"other": 5.0}, "both": {"sim": 2.0, "other": 7.0}}
+    finally:
+        await fake.stop()
+
+
+async def test_a_page_without_the_model_is_an_unknown_queue_not_an_empty_one(start_sim, start_gateway):
+    fake = FakePages()
+    base = await fake.start()
+    try:
+        sim = start_sim(slots=1, base_ms=10)
+        fake.pages = {"a": {"sim": 4.0}}
+        gateway = start_gateway(signal_config(sim, f"{base}/a/metrics"))
+        await eventually(lambda: gateway.assert_metric("gateway_backend_queue", 4))
+        fake.pages = {"a": {"unloaded-elsewhere": 1.0}}  # the model is not on the page any more
+        await eventually(lambda: "reports nothing of model 'sim'" in gateway.log(), what="the warning")
+        assert gateway.metric("gateway_signal_up", source=f"{base}/a/metrics") == 1  # the page is fine
+        assert gateway.metric("gateway_backend_queue") == 0  # its last report no longer counts
+    finally:
+        await fake.stop()
+
+
+async def test_a_triton_backend_whose_model_config_is_no_json_does_not_stop_the_gateway(start_gateway):
+    fake = FakePages()
+    base = await fake.start()
+    try:
+        config = gateway_config([(base, 1)])
+        config["models"][0]["backends"][0]["kind"] = "triton"
+        gateway = await asyncio.to_thread(start_gateway, config)  # its lifespan ran discovery
+        assert "discovery of sim at" in gateway.log()
+    finally:
+        await fake.stop()
+
+
+@_FAKE_KUEUE_SOCKETS
+async def test_kueue_history_before_the_gateway_and_a_spent_backlog_shed_nothing(
+    start_sim, start_gateway, tls_cert
+):
+    """The admission wait that sheds is this interval's: not the controller's history at the first
+    scrape, and not an old interval's once nothing waits."""
+    cert, key = tls_cert
+    kueue = FakeKueue(cert, key, token=None)
+    kueue.admit(5, wait_s=70.0)  # long ago, before the gateway started
+    url = await kueue.start()
+    try:
+        sim = start_sim(slots=2, base_ms=10)
+        config = gateway_config([(sim.url, 2)], signals=FAST_SIGNALS)
+        config["kueue"] = {
+            "url": url,
+            "cluster_queue": "gpu-serving",
+            "insecure_skip_verify": True,
+            "backlog_pending_workloads": 5,
+            "backlog_admission_wait_p95_s": 30,
+        }
+        gateway = start_gateway(config)
+        await eventually(lambda: gateway.metric("gateway_signal_up", source="kueue") == 1, what="Kueue")
+        assert (await infer(gateway.url, **{"X-Priority": "low"}))[0] == 200
+
+        kueue.admit(4, wait_s=70.0)  # now: admitted after waiting past the limit
+        kueue.pending = 3
+        await eventually(lambda: waiting_workloads(gateway) == 3, what="the scrape that saw them")
+        assert (await infer(gateway.url, **{"X-Priority": "low"}))[0] == 429
+        kueue.pending = 0  # nothing waits, nothing more admitted: the backlog is spent
+        await eventually(lambda: waiting_workloads(gateway) == 0, what="the scrape that saw it spent")
+        assert (await infer(gateway.url, **{"X-Priority": "low"}))[0] == 200
+    finally:
+        await kueue.stop()
+
+
+def waiting_workloads(gateway) -> float:
+    return gateway.metric("gpu_queue_waiting_workloads", cluster_queue="gpu-serving")
+
+
+@_FAKE_KUEUE_SOCKETS
+async def test_a_scrape_that_fails_in_any_way_counts_toward_staleness(
+    start_sim, start_gateway, tls_cert, tmp_path
+):
+    """The bearer token's file gone (an OSError, not an HTTP failure): the source goes stale, rather
+    than its loop being restarted for ever while it still reads as up."""
+    cert, key = tls_cert
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    kueue = FakeKueue(cert, key, "s3cret-token")
+    url = await kueue.start()
+    try:
+        sim = start_sim(slots=1, base_ms=10)
+        config = gateway_config([(sim.url, 1)], signals=FAST_SIGNALS)
+        config["kueue"] = {"url": url, "cluster_queue": "gpu-serving", "bearer_token_file": str(token_file)}
+        config["kueue"]["ca_file"] = str(cert)
+        gateway = start_gateway(config)
+        await eventually(lambda: gateway.metric("gateway_signal_up", source="kueue") == 1, what="Kueue")
+        token_file.unlink()
+        await eventually(lambda: gateway.metric("gateway_signal_up", source="kueue") == 0, what="staleness")
+        assert "is stale after" in gateway.log()
     finally:
         await kueue.stop()

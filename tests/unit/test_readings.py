@@ -71,3 +71,13 @@ def test_malformed_text_is_an_error():
 )
 def test_triton_slots_from_the_model_config(config, slots):
     assert TritonModel.from_config(True, config).slots == slots
+
+
+def test_a_triton_page_without_the_model_says_nothing_of_it_rather_than_zero():
+    assert read_server(Exposition.parse(TRITON_CAPTURE), "not-loaded-here") is None
+    two = (
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{model_name="a"} 1\nvllm:num_requests_waiting{model_name="b"} 2\n'
+    )
+    assert read_server(Exposition.parse(two), "c") is None
+    assert read_server(Exposition.parse(two), "b").waiting == 2

@@ -111,6 +111,9 @@ class Ticket:
     on_grant: Callable[[Slot], None] | None = field(default=None, repr=False)
     """Called inside the store's grant, before the waiter runs: it may start the request's
     exchange at once (the proxy writes it on an idle connection). It must not raise."""
+    claimed: bool = False
+    """Its hook took the granted slot: the caller releases it (once its backend is done), even if
+    the wait is withdrawn before the waiter runs. Else a withdrawn grant goes back unused."""
 
     @property
     def model(self) -> str:
@@ -128,6 +131,8 @@ class Ticket:
                 self.on_grant(slot)
             except Exception:  # the store's dispatch must go on whatever a hook does
                 log.exception("a grant hook failed")
+            else:
+                self.claimed = True
 
     def interrupt(self, outcome: Outcome) -> None:
         """End the wait with `outcome` unless a slot or another outcome came first."""

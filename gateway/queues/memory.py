@@ -242,7 +242,8 @@ class MemoryQueue:
             # waiting: what was behind it may start now, on a slot that would otherwise idle.
             self._dispatch(queue, now=None)
         if not ticket.wakeup.cancelled() and isinstance(slot := ticket.wakeup.result(), Slot):
-            if not slot.batch:  # a batch's slot is released by whoever runs the batch's call
+            # A batch's slot is released by whoever runs the batch's call; a claimed one by its caller.
+            if not slot.batch and not ticket.claimed:
                 self.release_nowait(slot, now=None)
         queue.wake_if_idle()
 

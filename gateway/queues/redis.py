@@ -221,8 +221,9 @@ class RedisQueue:
             if not reply["removed"]:  # Redis had granted it: free the grant, now or when it arrives
                 self._give_back(state.granted_before_withdrawal(ticket.id, self._clock()))
         if not ticket.wakeup.cancelled() and isinstance(slot := ticket.wakeup.result(), Slot):
-            if not slot.batch and (task := self._release_task(slot, used=False)) is not None:
-                await asyncio.shield(task)  # a batch's slot is released by whoever runs the batch's call
+            # A batch's slot is released by whoever runs the batch's call; a claimed one by its caller.
+            if not slot.batch and not ticket.claimed and (task := self._release_task(slot, used=False)):
+                await asyncio.shield(task)
 
     async def release(self, slot: Slot, now: float) -> None:
         task = self._release_task(slot)

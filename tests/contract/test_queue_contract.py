@@ -125,6 +125,23 @@ async def test_withdraw_after_a_grant_gives_the_slot_back(make_store):
     assert sut.backend().inflight == 0
 
 
+async def test_a_grant_its_hook_claimed_stays_held_when_the_wait_is_withdrawn(make_store):
+    """The hook started the request on the slot (the proxy wrote it upstream), then its waiter was
+    cancelled before it ran: the slot is the caller's to release once the backend is done."""
+    sut = await make_store(slots=(1,))
+    (held,) = await fill(sut, 1)
+    ticket = (await offer(sut, 1)).ticket
+    claimed: list[Slot] = []
+    ticket.on_grant = claimed.append
+    await release(sut, held.slot)
+    assert [ticket.wakeup.result()] == claimed
+    await sut.store.withdraw(ticket, Outcome.CLIENT_DISCONNECTED)
+    await sut.settle()
+    assert (sut.store.stats(MODEL).free_slots, sut.backend().inflight) == (0, 1)
+    await release(sut, claimed[0])
+    assert (sut.store.stats(MODEL).free_slots, sut.backend().inflight) == (1, 0)
+
+
 async def test_a_grant_racing_a_withdrawal_goes_back_to_the_pool(make_store):
     sut = await make_store(slots=(1,))
     (held,) = await fill(sut, 1)

@@ -211,6 +211,32 @@ async def test_a_refusal_cut_by_the_drain_while_it_is_written_is_counted_once_an
     assert rig.counted(Outcome.DRAINING) == 1
 
 
+async def test_a_call_cut_between_its_grant_and_its_turn_holds_the_slot_until_its_backend_is_done():
+    """The grant's hook has sent the request; the drain's cut lands before the call's task runs.
+    The slot must stay held while the backend computes, not be given back as unused."""
+    rig = Rig()
+    first, second = Work(), Work()
+    await rig.call(first, Ingress(answers(Outcome.OK))).run()  # holds the only slot until `finish`
+    drain = rig.admission.drain
+
+    async def request() -> None:
+        drain.started()
+        try:
+            await rig.call(second, Ingress(answers(Outcome.OK))).run()
+        finally:
+            drain.finished()
+
+    task = asyncio.ensure_future(request())
+    await eventually(lambda: rig.store.stats("m").queued_by_band == (1,), what="the second to queue")
+    first.finish()  # its slot goes to the second, whose hook starts its exchange
+    assert second.started
+    drain.cut()  # in the same turn of the loop, before the second's task resumes
+    await task
+    assert rig.free == 0  # the backend still computes the second request
+    second.finish()
+    assert rig.free == 1
+
+
 async def test_work_is_prepared_while_queued_and_never_for_a_request_refused_or_granted_at_once():
     rig = Rig()
     first = Work()

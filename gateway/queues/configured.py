@@ -65,14 +65,7 @@ def configured_store(
 
     assert config.url is not None, "validated by settings"
     timeout_s = config.timeout_ms / 1000
-    # The default pool raises once more than its size of commands are in flight: block instead.
-    pool = BlockingConnectionPool.from_url(
-        config.url,
-        max_connections=config.pool_size,
-        timeout=timeout_s,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-    )
+    pool = command_pool(config.url, config.pool_size, timeout_s)
     # BLPOP holds its connection: the grant listeners get their own, with a timeout beyond it.
     listener = Redis.from_url(
         config.url, socket_timeout=LISTEN_WAKE_S + timeout_s, socket_connect_timeout=timeout_s
@@ -110,3 +103,17 @@ def configured_store(
         clock=clock,
     )
     return failover
+
+
+def command_pool(url: str, size: int, timeout_s: float) -> BlockingConnectionPool:
+    """The connections commands take turns on. The default pool raises once more than its size of
+    commands are in flight, and a blocking one past its wait timeout, as an unreachable Redis
+    would: the replica would detach from a Redis that is only busy. So a command waits for a
+    connection as long as it takes; the ones in flight end within their socket timeout."""
+    return BlockingConnectionPool.from_url(
+        url,
+        max_connections=size,
+        timeout=None,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+    )

@@ -23,8 +23,10 @@ class Store(Frozen):
     lease_ttl_ms: PositiveMs = 5000.0
     """A replica that stops renewing its slots loses them after this long."""
     pool_size: int = Field(64, ge=2, le=10_000)
+    """Connections the replica's commands take turns on; more in flight wait for one."""
     timeout_ms: PositiveMs = 1000.0
-    """A Redis command slower than this counts as Redis being unreachable."""
+    """A Redis command slower than this counts as Redis being unreachable (a wait for a pooled
+    connection does not)."""
     on_store_failure: Literal["local", "reject"] = "local"
     """local: fall back to in-memory queues with a share of the slots; reject: answer 503."""
     replicas: int = Field(1, ge=1, le=10_000)

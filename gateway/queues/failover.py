@@ -70,6 +70,8 @@ class FailoverQueue:
         self._stopping = False
         self._probe: Loop | None = None
         self._reservations: Loop | None = None
+        self._rejoining: asyncio.Event | None = None
+        """Set once the rejoin under way ends, either way."""
         self._serving_until: dict[str, float] = {}
         """Per model, while Redis is lost: until when the fallback may start work."""
         self._ended: set[str] = set()
@@ -152,6 +154,12 @@ class FailoverQueue:
                 return await self._redis.offer(flow, cost, allowed_wait_s, max_work, now, batching, on_grant)
             except RedisError as error:
                 self.redis_failed(error)
+        if (rejoining := self._rejoining) is not None:
+            # The rejoin holds what the fallback used when it began: a grant from the fallback now
+            # would run on capacity Redis is about to count as free.
+            await rejoining.wait()
+            if self.up:
+                return await self.offer(flow, cost, allowed_wait_s, max_work, now, batching, on_grant)
         if not self._serving(flow.model):
             return Unavailable(retry_after_s=self._probe_interval_s)
         return await self._local.offer(flow, cost, allowed_wait_s, max_work, now, batching, on_grant)
@@ -284,14 +292,19 @@ class FailoverQueue:
         task_status.started()
         while True:
             await asyncio.sleep(self._probe_interval_s)
+            rejoined = self._rejoining = asyncio.Event()
             try:
                 # What the fallback may still use stays held, as leases, until it is idle.
                 reserve = {pool.name: self._local.reservation(pool.name) for pool in self._pools}
                 reserved = await self._redis.rejoin(reserve)
             except RedisError:
                 continue
-            break
-        self.up = True
+            else:
+                self.up = True
+                break
+            finally:  # the offers that came meanwhile go on, to Redis once it is up
+                self._rejoining = None
+                rejoined.set()
         self._cancel_timers()
         self._serving_until.clear()
         self._ended.clear()

@@ -6,6 +6,7 @@ Redis store does on a failed command."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -109,5 +110,32 @@ async def test_a_replica_that_rejoins_holds_what_its_fallback_still_uses_until_i
         assert len(await cluster.leases("a")) == 1 and shared.lease not in await cluster.leases("a")
         await replica.store.release(local, replica.now)
         await eventually(lambda: cluster.slots_in_use_now() == 0, what="the reserved lease to be freed")
+    finally:
+        await replica.store.stop()
+
+
+async def test_a_request_that_arrives_while_the_replica_rejoins_is_not_granted_by_its_fallback(cluster):
+    """The rejoin holds, as leases, what the fallback used when it began: a request granted by the
+    fallback during its round trips would run on capacity Redis then counts as free."""
+    replica = Replica(cluster, "a", probe_interval_s=0.01)
+    await replica.store.start()
+    try:
+        ran = await replica.take()
+        replica.store.redis_failed(RedisError("injected: one command timed out"))
+        await replica.store.release(ran, replica.now)  # ends while cut off: the fallback is idle
+        arrivals: list[Granted | Queued | Unavailable] = []
+        join = replica.redis._presence.join
+
+        async def join_while_one_arrives(state, reserve):
+            arrivals.append(asyncio.ensure_future(replica.offer()))  # type: ignore[arg-type]
+            await asyncio.sleep(0)  # it runs up to its wait for the rejoin
+            return await join(state, reserve)
+
+        replica.redis._presence.join = join_while_one_arrives  # type: ignore[method-assign]
+        await eventually(lambda: replica.store.up, what="the probe to rejoin")
+        arrival = await arrivals[0]  # type: ignore[misc]
+        assert isinstance(arrival, Granted) and arrival.slot.lease, "granted by Redis once it was back"
+        assert await cluster.slots_in_use() == 1, "and counted there"
+        await replica.store.release(arrival.slot, replica.now)
     finally:
         await replica.store.stop()

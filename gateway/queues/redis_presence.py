@@ -115,8 +115,9 @@ class Presence:
                 reply["dropped"],
                 reply["freed"],
             )
-        for old, new in as_list(reply["renamed"]):  # leases Redis had forgotten
-            slot = state.held.pop(old)
+        # Leases Redis had forgotten, all moved at once: a new id may be another's old one.
+        moved = [(new, state.held.pop(old)) for old, new in as_list(reply["renamed"])]
+        for new, slot in moved:
             slot.lease = new
             state.held[new] = slot
         # The script grants the reserved leases in the order of `reserve`, each entry's n in turn.

@@ -134,3 +134,34 @@ async def test_a_new_state_presumes_the_fallback_share_of_replicas_it_does_not_k
     b = await cluster.start("b")
     cluster.now = joined_at
     assert await free_slots_seen_by(b) == SLOTS, "both expected replicas are live"
+
+
+async def wipe(cluster) -> None:
+    """Redis restarted without persistence: everything the replicas shared is gone."""
+    keys = [key async for key in cluster.client.scan_iter(match=f"{cluster.tag}*")]
+    await cluster.client.delete(*keys)
+
+
+@pytest.mark.parametrize(
+    ("taken", "kept", "reserve"), [(4, (0, 1, 2, 3), 0), (2, (0, 1), 1), (4, (1, 3), 0), (4, (2, 3), 1)]
+)
+async def test_leases_redis_forgot_are_all_counted_again_whatever_ids_the_new_state_hands_out(
+    cluster, taken, kept, reserve
+):
+    """A new state counts lease ids from 1 again: the kept leases' old ids collide with the ids
+    it issues to the ones it counts again, and to the fallback's reservation."""
+    a = await cluster.start("a")
+    slots = [await take(a) for _ in range(taken)]
+    for index, slot in enumerate(slots):
+        if index not in kept:
+            await a.release(slot, 0.0)
+    await a.settle()
+    held = [slots[index] for index in kept]
+    await wipe(cluster)
+    a._presence.detached = True  # as its failed heartbeat would have found
+    backend = "http://127.0.0.1:9000"  # redis_cluster.pool()'s
+    await a.rejoin({MODEL: {backend: reserve}} if reserve else {})
+    assert await cluster.slots_in_use() == len(held) + reserve
+    leases = await cluster.leases("a")
+    assert {slot.lease for slot in held} <= leases and len(leases) == len(held) + reserve
+    assert len({slot.lease for slot in held}) == len(held)

@@ -2,13 +2,13 @@
 -- dispatch sees half of it:
 -- 1. when this state is new (Redis lost what it held, or this is the first replica ever), open
 --    the window in which replicas Redis does not know are presumed to run their fallback's share;
--- 2. hold what its fallback still uses, as leases (reserved);
--- 3. become live (from here on its leases are renewed by its heartbeat);
--- 4. publish the backends' readiness it sees;
--- 5. replace its reservation as an absent replica by its real work: drop what it left behind
+-- 2. become live (from here on its leases are renewed by its heartbeat);
+-- 3. publish the backends' readiness it sees;
+-- 4. replace its reservation as an absent replica by its real work: drop what it left behind
 --    (queued tickets of requests that moved on, undelivered grants, leases it no longer uses),
 --    renew the leases it still uses, and count again those Redis forgot (a restart without
---    persistence);
+--    persistence), under new ids;
+-- 5. hold what its fallback still uses, as leases (reserved);
 -- 6. dispatch.
 -- A: replica, bands, ttl, hold_s and share (as in heartbeat.lua), window (how long step 1
 --    presumes), expected, backends, bound_s, ready ({u, r} each), reserve ({u, n} each), keep
@@ -25,13 +25,10 @@ if not redis.call('HGET', tag .. ':stats', 'epoch') then
 end
 redis.call('HSET', tag .. ':stats', 'replicas_expected', A.expected)
 
--- Work the fallback started counts as the least urgent band's against reservations and as the
--- unnamed flow's against quotas: neither is known here, and so it can only keep less urgent
--- classes and borrowers out, never an urgent class or an owner.
-local reserved = {}
-for _, share in ipairs(A.reserve) do
-  for _ = 1, share.n do reserved[#reserved + 1] = grant_lease(share.u, replica, A.ttl, now, A.bands - 1, '', 1) end
-end
+-- What Redis counts for it now, before any lease is granted below: a lease it still uses and
+-- Redis does not hold for it was forgotten, and a new state counts ids from 1 again.
+local held = {}
+for _, lease in ipairs(redis.call('SMEMBERS', tag .. ':held:' .. replica)) do held[lease] = true end
 
 redis.call('ZADD', tag .. ':replicas', now + A.ttl, replica)
 redis.call('HSET', tag .. ':hold', replica, hold_entry(now))
@@ -48,20 +45,24 @@ redis.call('DEL', tag .. ':waiting:' .. replica, tag .. ':grants:' .. replica)
 
 local keep, renamed = {}, {}
 for _, kept in ipairs(A.keep) do keep[kept.l] = kept.u end
-for _, lease in ipairs(reserved) do keep[lease] = true end
 local freed = 0
-for _, lease in ipairs(redis.call('SMEMBERS', tag .. ':held:' .. replica)) do
+for lease in pairs(held) do
   if not keep[lease] and free_lease(lease) then freed = freed + 1 end
 end
 for lease, url in pairs(keep) do
-  if url ~= true then
-    -- Another replica's lease by that id: Redis lost this one's, and counts its ids anew.
-    if lease_owner(lease) ~= replica then
-      renamed[#renamed + 1] = {lease, grant_lease(url, replica, A.ttl, now, A.bands - 1, '', 1)}
-    else
-      redis.call('ZADD', tag .. ':leases', now + A.ttl, lease)
-    end
+  if held[lease] then
+    redis.call('ZADD', tag .. ':leases', now + A.ttl, lease)
+  else  -- forgotten (or lapsed): counted again, under a new id
+    renamed[#renamed + 1] = {lease, grant_lease(url, replica, A.ttl, now, A.bands - 1, '', 1)}
   end
+end
+
+-- Work the fallback started counts as the least urgent band's against reservations and as the
+-- unnamed flow's against quotas: neither is known here, and so it can only keep less urgent
+-- classes and borrowers out, never an urgent class or an owner.
+local reserved = {}
+for _, share in ipairs(A.reserve) do
+  for _ = 1, share.n do reserved[#reserved + 1] = grant_lease(share.u, replica, A.ttl, now, A.bands - 1, '', 1) end
 end
 
 local granted = dispatch(A.bands, A.backends, A.ttl, now, false, nil)

@@ -102,6 +102,7 @@ class Presence:
             **self._hold_args(state),
             # A new state forgot what replicas it does not know yet may run from their fallbacks.
             "window": self.fallback_max_s + lease_bound_s(state.pool, self._ttl_s),
+            "lost": int(state.beat_sent_at is not None),  # joined before: a new state is a lost one
             "expected": self._expected,
             "ready": ready_arg(state.pool),
             "reserve": [{"u": url, "n": n} for url, n in reserve.items() if n],

@@ -165,3 +165,23 @@ async def test_leases_redis_forgot_are_all_counted_again_whatever_ids_the_new_st
     leases = await cluster.leases("a")
     assert {slot.lease for slot in held} <= leases and len(leases) == len(held) + reserve
     assert len({slot.lease for slot in held}) == len(held)
+
+
+async def test_after_redis_lost_its_state_an_unknown_replica_may_run_anything_until_it_could_have_rejoined(
+    cluster,
+):
+    """The other replica ran the whole backend, not its share, when Redis lost its state: the one
+    that rejoins first must not fill the backend again before the other could have rejoined."""
+    a = await cluster.start("a")
+    b = await cluster.start("b")
+    for _ in range(SLOTS):
+        await take(b)
+    await wipe(cluster)
+    a._presence.detached = True
+    await a.rejoin({})
+    assert await free_slots_seen_by(a) == 0  # b may still run all of it
+    await cluster.advance_to(cluster.now + TTL_S + 1, beating=a)
+    assert await free_slots_seen_by(a) == SLOTS - SHARE  # then at most its fallback's share
+    b._presence.detached = True
+    await b.rejoin({})
+    assert await free_slots_seen_by(a) == 0  # its work, counted again

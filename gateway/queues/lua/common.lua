@@ -39,8 +39,8 @@
 --                                 leases stay reserved)
 --   <tag>:stats             hash  raw counters: off:<band>, adm:<band> (work offered, admitted),
 --                                 drained_work, drained_s, drained_at, handovers, handed_work;
---                                 backlog_at; recovery_until, replicas_expected; epoch (set
---                                 when this state was created: missing after Redis lost it)
+--                                 backlog_at; recovery_until, unknown_until, replicas_expected;
+--                                 epoch (set when this state was created: missing after Redis lost it)
 --   <tag>:replicas          zset  replica -> heartbeat expiry
 --   <tag>:seq               counter for ticket and lease ids
 --   <tag>:grants:<r>        list  grants for replica r: JSON {t: [ticket ids], l: lease, u: url, c: cost, b: band},
@@ -86,12 +86,16 @@ local function absent_replicas()
   return absent_cache
 end
 
+-- After Redis lost what it held, a replica it does not know may still run any part of a backend,
+-- as it did before, until it could have rejoined (unknown_until); only then its fallback's share.
 local function slots_used(b)
   local used = tonumber(redis.call('HGET', tag .. ':slots', b.url) or '0')
   local absent = absent_replicas()
   if absent > 0 then
     local expected = tonumber(redis.call('HGET', tag .. ':stats', 'replicas_expected') or '1')
-    used = used + absent * math.max(1, math.floor(b.cap / expected))
+    local each = math.max(1, math.floor(b.cap / expected))
+    if now_s() < stat('unknown_until') then each = b.cap end
+    used = used + absent * each
   end
   return used
 end

@@ -1,7 +1,8 @@
 -- A replica joins, or rejoins after its heartbeat lapsed or it lost Redis, in one step so that no
 -- dispatch sees half of it:
 -- 1. when this state is new (Redis lost what it held, or this is the first replica ever), open
---    the window in which replicas Redis does not know are presumed to run their fallback's share;
+--    the window in which replicas Redis does not know are presumed to run their fallback's share,
+--    and all of each backend for a TTL first where Redis lost it (`lost`: this replica had joined);
 -- 2. become live (from here on its leases are renewed by its heartbeat);
 -- 3. publish the backends' readiness it sees;
 -- 4. replace its reservation as an absent replica by its real work: drop what it left behind
@@ -11,7 +12,7 @@
 -- 5. hold what its fallback still uses, as leases (reserved);
 -- 6. dispatch.
 -- A: replica, bands, ttl, hold_s and share (as in heartbeat.lua), window (how long step 1
---    presumes), expected, backends, bound_s, ready ({u, r} each), reserve ({u, n} each), keep
+--    presumes), lost, expected, backends, bound_s, ready ({u, r} each), reserve ({u, n} each), keep
 --    ({l: lease, u: url} each: the leases it still uses), now (tests).
 -- Returns {dropped, freed, granted, reserved: lease ids, renamed: {old, new} pairs}.
 local now = now_s()
@@ -19,6 +20,11 @@ local replica = A.replica
 
 if not redis.call('HGET', tag .. ':stats', 'epoch') then
   redis.call('HSET', tag .. ':stats', 'epoch', fmt(now))
+  if A.lost == 1 then
+    -- This replica had joined before: Redis lost what it held, and the replicas it does not know
+    -- yet may run as much as they did, until their next beat or probe could have rejoined them.
+    redis.call('HSET', tag .. ':stats', 'unknown_until', fmt(now + A.ttl))
+  end
   if now + A.window > stat('recovery_until') then
     redis.call('HSET', tag .. ':stats', 'recovery_until', fmt(now + A.window))
   end

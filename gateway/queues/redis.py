@@ -51,8 +51,7 @@ from policies.wait import QueueStats, Throughput
 
 log = logging.getLogger("gateway.redis")
 
-# BLMPOP returns at once when a grant is pushed; this only bounds how long a stop waits for it.
-LISTEN_WAKE_S = 0.25
+LISTEN_WAKE_S = 0.25  # BLMPOP returns at once when a grant is pushed: this bounds a stop's wait
 # A view younger than this may refuse an arrival without asking Redis: scripts run for every
 # admitted request and every release, so under load it is rarely older than a millisecond or two.
 _VIEW_FRESH_S = 0.05
@@ -137,9 +136,11 @@ class RedisQueue:
         await self._start_loops()
 
     async def _start_loops(self) -> None:
-        for name, model in self._models.items():
+        for name, model in self._models.items():  # each model's grants to this replica
+            key, deliver = f"{model.tag}:grants:{self._replica}", functools.partial(self._deliver, model)
+            body = functools.partial(listen, self._listener, key, LISTEN_WAKE_S, deliver, self._on_failure)
             self._listeners[name] = await self.supervisor.start(
-                "redis_grants", functools.partial(self._listen, model), required=True
+                "redis_grants", functools.partial(body, lambda: self._stopping), required=True
             )
         self._upkeep_loop = await self.supervisor.start("redis_upkeep", self._upkeep, required=True)
 
@@ -201,7 +202,12 @@ class RedisQueue:
         args = OfferArgs(
             self._replica, flow, cost, max_work, handover, edf, weight, allowed_wait_s, self._ttl_s, drain
         )
-        reply = await self._run("offer", state, args.fields(state.take_refused_locally(), batching))
+        running = self._spawn(self._run("offer", state, args.fields(state.take_refused_locally(), batching)))
+        try:
+            reply = await asyncio.shield(running)
+        except asyncio.CancelledError:  # no slot or ticket may stay for a caller that left
+            running.add_done_callback(functools.partial(self._undo_offer, state, flow, cost))
+            raise
         if reply["kind"] == "absent":
             raise ReplicaAbsent(f"model {flow.model}: this replica's heartbeat lapsed")
         self._take_view(state, reply["view"])
@@ -253,8 +259,8 @@ class RedisQueue:
     # -- losing and finding Redis (driven by FailoverQueue) ---------------------------------------
 
     def detach(self) -> dict[str, Holding]:
-        """Redis is lost and a fallback takes over: stop beating and freeing leases until rejoined.
-        Returns, per model, what this replica holds, which Redis keeps counted for it meanwhile."""
+        """Redis is lost, a fallback takes over: no beat, no lease freed until rejoined. Returns, per
+        model, what this replica holds, which Redis keeps counted for it meanwhile."""
         self._presence.detached = True
         return {name: self._presence.holding(state) for name, state in self._models.items()}
 
@@ -270,10 +276,8 @@ class RedisQueue:
         """Redis is back: rejoin in one script per model (see lua/rejoin.lua). `reserve` maps
         model -> backend url -> slots the fallback store may still use; they are held as leases
         until `release_reserved`. Returns the models that have some."""
-        # Idle pooled connections to the Redis that went away would fail once each: drop them
-        # first. Not those in use: closing a connection under a command in flight (a grant
-        # listener's BLMPOP, a heartbeat) fails it with an error that is not a RedisError, which
-        # would crash the loop and refuse requests while it restarts.
+        # Drop idle pooled connections to the Redis that went away (each would fail once), not
+        # those in use: a command in flight would fail with an error that is not a RedisError.
         await self._client.connection_pool.disconnect(inuse_connections=False)
         await self._listener.connection_pool.disconnect(inuse_connections=False)
         for name, state in self._models.items():
@@ -298,14 +302,12 @@ class RedisQueue:
 
     def _loop_down(self, model: str) -> Loop | None:
         """The upkeep loop or the model's grant listener, when down: no new slot may be taken then.
-        Without heartbeats the other replicas reap this one's leases while it uses them (a backend
-        would run more than its slots); without the listener a queued request's grant never comes."""
+        Without heartbeats the others reap this one's leases in use; without the listener no grant comes."""
         loops = (self._upkeep_loop, self._listeners.get(model))
         return next((loop for loop in loops if loop is not None and not loop.up), None)
 
     def _release_task(self, slot: Slot, *, used: bool = True) -> asyncio.Task[Any] | None:
-        """Free the slot in the background; `used` False for one that comes back unused. Detached,
-        its lease stays counted: the fallback may reuse its capacity until this replica rejoins."""
+        """Free the slot in the background (`used` False: unused); detached, it stays counted."""
         if slot.released:
             return None
         slot.released = True
@@ -314,6 +316,13 @@ class RedisQueue:
         if self._presence.detached:
             return None
         return self._spawn(self._free(state, slot.lease, sample=used))
+
+    def _undo_offer(self, state: ModelState, flow: Flow, cost: float, running: asyncio.Task[Any]) -> None:
+        if not running.cancelled() and running.exception() is None:
+            left = state.left_behind(running.result(), flow, cost)
+            if isinstance(left, Ticket):
+                self._spawn(self.withdraw(left, Outcome.CLIENT_DISCONNECTED))
+            self._give_back(left if isinstance(left, Slot) else None)
 
     def _give_back(self, slot: Slot | None) -> None:
         if slot is not None:
@@ -354,19 +363,10 @@ class RedisQueue:
         reply = await self._run("snapshot", state, {"refused": state.take_refused_locally()})
         self._take_view(state, reply)
 
-    async def _listen(self, state: ModelState, *, task_status: TaskStatus[None]) -> None:
-        """Deliver this replica's grants to their waiting requests, as soon as they are pushed."""
-        task_status.started()  # grants pushed before the first BLMPOP wait in their list
-        deliver = functools.partial(self._deliver, state)
-        key = f"{state.tag}:grants:{self._replica}"
-        await listen(self._listener, key, LISTEN_WAKE_S, deliver, self._on_failure, lambda: self._stopping)
-
     async def _upkeep(self, *, task_status: TaskStatus[None]) -> None:
         """Heartbeat (renews leases) every third of the TTL, reap and refresh on the way; exchange
-        promised returns every wake (LISTEN_WAKE_S).
-        It beats at once when it starts, and only then reports itself up: a restarted loop must
-        renew the leases before this replica takes new ones.
-        """
+        promised returns every wake (LISTEN_WAKE_S). It beats at once when it starts, and only then
+        reports itself up: a restarted loop must renew the leases before this replica takes new ones."""
         beat_s = self._ttl_s / 3
         next_beat = self._clock()
         while not self._stopping:

@@ -15,10 +15,13 @@ so a grant never leaves a slot held by nobody.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
+import anyio
+from anyio.abc import TaskStatus
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -84,6 +87,15 @@ class ModelState:
         slot = Slot(self.pool.name, backend, cost, band=band, lease=lease)
         self.held[lease] = slot
         return slot
+
+    def left_behind(self, reply: dict[str, Any], flow: Flow, cost: float) -> Slot | Ticket | None:
+        """What an offer's script granted or queued for a caller that left while it ran: the slot
+        to give back unused, or the ticket to withdraw (its grant, if one comes, starts nothing)."""
+        if reply["kind"] == "granted":
+            return self.hold(reply["lease"], reply["url"], cost, flow.band)
+        if reply["kind"] == "queued":
+            return self.queued(flow, cost, reply["ticket"], None, math.inf)
+        return None
 
     def in_use(self) -> list[Slot]:
         """The slots held for requests: not those of grants no ticket has taken yet."""
@@ -200,9 +212,12 @@ async def listen(
     deliver: Callable[[Grant | Displaced], None],
     on_failure: Callable[[BaseException], None],
     stopping: Callable[[], bool],
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Deliver the grants pushed onto the list `key` as they come (BLMPOP on its own connection),
     until `stopping`; it wakes every `wake_s` to look."""
+    task_status.started()  # grants pushed before the first BLMPOP wait in their list
     while not stopping():
         try:
             popped = await listener.blmpop(wake_s, 1, key, direction="LEFT", count=64)

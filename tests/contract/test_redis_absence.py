@@ -5,6 +5,8 @@ take or free anything until it rejoins, and its rejoining replaces the reservati
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from gateway.queues.base import Flow, Granted, Queued, Slot
@@ -185,3 +187,41 @@ async def test_after_redis_lost_its_state_an_unknown_replica_may_run_anything_un
     b._presence.detached = True
     await b.rejoin({})
     assert await free_slots_seen_by(a) == 0  # its work, counted again
+
+
+async def offer_left_while_its_script_runs(store: RedisQueue) -> None:
+    """The offer's script has run in Redis, and its caller leaves while the reply is on its way."""
+    run, ran, reply_back = store._run, asyncio.Event(), asyncio.Event()
+
+    async def reply_late(script: str, state, args):  # type: ignore[no-untyped-def]
+        reply = await run(script, state, args)
+        if script == "offer":
+            ran.set()
+            await reply_back.wait()
+        return reply
+
+    store._run = reply_late  # type: ignore[method-assign]
+    offer = asyncio.ensure_future(store.offer(Flow(MODEL, 0), 1.0, 5.0, 100.0, 0.0))
+    await ran.wait()
+    offer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await offer
+    reply_back.set()
+    store._run = run  # type: ignore[method-assign]
+    await store.settle()
+
+
+async def test_a_slot_granted_to_an_offer_whose_caller_left_goes_back(cluster):
+    a = await cluster.start("a")
+    await offer_left_while_its_script_runs(a)
+    assert await cluster.slots_in_use() == 0
+    assert await cluster.leases("a") == set()
+
+
+async def test_a_ticket_queued_for_an_offer_whose_caller_left_takes_no_slot(cluster):
+    a = await cluster.start("a")
+    held = [await take(a) for _ in range(SLOTS)]
+    await offer_left_while_its_script_runs(a)
+    await a.release(held[0], 0.0)
+    await a.settle()
+    assert await cluster.slots_in_use() == SLOTS - 1  # the slot went to nobody

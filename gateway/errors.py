@@ -124,6 +124,8 @@ def _error_body(
 
 
 _ROUTE_ERRORS = {404: "not_found", 405: "method_not_allowed"}
+ROUTE_REASONS = frozenset(_ROUTE_ERRORS.values())
+"""The reasons of errors no request outcome is counted for: a path or a method no route serves."""
 
 
 def route_error(status: int, path: str, method: str) -> dict[str, object]:

@@ -40,6 +40,7 @@ from starlette.routing import Match, Route
 
 from gateway.app import create_app
 from gateway.client_limits import Cut
+from gateway.errors import ROUTE_REASONS
 from gateway.http.hot_routes import INFER_ROUTES, OPENAI_PATHS, v2_infer_params
 from gateway.http.kserve import ModelPassthrough
 from gateway.http.request_meta import Problem, RequestClassifier
@@ -628,7 +629,7 @@ def check_answer(sent: Sent, answer: Answer) -> None:
         payload = answer.json()
         assert isinstance(payload, dict) and payload.get("error"), where
         reason = answer.reason()
-        assert reason is None or reason in OUTCOMES, where
+        assert reason is None or reason in OUTCOMES | ROUTE_REASONS, where
         if sent.method == "POST" and sent.inference:
             assert reason in OUTCOMES, f"an inference route's error names no outcome: {where}"
 

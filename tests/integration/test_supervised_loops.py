@@ -212,7 +212,8 @@ async def test_a_signal_scraper_restarts_after_a_crash_and_scrapes_again(backend
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
     board = SignalBoard([pool], Signals(scrape_interval_ms=10), None, metrics, supervisor=supervisor)
-    fail_once(board, "_derive", monkeypatch)
+    # The loop itself crashes (a failed scrape does not: it counts toward the source's staleness).
+    fail_once(board, "_run", monkeypatch)
     async with aiohttp.ClientSession() as session:
         await board.start(session)
         try:

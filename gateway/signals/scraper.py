@@ -139,6 +139,10 @@ class SignalBoard:
             if backend.metrics_url:
                 watched.setdefault(backend.metrics_url, []).append((pool, backend))
         self._watched = watched
+        # A backend gone (endpoint churn) leaves its rates behind, and its id may be a new one's.
+        live = {id(backend) for pairs in watched.values() for _, backend in pairs}
+        for gone in [key for key in self.backend_signals if key not in live]:
+            del self.backend_signals[gone]
         for url in [url for url in self._backend_loops if url not in watched]:
             self._backend_loops.pop(url).cancel()
             self._metrics.signal_up.remove(url)

@@ -290,3 +290,30 @@ async def test_a_scrape_loop_cancelled_as_its_scrape_completes_stops(supervisor)
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(loop_task), 5)
     assert scrapes == 1
+
+
+async def test_a_backend_that_is_gone_leaves_no_rates_behind(backend, supervisor):
+    """Endpoint churn: the rates of a backend gone go with it (its id may be a new backend's)."""
+    targets = [
+        BackendState(
+            "m", url, 2, "/v2/health/ready", metrics_url=backend.url + "/metrics", served_model=VLLM_MODEL
+        )
+        for url in (backend.url, backend.url + "/")
+    ]
+    pool = ModelPool(name="m", backends=list(targets), expected_service_s=0.1)
+    board = SignalBoard(
+        [pool],
+        Signals(scrape_interval_ms=10),
+        None,
+        GatewayMetrics(CollectorRegistry()),
+        supervisor=supervisor,
+    )
+    async with aiohttp.ClientSession() as session:
+        await board.start(session)
+        try:
+            await eventually(lambda: len(board.backend_signals) == 2, what="both backends' rates")
+            pool.backends.remove(targets[1])
+            board.follow("m")
+            assert set(board.backend_signals) == {id(targets[0])}
+        finally:
+            await board.stop()

@@ -19,6 +19,9 @@ The rules this module keeps:
   that left (the backend's `on_abandon`), instead of waiting on it up to the upstream timeout;
 - after a 431 the connection reads and drops what the client still sends, for up to LINGER_S, so
   that the client reads the answer instead of a reset;
+- an Upgrade (WebSocket, h2c) is ignored and its request served as plain HTTP/1.1: the parser ends
+  such a request at its head, so a Content-Length body is read past it, and the connection closes
+  after the answer (a chunked one is a 400);
 - the process holds at most `max_connections` client connections, every listener together (one
   process, one open-file limit). At the limit a new connection closes the one that has waited
   longest without a request in progress (idle between requests, or still sending its head); when
@@ -39,6 +42,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.client_limits import ClientLimits, Cut, refusal_body
 from gateway.connection_table import ConnectionTable
+from gateway.fields import decimal
 from gateway.head_with_body import HeadWithBody
 
 if TYPE_CHECKING:
@@ -57,7 +61,7 @@ def _declared_length(headers: list[tuple[bytes, bytes]]) -> int:
     that Content-Length is a number, and that both are not sent)."""
     for name, value in headers:
         if name == b"content-length":
-            return int(value)
+            return decimal(value) or 0
         if name == b"transfer-encoding":
             return -1
     return 0

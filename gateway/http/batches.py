@@ -48,14 +48,19 @@ from policies.outcomes import Outcome, answered
 log = logging.getLogger("gateway.batches")
 
 
+# Fields the round sets itself: the merged call's header length, and no compression (the gateway
+# must read the answer to split it; its members get it plain).
+_SET_BY_THE_ROUND = frozenset({HEADER_LENGTH, b"accept-encoding"})
 # Fields that differ from request to request by nature, not in what the backend is asked: a
-# merged call carries its first member's. The round sets the header length and the encoding.
-_PER_REQUEST = frozenset(
-    {
-        b"x-request-id", b"traceparent", b"tracestate", b"x-forwarded-for", b"forwarded", b"x-real-ip",
-        HEADER_LENGTH, b"accept-encoding",
-    }
-)  # fmt: skip
+# merged call carries its first member's.
+_PER_REQUEST = _SET_BY_THE_ROUND | {
+    b"x-request-id",
+    b"traceparent",
+    b"tracestate",
+    b"x-forwarded-for",
+    b"forwarded",
+    b"x-real-ip",
+}
 
 
 def batch_part(scope: Scope, body: bytes, limits: BatchLimits, rules: HeaderRules) -> Part | None:
@@ -239,8 +244,7 @@ class BatchRound:
         parts = [m.part for m in live]
         body, header_length = merged(parts)
         template = live[0].request
-        # The gateway must read the answer to split it: no compression (its members get it plain).
-        headers = [(k, v) for k, v in template.headers if k != HEADER_LENGTH and k != b"accept-encoding"]
+        headers = [(k, v) for k, v in template.headers if k not in _SET_BY_THE_ROUND]
         if header_length is not None:
             headers.append((HEADER_LENGTH, str(header_length).encode()))
         exchange = self._exchange = batches.forwarder.exchange(

@@ -241,10 +241,11 @@ class SignalBoard:
 
     def _not_on_page(self, pool: ModelPool, backend: BackendState, url: str) -> None:
         """The page has no series of the backend's model (unloaded, or `served_model` misspelt):
-        its queue is unknown, not empty."""
+        its queue is unknown, not empty. Said once each time it goes missing: when it had been read
+        (its signal up), or on the first look (no rates kept for it yet, which this look adds)."""
         if backend.signal_up or id(backend) not in self.backend_signals:
             log.warning("%s reports nothing of model %r: its queue is not counted", url, backend.served_model)
-        self.backend_signals.setdefault(id(backend), BackendSignal())
+            self.backend_signals.setdefault(id(backend), BackendSignal())
         if backend.signal_up:
             backend.signal_up = False
             self._on_backend_signal(pool.name)

@@ -127,8 +127,8 @@ async def test_a_request_that_arrives_while_the_replica_rejoins_is_not_granted_b
         join = replica.redis._presence.join
 
         async def join_while_one_arrives(state, reserve):
+            # It runs while the join's script is on its way to Redis, and meets the rejoin there.
             arrivals.append(asyncio.ensure_future(replica.offer()))  # type: ignore[arg-type]
-            await asyncio.sleep(0)  # it runs up to its wait for the rejoin
             return await join(state, reserve)
 
         replica.redis._presence.join = join_while_one_arrives  # type: ignore[method-assign]

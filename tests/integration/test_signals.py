@@ -66,6 +66,15 @@ async def test_requests_that_bypass_the_gateway_make_it_refuse_sooner(start_sim,
     assert (await infer(gateway.url, **{"X-Request-Timeout-Ms": "800"}))[0] == 200
 
 
+async def serve(app: web.Application, ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
+    """`app` on a free port of 127.0.0.1: its runner (to clean up) and the port."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context).start()
+    return runner, port
+
+
 class FakeVllm:
     """A vLLM-style /metrics reporting `waiting` queued requests, or answering 500 while `failing`."""
 
@@ -87,10 +96,7 @@ class FakeVllm:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_get("/metrics", self.metrics)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        port = free_port()
-        await web.TCPSite(self.runner, "127.0.0.1", port).start()
+        self.runner, port = await serve(app)
         return f"http://127.0.0.1:{port}/metrics"
 
     async def stop(self) -> None:
@@ -171,12 +177,9 @@ class FakeKueue:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_get("/metrics", self.metrics)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(self.cert, self.key)
-        port = free_port()
-        await web.TCPSite(self.runner, "127.0.0.1", port, ssl_context=context).start()
+        self.runner, port = await serve(app, context)
         return f"https://127.0.0.1:{port}/metrics"
 
     async def stop(self) -> None:
@@ -288,10 +291,7 @@ class FakePages:
         app.router.add_get("/v2/health/ready", _ok)
         app.router.add_get("/v2/models/{model}/ready", _ok)
         app.router.add_get("/v2/models/{model}/config", _not_json)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        port = free_port()
-        await web.TCPSite(self.runner, "127.0.0.1", port).start()
+        self.runner, port = await serve(app)
         return f"http://127.0.0.1:{port}"
 
     async def stop(self) -> None:

@@ -368,18 +368,21 @@ def reset(writer: asyncio.StreamWriter) -> None:
 
 
 async def test_a_body_ended_by_a_reset_is_broken_not_complete():
+    head_read = asyncio.Event()
+
     async def handler(
         server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         await server.read_request(reader)
         writer.write(b'HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: {"partial": ')
         await writer.drain()
-        await asyncio.sleep(0.05)  # the head and the first bytes are read apart from the reset
+        await head_read.wait()  # the reset comes after the head, as from a backend killed mid-answer
         reset(writer)
 
     async with ScriptedServer(handler) as server:
         client = UpstreamClient()
         reply = await exchange(client, server.origin, infer(server.origin))
+        head_read.set()
         with pytest.raises(UpstreamBroken, match="broke before the answer's end"):
             await reply.read()
         assert not reply.complete
@@ -417,7 +420,7 @@ def close_on_the_second_request(held_s: float):
         await writer.drain()
         if first_connection:
             await server.read_request(reader)
-            await asyncio.sleep(held_s)
+            await asyncio.sleep(held_s)  # the backend's work on it: the time under test
             return  # closed by ScriptedServer
         while await server.read_request(reader):
             writer.write(OK)
@@ -470,22 +473,27 @@ async def test_a_reused_connection_closed_after_its_reader_left_does_not_say_the
 
 
 async def test_trailers_that_never_end_are_cut_at_the_head_bound():
+    """Counted from the reads that carry no body byte (those after the body's last one): one read
+    of them at most goes uncounted, which bounds what the parser may hold."""
     limit = ConnectionOptions().max_head_bytes
+    head_read = asyncio.Event()
 
     async def handler(
         server: ScriptedServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         await server.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx-trailer: ")
-        for _ in range(limit // 1024 + 4):  # a trailer line that never ends
+        await writer.drain()
+        await head_read.wait()  # the trailer line that never ends comes in reads of its own
+        for _ in range(limit // 1024 + 4):
             writer.write(b"a" * 1024)
             await writer.drain()
-            await asyncio.sleep(0)
         await server.read_request(reader)
 
     async with ScriptedServer(handler) as server:
         client = UpstreamClient()
         reply = await exchange(client, server.origin, infer(server.origin))
+        head_read.set()
         with pytest.raises(UpstreamBroken, match="trailers over"):
             await asyncio.wait_for(reply.read(), 5)
         await client.close()

@@ -120,6 +120,7 @@ def build_runtime(
             settings.models,
             backends_moved,
             interval_s=settings.signals.endpoints_interval_ms / 1000,
+            timeout_s=settings.health.timeout_ms / 1000,
         ),
         upstream=upstream,
         forwarder=Forwarder(

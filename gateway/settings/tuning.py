@@ -44,7 +44,7 @@ class Signals(Frozen):
     discovery_interval_ms: PositiveMs = 10_000.0
     """How often Triton backends' model config is read again."""
     endpoints_interval_ms: PositiveMs = 5_000.0
-    """How often `discover: dns` backends' names are resolved again."""
+    """How often `discover: dns` backends' names are resolved again (each within `health.timeout_ms`)."""
 
 
 class Kueue(Frozen):

@@ -45,6 +45,10 @@ class BackendState:
     connection: ConnectionOptions = DEFAULT_OPTIONS
     probed_ready: bool = False
     """What its health checks (and refused connections) last said, whatever its circuit."""
+    failed_probes: int = 0
+    """Health checks failed in a row."""
+    judged: bool = False
+    """Whether its readiness has been logged once: every verdict after is a transition."""
     circuit: Circuit = CLOSED
     quiet: Quiet = field(default_factory=Quiet)
     """What the stall watch last saw of it."""

@@ -4,7 +4,8 @@ Point a backend with `discover: dns` at a headless Service (`clusterIP: None`) a
 becomes a backend of its own, with the configured `max_concurrency` (or Triton's discovered slots)
 each: when the autoscaler adds model-server pods, the gateway gains their slots; when it removes
 one, no new request goes there and its in-flight ones finish. The name is resolved again every
-`signals.endpoints_interval_ms`.
+`signals.endpoints_interval_ms`; a resolution that takes longer than `health.timeout_ms` counts as
+failed (the system resolver has no timeout of its own that the gateway can set).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class EndpointDiscovery:
         on_change: Callable[[str], None],
         *,
         interval_s: float,
+        timeout_s: float,
         resolve: Resolver = resolve_addresses,
     ) -> None:
         by_name = {pool.name: pool for pool in pools}
@@ -59,6 +61,7 @@ class EndpointDiscovery:
         ]
         self._on_change = on_change
         self._interval_s = interval_s
+        self._timeout_s = timeout_s
         self._resolve = resolve
 
     async def refresh_all(self) -> None:
@@ -77,8 +80,9 @@ class EndpointDiscovery:
         assert parts.hostname is not None, "validated by settings"
         default_port = 443 if parts.scheme == "https" else 80
         try:
-            addresses = await self._resolve(parts.hostname, parts.port or default_port)
-        except OSError as error:
+            async with asyncio.timeout(self._timeout_s):
+                addresses = await self._resolve(parts.hostname, parts.port or default_port)
+        except (OSError, TimeoutError) as error:
             # A name that does not resolve now keeps the backends it had: better stale than none.
             log.warning("cannot resolve %s: %r", parts.hostname, error)
             return

@@ -72,9 +72,6 @@ class HealthChecker:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         # One slow probe on a busy host is not a dead backend: it takes this many in a row.
         self._failures_to_down = failures_to_down
-        self._failures: dict[int, int] = {}
-        self._judged: set[int] = set()
-        """Backends whose readiness has been logged once: every verdict after is a transition."""
         self._rules = circuit
         self._stall_s = stall_timeout_s
         self._clock = clock
@@ -204,9 +201,8 @@ class HealthChecker:
             ready, reason = False, f"{url} did not answer within {self._timeout.total} s"
         except aiohttp.ClientError as error:
             ready, reason = False, f"{url} failed: {type(error).__name__}"
-        failures = 0 if ready else self._failures.get(id(backend), 0) + 1
-        self._failures[id(backend)] = failures
-        if ready or refused or failures >= self._failures_to_down or not backend.probed_ready:
+        backend.failed_probes = 0 if ready else backend.failed_probes + 1
+        if ready or refused or backend.failed_probes >= self._failures_to_down or not backend.probed_ready:
             self._set(pool, backend, ready, reason)
 
     def _set(self, pool: ModelPool, backend: BackendState, ready: bool, reason: str) -> None:
@@ -220,10 +216,9 @@ class HealthChecker:
         self._apply(pool, backend, ready, reason)
 
     def _apply(self, pool: ModelPool, backend: BackendState, ready: bool, reason: str) -> None:
-        first = id(backend) not in self._judged
-        if backend.ready == ready and not first:
+        if backend.ready == ready and backend.judged:
             return
-        self._judged.add(id(backend))
+        backend.judged = True
         changed = backend.ready != ready
         backend.ready = ready
         if ready:

@@ -183,7 +183,7 @@ async def test_endpoint_discovery_restarts_after_a_crash_and_follows_the_name(su
         return ["127.0.0.1", "127.0.0.2"]
 
     discovery = EndpointDiscovery(
-        [pool], settings.models, lambda model: None, interval_s=0.01, resolve=resolve
+        [pool], settings.models, lambda model: None, interval_s=0.01, timeout_s=1, resolve=resolve
     )
     loop = await supervisor.start("endpoint_discovery", discovery.run)
     await eventually(lambda: len(pool.backends) == 2, what="backends from the name")

@@ -1,5 +1,8 @@
 """Endpoint discovery turns the addresses of one name into backends, and follows them."""
 
+import asyncio
+
+import anyio
 import pytest
 
 from gateway.queues.base import Flow
@@ -52,7 +55,9 @@ async def test_each_address_becomes_a_backend_and_they_follow_the_name():
         assert (host, port) == ("pods", 8000)
         return list(addresses)
 
-    discovery = EndpointDiscovery([pool], settings.models, changed.append, interval_s=1, resolve=resolve)
+    discovery = EndpointDiscovery(
+        [pool], settings.models, changed.append, interval_s=1, timeout_s=1, resolve=resolve
+    )
     await discovery.refresh_all()
     assert [(b.url, b.metrics_url, b.max_concurrency) for b in pool.backends] == [
         ("http://10.0.0.1:8000", "http://10.0.0.1:8002/metrics", 4),
@@ -79,9 +84,31 @@ async def test_a_name_that_stops_resolving_keeps_its_backends():
             raise answer
         return answer
 
-    discovery = EndpointDiscovery([pool], settings.models, lambda model: None, interval_s=1, resolve=resolve)
+    discovery = EndpointDiscovery(
+        [pool], settings.models, lambda model: None, interval_s=1, timeout_s=1, resolve=resolve
+    )
     await discovery.refresh_all()
     await discovery.refresh_all()
+    assert [b.url for b in pool.backends] == ["http://10.0.0.1:8000"]
+
+
+async def test_a_resolver_that_hangs_keeps_the_backends_and_does_not_hold_discovery():
+    settings = settings_with({"url": "http://pods:8000", "discover": "dns", "max_concurrency": 1})
+    pool = ModelPool.from_settings(settings.models[0])
+    hang = False
+
+    async def resolve(host, port):
+        if hang:
+            await asyncio.Event().wait()  # a resolver that never answers
+        return ["10.0.0.1"]
+
+    discovery = EndpointDiscovery(
+        [pool], settings.models, lambda model: None, interval_s=1, timeout_s=0.05, resolve=resolve
+    )
+    await discovery.refresh_all()
+    hang = True
+    with anyio.fail_after(5):  # without its own timeout, the refresh (and the gateway's start) waits for ever
+        await discovery.refresh_all()
     assert [b.url for b in pool.backends] == ["http://10.0.0.1:8000"]
 
 
@@ -95,7 +122,7 @@ async def test_a_departed_backend_keeps_its_slot_count_until_its_requests_end():
 
     store = MemoryQueue([pool], 1, Estimation())
     discovery = EndpointDiscovery(
-        [pool], settings.models, store.backends_changed, interval_s=1, resolve=resolve
+        [pool], settings.models, store.backends_changed, interval_s=1, timeout_s=1, resolve=resolve
     )
     await discovery.refresh_all()
     pool.backends[0].ready = True

@@ -137,18 +137,19 @@ class RedisQueue:
 
     async def _start_loops(self) -> None:
         for name, model in self._models.items():  # each model's grants to this replica
-            key, deliver = f"{model.tag}:grants:{self._replica}", functools.partial(self._deliver, model)
-            body = functools.partial(listen, self._listener, key, LISTEN_WAKE_S, deliver, self._on_failure)
+            body = functools.partial(listen, self._listener, model, self._replica, LISTEN_WAKE_S)
+            loop = functools.partial(
+                body, functools.partial(self._deliver, model), self._run, self._on_failure
+            )
             self._listeners[name] = await self.supervisor.start(
-                "redis_grants", functools.partial(body, lambda: self._stopping), required=True
+                "redis_grants", functools.partial(loop, lambda: self._stopping), required=True
             )
         self._upkeep_loop = await self.supervisor.start("redis_upkeep", self._upkeep, required=True)
 
     async def stop(self) -> None:
         """Stop the loops and leave Redis, which reclaims what is left once its work has surely
         ended; not while the fallback may still run work: the heartbeat lapses, so it stays covered."""
-        # The loops watch a flag rather than being cancelled: cancelling a blocking BLMPOP can leave
-        # its connection half torn down. The listener wakes every LISTEN_WAKE_S to see the flag.
+        # A flag, not cancellation, stops the loops: a cancelled BLMPOP can leave its connection torn.
         self._stopping = True
         await self.supervisor.stop(grace_s=2 * LISTEN_WAKE_S + 1)
         with contextlib.suppress(RedisError):
@@ -232,8 +233,7 @@ class RedisQueue:
                 await asyncio.shield(task)
 
     async def release(self, slot: Slot, now: float) -> None:
-        task = self._release_task(slot)
-        if task is not None:
+        if (task := self._release_task(slot)) is not None:
             await asyncio.shield(task)
 
     def release_soon(self, slot: Slot, now: float) -> bool:
@@ -315,7 +315,7 @@ class RedisQueue:
         state.let_go(slot)
         if self._presence.detached:
             return None
-        return self._spawn(self._free(state, slot.lease, sample=used))
+        return state.freeing(slot.lease, self._spawn(self._free(state, slot.lease, sample=used)))
 
     def _undo_offer(self, state: ModelState, flow: Flow, cost: float, running: asyncio.Task[Any]) -> None:
         if not running.cancelled() and running.exception() is None:

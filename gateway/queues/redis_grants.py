@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from gateway.queues.base import Batching, Flow, Slot, Ticket
 from gateway.queues.estimates import PoolEstimates
-from gateway.queues.redis_codec import Displaced, Grant, View, message
+from gateway.queues.redis_codec import Displaced, Grant, View, grants, message
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.outcomes import Outcome
 
@@ -53,6 +53,8 @@ class ModelState:
         self.view = View.empty(bands, now)
         self.waiting: dict[str, Ticket] = {}
         self.held: dict[str, Slot] = {}
+        self.releasing: set[str] = set()
+        """Leases let go whose release script has not answered yet."""
         self.reserved: dict[str, str] = {}
         """Leases held for the fallback store's work after a rejoin (lease id -> backend url)."""
         self.beat_sent_at: float | None = None
@@ -108,9 +110,19 @@ class ModelState:
         urls = [slot.backend.url for slot in self.in_use()] + list(self.reserved.values())
         return {url: urls.count(url) for url in urls}
 
+    def known_leases(self) -> list[str]:
+        """The leases this replica holds or is releasing: any other Redis counts for it is lost."""
+        return [*self.held, *self.releasing]
+
     def let_go(self, slot: Slot) -> None:
         self.held.pop(slot.lease, None)
         slot.backend.inflight -= 1
+
+    def freeing(self, lease: str, release: asyncio.Task[Any]) -> asyncio.Task[Any]:
+        """`release` runs the lease's release script: the lease is known here until it answers."""
+        self.releasing.add(lease)
+        release.add_done_callback(lambda _: self.releasing.discard(lease))
+        return release
 
     def deliver(self, grant: Grant, now: float) -> Slot | None:
         """Hand a grant's slot to its waiting tickets; the slot to give back when none takes it."""
@@ -207,24 +219,44 @@ class ModelState:
 
 async def listen(
     listener: Redis,
-    key: str,
+    state: ModelState,
+    replica: str,
     wake_s: float,
     deliver: Callable[[Grant | Displaced], None],
+    run: Callable[[str, ModelState, dict[str, Any]], Awaitable[Any]],
     on_failure: Callable[[BaseException], None],
     stopping: Callable[[], bool],
     *,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Deliver the grants pushed onto the list `key` as they come (BLMPOP on its own connection),
-    until `stopping`; it wakes every `wake_s` to look."""
+    """Deliver the grants pushed onto the replica's list as they come (BLMPOP on its own
+    connection), until `stopping`; it wakes every `wake_s` to look. After a BLMPOP fails, what it
+    may have popped (its reply lost with the connection) is recovered before the next one pops more."""
     task_status.started()  # grants pushed before the first BLMPOP wait in their list
+    key, suspect = f"{state.tag}:grants:{replica}", False
     while not stopping():
         try:
+            if suspect:
+                await recover_lost(state, run, replica, deliver)
+                suspect = False
             popped = await listener.blmpop(wake_s, 1, key, direction="LEFT", count=64)
         except RedisError as error:
+            suspect = True
             on_failure(error)
             await asyncio.sleep(wake_s)
             continue
         # BLMPOP answers [key, [element, ...]]; redis-py types the elements loosely.
         for raw in cast(list[bytes], popped[1]) if popped else ():
             deliver(message(raw))
+
+
+async def recover_lost(
+    state: ModelState,
+    run: Callable[[str, ModelState, dict[str, Any]], Awaitable[Any]],
+    replica: str,
+    deliver: Callable[[Grant | Displaced], None],
+) -> None:
+    """Deliver the grants a failed BLMPOP popped without their reply (see lua/recover.lua)."""
+    reply = await run("recover", state, {"replica": replica, "known": state.known_leases()})
+    for grant in grants(reply["grants"]):
+        deliver(grant)

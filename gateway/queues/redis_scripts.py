@@ -32,6 +32,7 @@ _NAMES = (
     "rejoin",
     "dispatch",
     "limit",
+    "recover",
 )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from gateway.queues.base import Flow, Granted, Queued, Slot, Unavailable
@@ -154,6 +155,53 @@ async def test_a_crashed_grant_listener_takes_no_new_slot_until_it_is_back_and_t
     assert isinstance(slot, Slot)
     await waiter.release(slot, 0.0)
     assert waiter.supervisor.required_down() == []
+
+
+async def test_a_grant_whose_blmpop_reply_was_lost_is_delivered_and_kept(replicas, monkeypatch):
+    waiter = replicas.make("r1", Supervisor(backoff=Backoff(first_s=0.01)))
+    real_blmpop, lost = waiter._listener.blmpop, []
+    fail_next = asyncio.Event()
+
+    async def blmpop(*args: Any, **kwargs: Any) -> Any:
+        if fail_next.is_set():  # a failure that pops nothing: what is held must not come again
+            fail_next.clear()
+            raise RedisConnectionError("injected: the connection broke")
+        popped = await real_blmpop(*args, **kwargs)
+        if popped and not lost:
+            lost.append(popped)
+            raise RedisConnectionError("injected: the connection broke with the reply on the way")
+        return popped
+
+    real_run, recoveries = waiter._run, []
+
+    async def run(script: str, state: Any, args: dict[str, Any]) -> Any:
+        recoveries.extend([script] if script == "recover" else [])
+        return await real_run(script, state, args)
+
+    monkeypatch.setattr(waiter._listener, "blmpop", blmpop)
+    monkeypatch.setattr(waiter, "_run", run)  # before the loops start: they hold what they run
+    await waiter.start()
+    replicas.started.append(waiter)
+    holder = await replicas.start("r2", Supervisor())
+    taken = await offer(holder)
+    assert isinstance(taken, Granted)
+    queued = await offer(waiter)  # it may wait 5 s: far longer than a lease lapses unrenewed (TTL_S)
+    assert isinstance(queued, Queued)
+    await holder.release(taken.slot, 0.0)  # r1's ticket is granted, through its list
+    slot = await asyncio.wait_for(queued.ticket.wakeup, 2)
+    assert isinstance(slot, Slot) and lost, "delivered after the pop that lost it"
+    state = waiter._models[MODEL]
+    # Held, it is renewed like any lease in use: still counted well past its TTL, so nobody else
+    # gets the slot while this request runs on it.
+    fail_next.set()
+    await eventually(lambda: len(recoveries) == 2, what="a second recovery, with the grant held")
+    deadline = time.monotonic() + 2 * TTL_S
+    while time.monotonic() < deadline:
+        assert await lease_expiry(replicas, slot.lease) is not None, "the lease lapsed"
+        assert isinstance(await offer(holder), Unavailable | Queued), "the slot was handed out twice"
+        await asyncio.sleep(0.1)
+    assert list(state.held) == [slot.lease] and slot.backend.inflight == 1, "delivered twice"
+    await waiter.release(slot, 0.0)
 
 
 async def test_the_failover_probe_restarts_after_a_crash_and_rejoins(replicas, monkeypatch):

@@ -46,6 +46,8 @@
 --   <tag>:grants:<r>        list  grants for replica r: JSON {t: [ticket ids], l: lease, u: url, c: cost, b: band},
 --                                 or a displaced ticket: {d: ticket id, o: 1 when overdue, else at the cap}
 --   <tag>:held:<r>          set   leases held by replica r
+--   <tag>:posted            hash  lease id -> the grant pushed onto its replica's list, until the lease
+--                                 is freed (recover.lua: a grant popped by a BLMPOP whose reply was lost)
 --   <tag>:waiting:<r>       set   tickets queued by replica r
 -- Time is Redis's own (TIME), so every replica orders and expires by the same clock; a test may
 -- pass its own as A.now.
@@ -329,6 +331,7 @@ local function free_lease(lease)
   end
   redis.call('HDEL', tag .. ':lease', lease)
   redis.call('HDEL', tag .. ':bound', lease)
+  redis.call('HDEL', tag .. ':posted', lease)
   redis.call('ZREM', tag .. ':started', lease)
   redis.call('ZREM', tag .. ':leases', lease)
   redis.call('SREM', tag .. ':held:' .. replica, lease)
@@ -677,6 +680,7 @@ local function dispatch(nbands, backends, ttl, now, drain_sample, caller)
       mine[#mine + 1] = grant
     else
       redis.call('RPUSH', tag .. ':grants:' .. info.r, grant)
+      redis.call('HSET', tag .. ':posted', lease, grant)
     end
     granted = granted + 1
     redis.call('HINCRBY', tag .. ':stats', 'handovers', 1)

@@ -3,7 +3,8 @@
 Every `interval_ms` the measured arrival rate (the store's, so global with Redis), service time
 and its variability go to the planner (policies.capacity through policies.scaling_hint), with the
 configured target wait and utilization ceiling; replicas have the slots of the model's backends.
-The answer is exported as `gateway_desired_replicas{model}`, stabilized against flapping, beside
+The answer is exported as `gateway_desired_replicas{model}`, stabilized against flapping (absent
+until the slots of one of the model's backends have been known), beside
 the inputs an operator checks it against: `gateway_arrival_rate{model}` and
 `gateway_utilization{model}`.
 """
@@ -33,7 +34,10 @@ from policies.scaling_hint import desired_replicas, stabilized
 class _ModelHint:
     arrival_rate: float = 0.0
     utilization: float = 0.0
-    desired: int = 1
+    desired: int | None = None
+    """None until a backend's slots are known: no answer, rather than a guess an autoscaler acts on."""
+    slots_per_replica: int = 0
+    """As last known: pods that all left (scaled to zero, or not resolving) do not make it unknown."""
     history: deque[tuple[float, int]] = field(default_factory=deque)
 
 
@@ -78,15 +82,14 @@ class ScalingHints(Collector):
             hint.arrival_rate = ewma_in_time(
                 None if first else hint.arrival_rate, instant, elapsed_s, self._config.window_s
             )
-            known = [b.known_slots for b in pool.backends if b.known_slots > 0]
             total_slots = sum(b.max_concurrency for b in pool.backends if b.ready)
             hint.utilization = hint.arrival_rate * flow.service_time_s / total_slots if total_slots else 0.0
+            if known := [b.known_slots for b in pool.backends if b.known_slots > 0]:
+                hint.slots_per_replica = round(sum(known) / len(known))
+            if not hint.slots_per_replica:
+                continue  # a Triton's slots not read yet: an HPA holds while the metric is absent
             answer = desired_replicas(
-                hint.arrival_rate,
-                flow.service_time_s,
-                flow.service_cv,
-                round(sum(known) / len(known)) if known else 0,
-                self._targets,
+                hint.arrival_rate, flow.service_time_s, flow.service_cv, hint.slots_per_replica, self._targets
             )
             hint.history.append((now, answer))
             while hint.history and now - hint.history[0][0] > self._config.scale_down_window_s:
@@ -111,7 +114,8 @@ class ScalingHints(Collector):
             labels=["model"],
         )
         for name, hint in self._hints.items():
-            desired.add_metric([name], hint.desired)
+            if hint.desired is not None:
+                desired.add_metric([name], hint.desired)
             arrivals.add_metric([name], hint.arrival_rate)
             utilization.add_metric([name], hint.utilization)
         yield from (desired, arrivals, utilization)

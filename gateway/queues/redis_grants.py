@@ -59,6 +59,9 @@ class ModelState:
         """Leases held for the fallback store's work after a rejoin (lease id -> backend url)."""
         self.beat_sent_at: float | None = None
         """When the last beat (or join) that Redis answered was sent, on the local clock."""
+        self.beat_share: dict[str, int] = {}
+        """Backend url -> the fallback share that beat recorded: how many of this replica's leases
+        there Redis holds for its fallback once it is absent (the limit may have moved since)."""
         self.refused_locally = [0.0] * bands
         """Work refused from a fresh view without a round trip, counted with the next script."""
         self._pending: dict[str, _Pending] = {}

@@ -59,8 +59,8 @@ class Holding:
     slots: tuple[Slot, ...]
     """The slots of its requests."""
     leases: dict[str, int]
-    """Backend url -> its leases there for work: its requests' and those reserved for its
-    fallback's (in_use and reserved of ModelState)."""
+    """Backend url -> its leases there for work (its requests' and those reserved for its
+    fallback's: in_use and reserved of ModelState), at most the share its last beat recorded."""
     serve_until: float
     """Until when, on the local clock, it may start work on them from a fallback: the others hold
     its leases that long after its last beat (-inf: it never joined)."""
@@ -90,7 +90,9 @@ class Presence:
     def holding(self, state: ModelState) -> Holding:
         sent_at = state.beat_sent_at
         until = float("-inf") if sent_at is None else sent_at + self.fallback_max_s
-        return Holding(tuple(state.in_use()), state.leases_in_use(), until)
+        # Within the share Redis recorded at the last beat: a limit raised since is not held for it.
+        leases = {url: min(n, state.beat_share.get(url, 0)) for url, n in state.leases_in_use().items()}
+        return Holding(tuple(state.in_use()), leases, until)
 
     async def join(self, state: ModelState, reserve: dict[str, int]) -> None:
         """Join or rejoin (lua/rejoin.lua); `reserve`: backend url -> slots the fallback store may
@@ -124,7 +126,7 @@ class Presence:
         # The script grants the reserved leases in the order of `reserve`, each entry's n in turn.
         urls = [share["u"] for share in args["reserve"] for _ in range(share["n"])]
         state.reserved = dict(zip(as_list(reply["reserved"]), urls, strict=True))
-        state.beat_sent_at = sent_at
+        state.beat_sent_at, state.beat_share = sent_at, shares(args)
 
     async def beat(self, state: ModelState) -> None:
         """Stay live and renew the leases still in use; ReplicaAbsent when the heartbeat lapsed."""
@@ -138,7 +140,7 @@ class Presence:
         }
         if (await self._run("heartbeat", state, args))["absent"]:
             raise ReplicaAbsent(f"model {state.pool.name}: this replica's heartbeat lapsed")
-        state.beat_sent_at = sent_at
+        state.beat_sent_at, state.beat_share = sent_at, shares(args)
 
     def _hold_args(self, state: ModelState) -> dict[str, Any]:
         """How long Redis is to hold this replica's leases once it is absent, and how many of them
@@ -174,3 +176,8 @@ class Presence:
                 reply["expired"],
                 reply["granted"],
             )
+
+
+def shares(args: dict[str, Any]) -> dict[str, int]:
+    """Backend url -> the fallback share a beat's (or join's) arguments record."""
+    return {entry["u"]: entry["n"] for entry in args["share"]}

@@ -7,6 +7,7 @@ Redis store does on a failed command."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -18,7 +19,7 @@ from gateway.queues.memory import MemoryQueue
 from gateway.settings import Estimation
 from policies.outcomes import Outcome
 from tests.contract.conftest import MODEL
-from tests.contract.redis_cluster import Cluster, pool
+from tests.contract.redis_cluster import SLOTS, Cluster, pool
 from tests.eventually import eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -74,6 +75,23 @@ async def test_a_cut_off_replica_serves_from_its_fallback_only_on_the_slots_it_h
     assert isinstance(granted, Slot) and not granted.lease, "the fallback reuses the slot it held"
     assert isinstance(await cut_off.offer(), Queued), "and no more than that one"
     assert await cluster.slots_in_use() == 1, "its lease stays counted while it is cut off"
+
+
+async def test_the_fallback_uses_no_more_than_the_share_redis_holds_for_it(cluster, cut_off):
+    first, second = await cut_off.take(), await cut_off.take()  # its share of 2
+    state = cut_off.redis._models[MODEL]
+    backend = state.pool.backends[0]
+    backend.max_concurrency = SLOTS // 2  # the limit lowered (auto concurrency, a circuit): a share of 1
+    await cut_off.redis._keep_up(state)
+    hold = json.loads(await cluster.client.hget(f"{cluster.tag}:hold", "a"))
+    assert hold["s"] == {backend.url: 1}, "Redis holds one of its leases for its fallback"
+    backend.max_concurrency = SLOTS  # raised again before the next beat
+    cut_off.store.redis_failed(RedisError("injected: the link to Redis is cut"))
+    await cut_off.store.release(first, cut_off.now)
+    await cut_off.store.release(second, cut_off.now)
+    assert isinstance(await cut_off.offer(), Granted)
+    # A second would run on a lease the others take back at its bound, while this one serves on.
+    assert isinstance(await cut_off.offer(), Queued)
 
 
 async def test_a_replica_that_holds_nothing_serves_nothing_from_its_fallback(cluster, cut_off):

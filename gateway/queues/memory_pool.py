@@ -148,6 +148,7 @@ class ModelQueue:
         current = {b: self.capacity_of.get(b) or Capacity(b, self.slot_divisor) for b in self.pool.backends}
         for backend, capacity in current.items():
             capacity.limit = None if self.limits is None else self.limits.get(backend.url, 0)
+            capacity.departed = False  # one that left and came back (endpoint discovery) with its count
         for backend, capacity in self.capacity_of.items():
             if backend not in current and capacity.inflight:
                 capacity.departed = True

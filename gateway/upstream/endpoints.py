@@ -63,6 +63,9 @@ class EndpointDiscovery:
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._resolve = resolve
+        self._departed: dict[tuple[str, str], BackendState] = {}
+        """Backends that left the name while requests ran on them: back before those end, they
+        are the same server, and they come back as the same backend (with its slots in use)."""
 
     async def refresh_all(self) -> None:
         await asyncio.gather(*(self._refresh(*template) for template in self._templates))
@@ -91,7 +94,8 @@ class EndpointDiscovery:
         same_host = template.metrics_url and urlsplit(template.metrics_url).hostname == parts.hostname
         mine = {b.url: b for b in pool.backends if b.origin == template.url}
         added = [
-            BackendState.from_settings(
+            self._departed.pop((pool.name, url), None)
+            or BackendState.from_settings(
                 model,
                 template.model_copy(
                     update={
@@ -107,6 +111,8 @@ class EndpointDiscovery:
             if url not in mine
         ]
         gone = [backend for url, backend in mine.items() if url not in wanted]
+        self._departed |= {(pool.name, backend.url): backend for backend in gone}
+        self._departed = {key: backend for key, backend in self._departed.items() if backend.inflight > 0}
         if not added and not gone:
             return
         pool.backends = [b for b in pool.backends if b not in gone] + added

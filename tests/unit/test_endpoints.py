@@ -5,7 +5,7 @@ import asyncio
 import anyio
 import pytest
 
-from gateway.queues.base import Flow
+from gateway.queues.base import Flow, Queued
 from gateway.queues.memory import MemoryQueue
 from gateway.settings import Estimation, parse_settings
 from gateway.upstream.backends import ModelPool
@@ -135,3 +135,35 @@ async def test_a_departed_backend_keeps_its_slot_count_until_its_requests_end():
     await store.release(held, now=1.0)
     assert held.backend.inflight == 0
     assert store.stats("m").free_slots == 1
+
+
+async def test_an_address_back_while_its_requests_run_is_the_same_backend_with_its_slots_in_use():
+    settings = settings_with({"url": "http://pods:8000", "discover": "dns", "max_concurrency": 1})
+    pool = ModelPool.from_settings(settings.models[0])
+    addresses = ["10.0.0.1", "10.0.0.2"]
+
+    async def resolve(host, port):
+        return list(addresses)
+
+    store = MemoryQueue([pool], 1, Estimation())
+    discovery = EndpointDiscovery(
+        [pool], settings.models, store.backends_changed, interval_s=1, timeout_s=1, resolve=resolve
+    )
+    await discovery.refresh_all()
+    for backend in pool.backends:
+        backend.ready = True
+    store.backends_changed("m")
+    held = [(await store.offer(Flow("m", 0), 1.0, 10.0, 100, now=0.0)).slot for _ in range(2)]
+    addresses[:] = ["10.0.0.2"]  # 10.0.0.1 fails one readiness probe: out of the endpoints
+    await discovery.refresh_all()
+    addresses[:] = ["10.0.0.1", "10.0.0.2"]  # and back, its request still running
+    await discovery.refresh_all()
+    for backend in pool.backends:
+        backend.ready = True
+    store.backends_changed("m")
+    assert isinstance(await store.offer(Flow("m", 0), 1.0, 10.0, 100, now=0.0), Queued), (
+        "each server runs one request already"
+    )
+    for slot in held:
+        await store.release(slot, now=1.0)
+    assert store.stats("m").free_slots == 1  # the queued request took the first one back

@@ -22,8 +22,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.flow.controller import AdmissionController, Lease, Refusal
+from gateway.flow.controller import AdmissionController
 from gateway.flow.drain import DRAINING_RETRY_S, Drain
+from gateway.flow.verdicts import Lease, Refusal
 from gateway.queues.base import STORE_PROBE_INTERVAL_S, Batching, Flow, Slot
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import ModelPool
@@ -187,9 +188,7 @@ class AdmittedCall:
                     raise
                 refusal = Refusal(Outcome.DRAINING, DRAINING_RETRY_S)  # cut by the drain while queued
             else:
-                if isinstance(lease, Lease):
-                    if self._slot is None:  # granted at the offer, without a wait: no hook ran
-                        self._granted(lease.slot)
+                if isinstance(lease, Lease):  # its hook ran, at the grant or at once (see acquire)
                     outcome = Outcome.CLIENT_DISCONNECTED  # unless the relay returns: nobody was answered
                     try:
                         outcome = await self._ingress.answer(lease)

@@ -11,10 +11,10 @@ anything else that dispatches (a release, an offer of another flow) may take it 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from gateway.queues.base import Batching, Flow, RequestQueue, Ticket
+from gateway.queues.base import Batching, Flow, Granted, Offer, Queued, RequestQueue, Ticket
 from policies.batching import BatchLimits, FormingBatch, hold_s
 
 
@@ -33,6 +33,8 @@ class BatchHolds:
         self._store = store
         self._clock = clock
         self._forming: dict[tuple[Flow, str], _Forming] = {}
+        self._let_go_by_offer: set[tuple[Flow, str]] = set()
+        """Batches let go for an arrival's offer to take: one it refuses dispatches nothing."""
 
     def decide(
         self, flow: Flow, batching: Batching, cost: float, leave_by: float, free_slots: int
@@ -52,9 +54,25 @@ class BatchHolds:
         wait_s = hold_s(limits, batch)
         if wait_s <= 0:
             if forming is not None:
-                self._let_go(flow, batching.key)  # this offer's dispatch takes it
+                self._let_go(flow, batching.key)  # this offer's dispatch takes it (see `offering`)
+                self._let_go_by_offer.add((flow, batching.key))
             return batching
         return replace(batching, hold=True)
+
+    async def offering(self, flow: Flow, batching: Batching, offer: Awaitable[Offer]) -> Offer:
+        """Make the offer of an arrival `decide` was asked about. If `decide` let a held batch go
+        for it and it dispatches nothing (refused, or failed), the batch's timer is cancelled: it is
+        dispatched now."""
+        let_go = (flow, batching.key) in self._let_go_by_offer
+        self._let_go_by_offer.discard((flow, batching.key))
+        dispatched = False
+        try:
+            made = await offer
+            dispatched = isinstance(made, Granted | Queued)
+            return made
+        finally:
+            if let_go and not dispatched:
+                self._store.dispatch_held(flow.model)
 
     def held(self, ticket: Ticket, batching: Batching, leave_by: float) -> None:
         """`ticket` was queued held: it joins its batch (or starts one), which leaves by its wait's end."""

@@ -14,7 +14,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Protocol
 
@@ -24,6 +24,7 @@ from gateway.flow.predictions import Predictions
 from gateway.flow.queued_bytes import QueuedBytes
 from gateway.flow.quota_waits import QuotaWaits
 from gateway.flow.retry_spreads import ReturnSchedules
+from gateway.flow.verdicts import Lease, Refusal
 from gateway.flow.windows import WindowClock
 from gateway.queues.base import Batching, Flow, Full, Granted, Queued, RequestQueue, Slot, Ticket, Unavailable
 from gateway.settings import PriorityClass
@@ -48,24 +49,6 @@ from policies.wait import QueueStats, Throughput
 _DEFAULT_ADMISSION = AdmissionConfig()
 BUDGET_RULE = "X-Request-Timeout-Ms"
 """The rule a refusal names when the client's own budget was what could not be met."""
-
-
-@dataclass(slots=True, eq=False)
-class Lease:
-    slot: Slot
-    queue_wait_s: float
-    batch_wait_s: float | None = None
-    """Of a request its model may batch: the part of its wait spent held for companions while a
-    slot was free (its whole wait when it was held, else 0)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    outcome: Outcome
-    retry_after_s: float | None = None
-    detail: str | None = None
-    rule: str | None = None
-    """The setting or header that caused the refusal (gateway.errors shows it)."""
 
 
 class SignalView(Protocol):
@@ -139,7 +122,8 @@ class AdmissionController:
 
         `until_disconnect` is called once the request is queued (not when it is refused or
         granted at once) and awaited while it waits: it returns when the client goes away.
-        `on_grant` runs inside the store's grant when a queued request gets its slot (see Ticket).
+        `on_grant` runs inside the store's grant when a queued request gets its slot (see Ticket),
+        and before anything else when it gets one at the offer.
         `body_bytes` (its body, held in this replica) counts against the queued-bytes bound until
         it leaves the queue.
         """
@@ -163,7 +147,7 @@ class AdmissionController:
         if body_bytes and (excess := self._queued_bytes.hold(model, body_bytes)) > 0:
             # No room to queue its body; a slot free this moment it may still take (a limit of no
             # work ahead), since bodies count only while they wait.
-            now = await self._slot_now(flow, cost, arrived_at, batching)
+            now = await self._slot_now(flow, cost, arrived_at, batching, on_grant)
             return self._too_many_bytes(model, request, throughput, excess) if now is None else now
         try:
             return await self._queue(
@@ -198,12 +182,12 @@ class AdmissionController:
         leave_by = arrived_at + allowed_s - throughput.service_time_s
         if batching is not None and batching.max_delay_s > 0:
             batching = self._holds.decide(flow, batching, cost, leave_by, stats.free_for(band))
-        offer = await self._store.offer(
+        offering = self._store.offer(
             flow, cost, allowed_s, limit - external if limit >= 0 else limit, arrived_at, batching, on_grant
         )
+        offer = await (offering if batching is None else self._holds.offering(flow, batching, offering))
         if isinstance(offer, Granted):
-            self._metrics.observe_queue_wait(model, self._class_names[band], 0.0)
-            return Lease(offer.slot, 0.0)
+            return self._granted_now(offer.slot, flow, on_grant)
         if isinstance(offer, Full):
             stats = replace(offer.stats, external_waiting=external) if external else offer.stats
             if offer.at_cap:
@@ -216,12 +200,16 @@ class AdmissionController:
         if isinstance(offer, Unavailable):
             return Refusal(Outcome.STORE_UNAVAILABLE, offer.retry_after_s)
 
-        if batching is not None and batching.hold:
-            self._holds.held(offer.ticket, batching, leave_by)
         class_name = self._class_names[band]
-        self._metrics.count_admitted_into_queue(model, class_name)
-        observe = partial(self._metrics.observe_predicted_wait, model, class_name)
-        predictions.sample_wait(band, stats, throughput, arrived_at, confidence, observe)
+        try:  # whatever raises, no ticket stays queued for a caller that is gone
+            if batching is not None and batching.hold:
+                self._holds.held(offer.ticket, batching, leave_by)
+            self._metrics.count_admitted_into_queue(model, class_name)
+            observe = partial(self._metrics.observe_predicted_wait, model, class_name)
+            predictions.sample_wait(band, stats, throughput, arrived_at, confidence, observe)
+        except BaseException:
+            await self._store.withdraw(offer.ticket, Outcome.CLIENT_DISCONNECTED)
+            raise
         result = await self._wait(offer.ticket, allowed_s, until_disconnect)
         waited_s = self._clock() - arrived_at
         # A request displaced as overdue was admitted on a wait it would not have had: a miss, as
@@ -247,16 +235,28 @@ class AdmissionController:
         return Refusal(result)
 
     async def _slot_now(
-        self, flow: Flow, cost: float, arrived_at: float, batching: Batching | None
+        self,
+        flow: Flow,
+        cost: float,
+        arrived_at: float,
+        batching: Batching | None,
+        on_grant: Callable[[Slot], None] | None,
     ) -> Lease | None:
         """A slot free this moment, or None: the offer's limit of no work ahead keeps it from queuing."""
         offer = await self._store.offer(flow, cost, 0.0, 0.0, arrived_at, batching)
         if isinstance(offer, Granted):
-            self._metrics.observe_queue_wait(flow.model, self._class_names[flow.band], 0.0)
-            return Lease(offer.slot, 0.0)
+            return self._granted_now(offer.slot, flow, on_grant)
         if isinstance(offer, Queued):  # not for a limit of 0, unless a store rounds it differently
             await self._store.withdraw(offer.ticket, Outcome.QUEUE_FULL)
         return None
+
+    def _granted_now(self, slot: Slot, flow: Flow, on_grant: Callable[[Slot], None] | None) -> Lease:
+        """A slot granted at the offer: its hook runs first, as a queued one's does in the grant, so
+        that the caller holds the slot before anything else here may raise."""
+        if on_grant is not None:
+            on_grant(slot)
+        self._metrics.observe_queue_wait(flow.model, self._class_names[flow.band], 0.0)
+        return Lease(slot, 0.0)
 
     async def release(self, lease: Lease, service_s: float | None = None) -> None:
         """Give the slot back (idempotent); `service_s` feeds the service-time estimate."""

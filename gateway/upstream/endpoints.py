@@ -93,8 +93,11 @@ class EndpointDiscovery:
         # The metrics endpoint follows the pod when it is named by the same host.
         same_host = template.metrics_url and urlsplit(template.metrics_url).hostname == parts.hostname
         mine = {b.url: b for b in pool.backends if b.origin == template.url}
+        back = {
+            url: self._departed.pop((pool.name, url)) for url in wanted if (pool.name, url) in self._departed
+        }
         added = [
-            self._departed.pop((pool.name, url), None)
+            back.get(url)
             or BackendState.from_settings(
                 model,
                 template.model_copy(

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.flow.controller import AdmissionController, Lease, Refusal
-from gateway.queues.base import Flow
+from gateway.queues.base import Batching, Flow
 from gateway.settings import PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.admission import AdmissionConfig
@@ -234,3 +234,24 @@ async def test_a_failing_grant_hook_neither_breaks_dispatch_nor_loses_the_slot(m
     await controller.release(lease)
     assert sut.backend().inflight == 0
     assert sut.store.stats(MODEL).free_slots == 1
+
+
+async def test_a_held_batch_let_go_for_an_arrival_that_is_refused_still_gets_the_free_slot(make_store):
+    sut = await make_store(slots=(1,), bands=1, cap=2.0)
+    controller = AdmissionController(
+        sut.store,
+        [PriorityClass(name="low", max_wait_ms=2000)],
+        GatewayMetrics(CollectorRegistry()),
+        admission=AdmissionConfig(safety_sigmas=0.0, retry=RetryAfterConfig(jitter=0.0)),
+    )
+    flow = Flow(MODEL, 0)
+    # At most 3 items a batch, held up to 50 ms for companions while the slot is free.
+    first = asyncio.ensure_future(controller.acquire(flow, 1.0, None, never, None, Batching("k", 3.0, 0.05)))
+    await eventually(lambda: queued(sut) == (1,), what="the first request held for companions")
+    # Two more items fill the batch: it leaves now, with this arrival... which the queue's cap refuses.
+    refused = await controller.acquire(flow, 2.0, None, never, None, Batching("k", 3.0, 0.05))
+    assert isinstance(refused, Refusal) and refused.outcome is Outcome.QUEUE_FULL
+    # The held request is not left beside the free slot until its deadline (2 s).
+    lease = await asyncio.wait_for(first, 1.0)
+    assert isinstance(lease, Lease)
+    await controller.release(lease)

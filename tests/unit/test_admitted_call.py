@@ -76,11 +76,11 @@ class Ingress:
 
 
 class Rig:
-    def __init__(self, slots: int = 1, max_wait_ms: int = 5000) -> None:
+    def __init__(self, slots: int = 1, max_wait_ms: int = 5000, metrics_class: type = GatewayMetrics) -> None:
         self.pool = ModelPool("m", [BackendState("m", "http://127.0.0.1:9", slots, "/", ready=True)], 0.04)
         self.store = MemoryQueue([self.pool], 1, Estimation())
         self.registry = CollectorRegistry()
-        metrics = GatewayMetrics(self.registry)
+        self.metrics = metrics = metrics_class(self.registry)
         controller = AdmissionController(
             self.store, [PriorityClass(name="low", max_wait_ms=max_wait_ms)], metrics
         )
@@ -125,6 +125,61 @@ async def test_an_ingress_that_raises_still_counts_once_and_leaks_nothing():
     work.finish()
     assert rig.free == 1
     assert rig.counted(Outcome.CLIENT_DISCONNECTED) == 1
+
+
+class RaisingWork(Work):
+    def start_at_grant(self, slot: Slot) -> None:
+        raise RuntimeError("the hook failed (a metrics call, a serialization)")
+
+
+class BrokenMetrics(GatewayMetrics):
+    """Metrics whose `broken` call raises: a bug in them must cost no slot."""
+
+    broken = ""
+
+    def observe_queue_wait(self, *args: object) -> None:
+        self._maybe_break("observe_queue_wait")
+        super().observe_queue_wait(*args)  # type: ignore[arg-type]
+
+    def count_admitted_into_queue(self, *args: object) -> None:
+        self._maybe_break("count_admitted_into_queue")
+        super().count_admitted_into_queue(*args)  # type: ignore[arg-type]
+
+    def _maybe_break(self, name: str) -> None:
+        if self.broken == name:
+            raise RuntimeError(f"{name} broke")
+
+
+async def test_a_hook_that_raises_at_a_grant_at_the_offer_costs_no_slot():
+    rig = Rig()
+    with pytest.raises(RuntimeError):
+        await rig.call(RaisingWork(), Ingress(answers(Outcome.OK))).run()
+    assert (rig.free, rig.pool.backends[0].inflight) == (1, 0)
+    assert rig.counted(Outcome.CLIENT_DISCONNECTED) == 1
+
+
+async def test_metrics_that_raise_after_a_grant_at_the_offer_cost_no_slot():
+    rig = Rig(metrics_class=BrokenMetrics)
+    rig.metrics.broken = "observe_queue_wait"
+    work = Work()
+    with pytest.raises(RuntimeError):
+        await rig.call(work, Ingress(answers(Outcome.OK))).run()
+    work.finish()  # it was started: its slot comes back when the backend is done
+    assert (rig.free, rig.pool.backends[0].inflight) == (1, 0)
+
+
+async def test_metrics_that_raise_once_queued_leave_no_ticket_for_nobody():
+    rig = Rig(metrics_class=BrokenMetrics)
+    first = Work()
+    await rig.call(first, Ingress(answers(Outcome.OK))).run()  # holds the only slot
+    rig.metrics.broken = "count_admitted_into_queue"
+    orphan = Work(starts=False)
+    with pytest.raises(RuntimeError):
+        await rig.call(orphan, Ingress(answers(Outcome.OK))).run()
+    rig.metrics.broken = ""
+    assert rig.store.stats("m").queued_by_band == (0,)
+    first.finish()  # the slot would go to the ticket of a call that is gone, and stay there
+    assert (rig.free, rig.pool.backends[0].inflight) == (1, 0)
 
 
 async def test_a_slot_no_work_was_started_on_goes_back_at_once():

@@ -206,9 +206,11 @@ class MemoryQueue:
     def refuse_waiting(self, model: str, outcome: Outcome) -> None:
         """End every wait for `model` with `outcome`."""
         queue = self._models[model]
-        while tickets := queue.pop_next():
-            for ticket in tickets:
-                ticket.interrupt(outcome)
+        # Every live ticket, not the dispatch order's: that stops where reservations or quotas
+        # hold a band back, which is every band once no slot is free.
+        for ticket in list(queue.live):
+            queue.remove(ticket)
+            ticket.interrupt(outcome)
         queue.wake_if_idle()
 
     def reservation(self, model: str) -> dict[str, int]:

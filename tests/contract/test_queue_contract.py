@@ -7,6 +7,7 @@ import pytest
 
 from gateway.queues.base import Flow, Full, Granted, Queued, Slot
 from policies.outcomes import Outcome
+from policies.quotas import Quota
 from tests.contract.conftest import MODEL
 from tests.eventually import eventually
 
@@ -182,6 +183,20 @@ async def test_no_ready_backend_fails_every_waiter(make_store):
     sut.store.backends_changed(MODEL)
     await sut.settle()
     assert [t.wakeup.result() for t in waiting] == [Outcome.NO_BACKEND] * 3
+    assert sut.store.stats(MODEL).queued_by_band == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "held_back", [{"reserved": (1, 0)}, {"quotas": {"a": Quota(nominal=1)}}], ids=["reservations", "quotas"]
+)
+async def test_no_ready_backend_fails_every_waiter_whatever_holds_its_band_back(make_store, held_back):
+    sut = await make_store(slots=(1,), **held_back)
+    await offer(sut, 0, tenant="a")
+    waiting = [(await offer(sut, band, tenant="a")).ticket for band in (0, 1)]
+    sut.backend().ready = False
+    sut.store.backends_changed(MODEL)
+    await sut.settle()
+    assert [t.wakeup.result() for t in waiting] == [Outcome.NO_BACKEND] * 2  # not left to expire
     assert sut.store.stats(MODEL).queued_by_band == (0, 0)
 
 

@@ -47,17 +47,27 @@ def lendable(inflight: Mapping[str, float], quotas: Mapping[str, Quota], capacit
     return unowned + unused
 
 
+def work_capacity(slots: int, work_per_slot: float, cost: float) -> float:
+    """The pool's capacity in cost units, for the part of it no quota covers: its `slots` times
+    the work a slot takes at a time (the measured mean per hand-over, `work_per_slot`), and never
+    less than `cost` a slot. Quotas count work (batch items, tokens), the pool counts slots; a
+    request takes one slot whatever it costs, so a request alone on a pool no owner waits for may
+    start, even before any work per slot has been measured."""
+    return slots * max(work_per_slot, cost)
+
+
 def may_start(
     tenant: str,
     cost: float,
     inflight: Mapping[str, float],
     quotas: Mapping[str, Quota],
-    capacity: float,
+    slots: int,
+    work_per_slot: float,
     owner_waiting: bool,
 ) -> bool:
     """Whether a request of `tenant` and `cost` may take a slot now, given the work each tenant has
-    in flight, the quotas, the pool's `capacity` and whether a tenant under its quota has work
-    queued (`owner_waiting`)."""
+    in flight, the quotas, the pool's `slots` and the work a slot takes (`work_capacity`), and
+    whether a tenant under its quota has work queued (`owner_waiting`)."""
     if not quotas:
         return True
     quota = quotas.get(tenant)
@@ -70,7 +80,7 @@ def may_start(
     if borrowed(tenant, after, quotas) > (quota.borrowing_limit if quota else math.inf):
         return False
     total_borrowed = sum(borrowed(name, after, quotas) for name in after)
-    return total_borrowed <= lendable(after, quotas, capacity)
+    return total_borrowed <= lendable(after, quotas, work_capacity(slots, work_per_slot, cost))
 
 
 def owner_waiting(

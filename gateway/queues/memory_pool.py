@@ -191,7 +191,8 @@ class ModelQueue:
         if not self.quotas:
             return True
         inflight = self.inflight_by_tenant()
-        return may_start(tenant, cost, inflight, self.quotas, self.total_slots, self._owner_waiting(inflight))
+        per_slot, waiting = self.estimates.handover_cost, self._owner_waiting(inflight)
+        return may_start(tenant, cost, inflight, self.quotas, self.total_slots, per_slot, waiting)
 
     def inflight_by_tenant(self) -> dict[str, float]:
         inflight: dict[str, float] = {}

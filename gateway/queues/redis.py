@@ -166,8 +166,7 @@ class RedisQueue:
         return self._models[model].view.stats
 
     def throughput(self, model: str, now: float) -> Throughput:
-        state = self._models[model]
-        view = state.view
+        view = (state := self._models[model]).view
         # The estimates run on Redis's clock: bring the local `now` onto it.
         return state.estimates.throughput(state.pool.total_slots, view.redis_now + (now - view.seen_at))
 
@@ -354,6 +353,7 @@ class RedisQueue:
             state.estimates.observe(view.counters, view.redis_now)
 
     async def _run(self, script: str, state: ModelState, args: dict[str, Any]) -> Any:
+        args["per_slot"] = state.estimates.handover_cost  # the work a slot takes, for quotas
         return await self._scripts.run(script, state.tag, state.pool, args)
 
     async def _publish_ready(self, state: ModelState) -> None:

@@ -274,8 +274,9 @@ class Tenant(Frozen):
     only_in: str | None = None
     """The name of a window outside which this tenant's requests are refused."""
     quota: float | None = Field(None, ge=0)
-    """Work in flight per model pool that is this tenant's own (1 per request until requests are
-    priced); none: it owns nothing and runs on what others lend and no quota covers."""
+    """Work in flight per model pool that is this tenant's own, in the model's cost units (requests,
+    batch items, tokens); none: it owns nothing and runs on what others lend and no quota covers
+    (the pool's slots times the mean work a slot takes)."""
     borrowing_limit: float | None = Field(None, ge=0)
     """The most work beyond its quota it may borrow (none: as much as is lendable)."""
     lending_limit: float | None = Field(None, ge=0)

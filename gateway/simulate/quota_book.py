@@ -18,7 +18,7 @@ class QuotaBook:
         """Whether a request of `tenant` and `cost` may take a slot now, given the (tenant, cost)
         of every queued flow's head (an owner among them under its quota stops new borrowing)."""
         waiting = owner_waiting(queued_heads, self.inflight, self.quotas)
-        return may_start(tenant, cost, self.inflight, self.quotas, self.capacity, waiting)
+        return may_start(tenant, cost, self.inflight, self.quotas, self.capacity, 1.0, waiting)
 
     def wait_s(self, tenant: str, cost: float, queued_ahead: float, service_time_s: float) -> float:
         """The wait the tenant's own capped quota gives a request (policies.quotas.quota_wait_s)."""

@@ -99,8 +99,10 @@ class BackfillMachine(RuleBasedStateMachine):
         if head is not None and not head.wakeup.done():
             # Not delayed by what backfilled while it was held: had its quota let it start on the
             # freed slot, it would have had it.
-            total = self.queue.total_slots
-            assert not may_start(head.flow.tenant, head.cost, inflight, QUOTAS, total, owner_waiting)
+            total, per_slot = self.queue.total_slots, self.queue.estimates.handover_cost
+            assert not may_start(
+                head.flow.tenant, head.cost, inflight, QUOTAS, total, per_slot, owner_waiting
+            )
 
     @precondition(lambda self: self.waiting)
     @rule(index=st.integers(0, 100))

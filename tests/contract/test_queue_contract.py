@@ -200,6 +200,13 @@ async def test_no_ready_backend_fails_every_waiter_whatever_holds_its_band_back(
     assert sut.store.stats(MODEL).queued_by_band == (0, 0)
 
 
+async def test_quotas_in_cost_units_let_a_costly_request_start_on_an_idle_pool(make_store):
+    # 8 batch items on a pool of 4 slots, with a quota of 1 item for another tenant.
+    sut = await make_store(slots=(4,), quotas={"a": Quota(nominal=1)})
+    assert isinstance(await offer(sut, 0, cost=8.0, tenant="b"), Granted)
+    assert isinstance(await offer(sut, 0, cost=8.0, tenant="a"), Granted)
+
+
 async def test_a_backend_turning_ready_takes_waiters(make_store):
     sut = await make_store(slots=(1, 2))
     sut.backend(1).ready = False

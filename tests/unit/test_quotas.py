@@ -12,20 +12,20 @@ QUOTAS = {"a": Quota(4), "b": Quota(4)}
 
 
 def test_without_quotas_nothing_is_held_back():
-    assert may_start("anyone", 100.0, {"anyone": 1e6}, {}, 8, owner_waiting=True)
+    assert may_start("anyone", 100.0, {"anyone": 1e6}, {}, 8, 1.0, owner_waiting=True)
 
 
 def test_within_its_quota_a_tenant_starts_even_while_an_owner_waits():
-    assert may_start("a", 1.0, {"a": 3.0, "b": 4.0}, QUOTAS, 8, owner_waiting=True)
+    assert may_start("a", 1.0, {"a": 3.0, "b": 4.0}, QUOTAS, 8, 1.0, owner_waiting=True)
 
 
 def test_beyond_it_a_tenant_borrows_what_another_leaves_unused():
-    assert may_start("a", 1.0, {"a": 4.0, "b": 1.0}, QUOTAS, 8, owner_waiting=False)
-    assert not may_start("a", 1.0, {"a": 7.0, "b": 1.0}, QUOTAS, 8, owner_waiting=False)
+    assert may_start("a", 1.0, {"a": 4.0, "b": 1.0}, QUOTAS, 8, 1.0, owner_waiting=False)
+    assert not may_start("a", 1.0, {"a": 7.0, "b": 1.0}, QUOTAS, 8, 1.0, owner_waiting=False)
 
 
 def test_no_new_borrowing_while_an_owner_under_its_quota_waits():
-    assert not may_start("a", 1.0, {"a": 4.0, "b": 1.0}, QUOTAS, 8, owner_waiting=True)
+    assert not may_start("a", 1.0, {"a": 4.0, "b": 1.0}, QUOTAS, 8, 1.0, owner_waiting=True)
 
 
 def test_an_owner_waits_when_a_queued_head_would_run_within_its_quota():
@@ -37,17 +37,17 @@ def test_an_owner_waits_when_a_queued_head_would_run_within_its_quota():
 
 def test_the_borrowing_and_lending_limits_cap_what_moves():
     capped = {"a": Quota(4, borrowing_limit=1), "b": Quota(4, lending_limit=2)}
-    assert may_start("a", 1.0, {"a": 4.0}, capped, 8, owner_waiting=False)
-    assert not may_start("a", 1.0, {"a": 5.0}, capped, 8, owner_waiting=False)  # borrows 2 > 1
+    assert may_start("a", 1.0, {"a": 4.0}, capped, 8, 1.0, owner_waiting=False)
+    assert not may_start("a", 1.0, {"a": 5.0}, capped, 8, 1.0, owner_waiting=False)  # borrows 2 > 1
     lent = {"a": Quota(4), "b": Quota(4, lending_limit=2)}
-    assert may_start("a", 1.0, {"a": 5.0}, lent, 8, owner_waiting=False)
-    assert not may_start("a", 1.0, {"a": 6.0}, lent, 8, owner_waiting=False)  # b lends 2 at most
+    assert may_start("a", 1.0, {"a": 5.0}, lent, 8, 1.0, owner_waiting=False)
+    assert not may_start("a", 1.0, {"a": 6.0}, lent, 8, 1.0, owner_waiting=False)  # b lends 2 at most
 
 
 def test_a_tenant_without_a_quota_runs_on_what_no_quota_covers():
     assert lendable({}, {"a": Quota(4)}, 6) == 6  # 2 no quota covers, and a's 4 unused
-    assert may_start("free", 1.0, {"a": 4.0, "free": 1.0}, {"a": Quota(4)}, 6, owner_waiting=False)
-    assert not may_start("free", 1.0, {"a": 4.0, "free": 2.0}, {"a": Quota(4)}, 6, owner_waiting=False)
+    assert may_start("free", 1.0, {"a": 4.0, "free": 1.0}, {"a": Quota(4)}, 6, 1.0, owner_waiting=False)
+    assert not may_start("free", 1.0, {"a": 4.0, "free": 2.0}, {"a": Quota(4)}, 6, 1.0, owner_waiting=False)
 
 
 tenants = st.sampled_from(["a", "b", "c"])
@@ -68,7 +68,7 @@ def test_granting_only_what_may_start_keeps_every_limit(quotas, arrivals, capaci
     for tenant in arrivals:
         if sum(inflight.values()) + 1 > capacity:
             break
-        if not may_start(tenant, 1.0, inflight, quotas, capacity, False):
+        if not may_start(tenant, 1.0, inflight, quotas, capacity, 1.0, False):
             continue
         owned = under_quota(tenant, 1.0, inflight, quotas)
         inflight[tenant] = inflight.get(tenant, 0.0) + 1
@@ -110,3 +110,12 @@ def test_quota_wait_grows_with_what_the_tenant_has_ahead(cost, inflight, ahead, 
     assert quota_wait_s("a", cost, ahead, {"a": inflight + 1}, quotas, service) >= wait
     if inflight + ahead + cost <= nominal + limit:
         assert wait == 0
+
+
+def test_a_request_costlier_than_the_pool_has_slots_starts_alone_on_an_idle_pool():
+    # Quotas count work (batch items, tokens), the pool counts slots: 8 items take one slot of 4.
+    assert may_start("b", 8.0, {}, {"a": Quota(1)}, 4, 1.0, owner_waiting=False)
+    assert may_start("a", 8.0, {}, {"a": Quota(1)}, 4, 1.0, owner_waiting=False)
+    # Measured at 8 items a slot, the pool holds 32, all of it lendable (31 unowned, and a's 1 unused).
+    assert may_start("b", 8.0, {"b": 24.0}, {"a": Quota(1)}, 4, 8.0, owner_waiting=False)
+    assert not may_start("b", 8.0, {"b": 32.0}, {"a": Quota(1)}, 4, 8.0, owner_waiting=False)

@@ -495,8 +495,9 @@ local function may_start(tenant, cost, backends, nbands)
   if owner_waiting(nbands, inflight) then return false end
   inflight[tenant] = running + cost
   if quota and quota.b and borrowed_of(tenant, inflight[tenant]) > quota.b then return false end
-  local capacity = free_slots(backends)
-  for _, n in ipairs(held_by_band(nbands)) do capacity = capacity + n end
+  local slots = free_slots(backends)
+  for _, n in ipairs(held_by_band(nbands)) do slots = slots + n end
+  local capacity = slots * math.max(A.per_slot or 1, cost)  -- policies.quotas.work_capacity
   local owned, unused = 0, 0
   for owner, q in pairs(A.quotas) do
     owned = owned + q.n

@@ -42,9 +42,9 @@ def first_shed_band(backlog: ClusterBacklog | None, limits: BacklogLimits, bands
     if backlog is None:
         return None
     level = severity(backlog, limits)
-    if level <= 1.0:
+    if not level > 1.0:  # NaN too: a reading that says nothing sheds nothing
         return None
-    shed = min(bands - 1, math.ceil(level - 1.0))
+    shed = bands - 1 if math.isinf(level) else min(bands - 1, math.ceil(level - 1.0))
     return bands - shed if shed > 0 else None
 
 

@@ -21,7 +21,7 @@ class ConfigError(Exception):
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 def http_url(value: str) -> str:

@@ -7,6 +7,7 @@ labels that split it (Triton's version and gpu_uuid, vLLM's engine, Kueue's repl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -36,7 +37,8 @@ class Exposition:
         return any(where(labels) for _, labels, _ in self.families.get(name, ()))
 
     def total(self, name: str, where: Callable[[Labels], bool] = lambda labels: True) -> float | None:
-        """The sum of a gauge's or counter's samples whose labels match; None if it is absent.
+        """The sum of a gauge's or counter's samples whose labels match; None if it is absent, or
+        if one of them is not a number (a NaN gauge says it does not know).
 
         Triton writes counters without `_total`, prometheus-client reads them back with it: both
         spellings are the family's values.
@@ -45,7 +47,8 @@ class Exposition:
         if samples is None:
             return None
         values = (name, name + "_total")
-        return sum(value for sample, labels, value in samples if sample in values and where(labels))
+        total = sum(value for sample, labels, value in samples if sample in values and where(labels))
+        return total if math.isfinite(total) else None
 
     def histogram_totals(
         self, name: str, where: Callable[[Labels], bool] = lambda labels: True
@@ -61,7 +64,7 @@ class Exposition:
                     total += value
                 elif sample == name + "_count":
                     count += value
-        return total, count
+        return (total, count) if math.isfinite(total + count) else None
 
     def buckets(self, name: str, where: Callable[[Labels], bool]) -> dict[float, float]:
         """A histogram's cumulative buckets by upper bound, summed over the matching series."""

@@ -81,3 +81,18 @@ def test_a_triton_page_without_the_model_says_nothing_of_it_rather_than_zero():
     )
     assert read_server(Exposition.parse(two), "c") is None
     assert read_server(Exposition.parse(two), "b").waiting == 2
+
+
+def test_a_gauge_that_is_not_a_number_is_no_reading_rather_than_nan():
+    page = (
+        "# TYPE nv_inference_pending_request_count gauge\n"
+        'nv_inference_pending_request_count{model="m",version="1"} NaN\n'
+        "# TYPE kueue_pending_workloads gauge\n"
+        'kueue_pending_workloads{cluster_queue="q",status="active"} +Inf\n'
+    )
+    exposition = Exposition.parse(page)
+    assert exposition.total("nv_inference_pending_request_count") is None
+    reading = read_server(exposition, "m")
+    assert reading is not None and reading.waiting == 0.0  # NaN would reach int() on every request
+    kueue = read_kueue(exposition, "q")
+    assert kueue is not None and kueue.pending_active == 0.0

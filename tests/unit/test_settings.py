@@ -100,3 +100,9 @@ def test_the_admin_listener_needs_a_port_of_its_own():
     same = config(listen={"port": 8080}, admin_listen={"port": 8080})
     assert problems(same) == ["admin_listen must use another port than listen"]
     assert parse_settings(config(listen={"port": 0}, admin_listen={"port": 0})).admin_listen is not None
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_a_number_that_is_not_finite_is_refused_with_its_path(value):
+    found = problems(config(priorities=[{"name": "low", "max_wait_ms": value}]))
+    assert found == ["priorities[0].max_wait_ms: Input should be a finite number"]

@@ -97,3 +97,8 @@ def test_quantile_stays_within_the_bounds(counts, q):
         assert value is None
     else:
         assert 0.0 <= value <= bounds[-1]
+
+
+def test_a_level_that_is_not_a_number_sheds_nothing_and_an_infinite_one_all_but_band_0():
+    assert first_shed_band(ClusterBacklog(math.nan, None), LIMITS, 3) is None
+    assert first_shed_band(ClusterBacklog(math.inf, None), LIMITS, 3) == 1

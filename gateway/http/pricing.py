@@ -14,6 +14,7 @@ judges its body.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -101,18 +102,23 @@ class UsageLearner:
             self._on_error(error)
 
 
+_DATA_FIELD = re.compile(rb"(?:^|[\r\n])data:")
+_LINE_END = re.compile(rb"[\r\n]")
+
+
 def usage_in(answer: bytes) -> tuple[float, float] | None:
     """(prompt_tokens, completion_tokens) from an OpenAI answer, or from the tail of its event
     stream (the last event that carries usage); None where it carries none."""
     at = answer.rfind(b'"usage"')
     if at < 0:
         return None
-    start = answer.rfind(b"data:", 0, at)
-    if start < 0:
+    # An event's data field starts a line; "data:" anywhere else is the text of a JSON answer.
+    fields = list(_DATA_FIELD.finditer(answer, 0, at))
+    if not fields:
         document = answer  # a whole JSON answer
     else:
-        end = answer.find(b"\n", at)
-        document = answer[start + len(b"data:") : end if end >= 0 else len(answer)]
+        end = _LINE_END.search(answer, at)
+        document = answer[fields[-1].end() : end.start() if end else len(answer)]
     try:
         usage = json.loads(document)["usage"]
         return float(usage["prompt_tokens"]), float(usage["completion_tokens"])

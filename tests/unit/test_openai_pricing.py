@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gateway.http.pricing import max_tokens_of, prompt_chars, usage_in
 
 
@@ -52,3 +54,21 @@ def test_usage_is_read_from_a_whole_answer_and_from_the_last_event_of_a_stream()
     assert usage_in(b'data: {"choices": []}\n\ndata: [DONE]\n\n') is None
     assert usage_in(b'{"usage": null}') is None
     assert usage_in(b"not json") is None
+
+
+@pytest.mark.parametrize("text", ["a data: URI", "data:image/png;base64,AAAA", "line one\ndata: two"])
+def test_an_answer_whose_text_says_data_is_still_read_whole(text):
+    answer = {
+        "choices": [{"message": {"content": text}}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 700},
+    }
+    assert usage_in(json.dumps(answer).encode()) == (12, 700)
+    assert usage_in(json.dumps(answer, indent=2).encode()) == (12, 700)
+
+
+def test_a_stream_with_carriage_returns_alone_is_read_to_the_end_of_its_line():
+    stream = (
+        b'data: {"choices": []}\r\r'
+        b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5}}\r\r'
+    )
+    assert usage_in(stream + b"data: [DONE]\r\r") == (3, 5)

@@ -241,7 +241,19 @@ class BatchRound:
         if not live:
             self._done(None)  # all left before it started: nothing was sent
             return
-        parts = [m.part for m in live]
+        try:
+            exchange = self._started(live)
+        except Exception:  # a loop callback: nobody else would answer the members or free the slot
+            log.exception("a batch of %d on %s could not start", len(live), slot.backend.url)
+            self._answer(live, [Failed(Outcome.UPSTREAM_ERROR)] * len(live))
+            if self._exchange is None or not self._exchange.close():
+                self._done(None)  # nothing was sent: no on_done will come
+            return
+        batches.run(self._relay(exchange, live))
+
+    def _started(self, live: list[BatchMember]) -> UpstreamExchange:
+        """The round's one exchange, for the merged request of `live`, started on the slot."""
+        batches, parts = self._batches, [m.part for m in live]
         body, header_length = merged(parts)
         template = live[0].request
         headers = [(k, v) for k, v in template.headers if k not in _SET_BY_THE_ROUND]
@@ -253,8 +265,8 @@ class BatchRound:
         exchange.on_done = self._done
         self.started_at = batches.clock()
         batches.metrics.observe_batch(self._pool.name, sum(p.rows for p in parts))
-        exchange.start_at_grant(slot)
-        batches.run(self._relay(exchange, live))
+        exchange.start_at_grant(self.slot)
+        return exchange
 
     async def _relay(self, exchange: UpstreamExchange, live: list[BatchMember]) -> None:
         parts = [m.part for m in live]
@@ -278,6 +290,10 @@ class BatchRound:
         except Exception:  # whatever it is, no member may be left waiting for an answer
             log.exception("a batch of %d on %s failed", len(live), self.slot.backend.url)
             results = [Failed(Outcome.UPSTREAM_ERROR)] * len(live)
+        self._answer(live, results)
+
+    @staticmethod
+    def _answer(live: list[BatchMember], results: list[Answered | Failed]) -> None:
         for member, result in zip(live, results, strict=True):
             if member.result is not None and not member.result.done():
                 member.result.set_result(result)

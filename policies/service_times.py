@@ -157,11 +157,13 @@ class ServiceTimes:
 
     @property
     def cv(self) -> float:
-        """The coefficient of variation (spread over mean); 0 when every service time was 0."""
+        """The coefficient of variation (spread over mean), the mean taken as at least FIRST_EDGE_S
+        as the pool readings take it: service times of about 0 (a backend that answers from a
+        cache, or at once with an error) leave a mean near 0 and no spread to speak of, not a cv in
+        the thousands that would make every reading expect hand-overs to come in rare clumps."""
         mean = self.mean_s
-        if mean <= 0:
-            return 0.0
-        return math.sqrt(max(0.0, self._sum_sq_s / self._weight - mean * mean)) / mean
+        spread = math.sqrt(max(0.0, self._sum_sq_s / self._weight - mean * mean))
+        return spread / max(mean, FIRST_EDGE_S)
 
     def cdf(self, t_s: float) -> float:
         """P(a service time <= t_s)."""

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies.handovers import PoolState, handovers_within
 from policies.service_times import BINS_PER_OCTAVE, EDGES, LONGEST_S, ServiceTimes
 
 BIN_RATIO = 2 ** (1 / BINS_PER_OCTAVE)
@@ -162,3 +163,12 @@ def test_a_residual_cdf_never_falls_and_stays_a_probability(prior_mean, memory, 
     values = [service.residual_cdf(age, within) for within in sorted(withins)]
     assert all(0.0 <= v <= 1.0 for v in values)
     assert values == sorted(values)
+
+
+def test_service_times_of_about_zero_do_not_read_as_rare_clumps_of_hand_overs():
+    times = ServiceTimes(prior_mean_s=0.05)
+    for _ in range(3000):
+        times.record(0.0)  # a backend that answers at once (from a cache, or with an error)
+    assert times.cv < 1.0  # not thousands: the pool readings would expect one hand-over in ages
+    pool = PoolState(ages_s=(0.0, 0.0), free_slots=0)
+    assert handovers_within(pool, times, 0.01, 0.977) > 50  # thousands a second, two slots

@@ -46,13 +46,19 @@ class Tags:
     """Where its flow's next request starts at the earliest."""
 
 
+TAG_COST_MAX = 1e9
+"""Costs above it count as it in virtual time. A client's claim (a batch of 1e20 items) would move
+the band's clock to where floats no longer tell costs of 1 apart: every tag after it would tie,
+and fair queuing would fall back to first come, first served for every flow of the band."""
+
+
 def tags(virtual_time: float, flow_finish: float, cost: float, weight: float) -> Tags:
     """The tags of a request of `cost` enqueued on a flow of `weight` (> 0) whose previous request
     finishes at `flow_finish`, in a band whose virtual time is `virtual_time`."""
     if not weight > 0:
         raise ValueError(f"a flow's weight must be > 0, got {weight}")
     start = max(virtual_time, flow_finish)
-    return Tags(start, start + max(cost, 0.0) / weight)
+    return Tags(start, start + min(max(cost, 0.0), TAG_COST_MAX) / weight)
 
 
 def virtual_time_after(virtual_time: float, handed_start: float) -> float:

@@ -2,6 +2,7 @@
 units, flows within a band, batch grants (one slot, several tickets of one flow), EDF ordering."""
 
 import asyncio
+import math
 import time
 
 import pytest
@@ -118,6 +119,18 @@ async def test_backlogged_flows_of_a_band_are_handed_work_by_weight(make_store):
     order = [t.flow.tenant for t in await granted_in_order(sut, slot, tickets)]
     # Start tags: a's 0, 1/3, 2/3, ..., 8/3; b's (cost 2) 0, 2, 4; ties go in arrival order.
     assert order == ["a", "b", "a", "a", "a", "a", "a", "a", "b", "a", "a", "b"]
+
+
+async def test_a_costly_claim_does_not_leave_fair_queuing_first_come_first_served(make_store):
+    sut = await make_store(slots=(1,))
+    slot = await take_the_slot(sut)
+    # A client claims a batch of 1e20 items (its backend will refuse it), then sends one more.
+    claims = [(await offer(sut, tenant="c", cost=cost, max_work=math.inf)).ticket for cost in (1e20, 1.0)]
+    slot = (await granted_in_order(sut, slot, claims))[-1].wakeup.result()
+    flood = [(await offer(sut, tenant="a")).ticket for _ in range(10)]
+    single = (await offer(sut, tenant="b")).ticket
+    order = await granted_in_order(sut, slot, [*flood, single])
+    assert order.index(single) <= 1, "b's one request is served within the fair-queuing bound"
 
 
 async def test_a_flow_back_from_idleness_starts_at_the_bands_virtual_time(make_store):
@@ -326,9 +339,10 @@ async def test_a_tenant_borrows_the_quota_another_leaves_unused_and_gives_it_bac
 
 
 async def test_a_withdrawn_head_its_quota_held_back_lets_what_is_behind_it_start(make_store):
-    # b (quota 1) may not borrow the 2 its first request needs; its second, of 1, fits its own
-    # quota but waits behind it. When the first leaves, the second starts on the idle slot.
-    sut = await make_store(slots=(2,), quotas={"a": Quota(2, borrowing_limit=0), "b": Quota(1)})
+    # b (quota 1, hard) may not borrow the 1 more its first request needs; its second, of 1, fits
+    # its own quota but waits behind it. When the first leaves, the second starts on the idle slot.
+    quotas = {"a": Quota(2, borrowing_limit=0), "b": Quota(1, borrowing_limit=0)}
+    sut = await make_store(slots=(2,), quotas=quotas)
     assert isinstance(await offer(sut, tenant="a", cost=2.0), Granted)
     held = (await offer(sut, tenant="b", cost=2.0)).ticket
     behind = (await offer(sut, tenant="b", cost=1.0)).ticket

@@ -243,7 +243,8 @@ local function fair_start(band, tenant, cost, weight)
   local virtual = tonumber(redis.call('GET', tag .. ':vt:' .. band)) or 0
   local finish = tonumber(redis.call('HGET', tag .. ':finish:' .. band, tenant)) or 0
   local start = math.max(virtual, finish)
-  redis.call('HSET', tag .. ':finish:' .. band, tenant, string.format('%.17g', start + math.max(cost, 0) / weight))
+  local counted = math.min(math.max(cost, 0), 1e9)  -- policies.fairness.TAG_COST_MAX
+  redis.call('HSET', tag .. ':finish:' .. band, tenant, string.format('%.17g', start + counted / weight))
   redis.call('HSET', tag .. ':fweight:' .. band, tenant, string.format('%.17g', weight))
   return start
 end

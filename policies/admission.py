@@ -240,6 +240,40 @@ def confident_wait_steps(
     return wait_steps(state, throughput.service_times, ahead / throughput.handover_cost + 1, confidence)
 
 
+@dataclass(frozen=True, slots=True)
+class PoolWait:
+    """The pool's confident wait (`confident_wait_s`) for `work` to drain, as read from its state."""
+
+    work: float
+    wait_s: float
+
+    def for_work(self, work: float, band_drain_per_s: float) -> float:
+        """The wait for `work` instead: the difference drains at the band's rate."""
+        return max(0.0, self.wait_s + (work - self.work) / band_drain_per_s)
+
+
+RESIDUAL_CV = 1.25
+"""Above it, a request in flight has clearly longer left to run than a new one takes: the mean
+residual life is mean x (1 + cv^2) / 2, 1.28 means at 1.25 (exponential times, cv 1, are measured
+a little either side of 1)."""
+
+
+def residual_beyond_mean(throughput: Throughput) -> bool:
+    """Whether service times vary clearly more than exponential ones (RESIDUAL_CV). Then the
+    requests running now, and their ages, tell more about the next hand-overs than the drain rate's
+    normal approximation does (an LLM pool whose long generations hold every slot)."""
+    return throughput.service_cv > RESIDUAL_CV and throughput.service_times is not None
+
+
+def pool_wait_steps(
+    stats: QueueStats, throughput: Throughput, band: int, now: float, confidence: float
+) -> Steps[PoolWait]:
+    """The pool's confident wait for the work now queued for `band` (and one hand-over), a reading
+    of the pool per step (confident_wait_steps)."""
+    wait_s = yield from confident_wait_steps(stats, throughput, band, now, confidence)
+    return PoolWait(work_to_drain(stats, band, throughput.handover_cost), wait_s)
+
+
 def decide(
     request: AdmissionRequest,
     stats: QueueStats,
@@ -263,10 +297,13 @@ def refuse(
     config: AdmissionConfig,
     *,
     reason: Outcome | None = None,
+    pool_wait: PoolWait | None = None,
 ) -> Reject:
     """The refusal for `request` in the current state, with Retry-After from the drain rate.
 
     `reason` overrides the one derived from the limits (a request that expired in the queue).
+    `pool_wait`, read from the state of the pool, lengthens the excess where the requests running
+    now will hold their slots longer than the drain rate says; it never shortens it.
     """
     drain = band_drain_rate_per_s(throughput, request.band)
     work = work_to_drain(stats, request.band, throughput.handover_cost, request.tenant)
@@ -279,6 +316,8 @@ def refuse(
     # Its share of the room is a share of the time beyond one hand-over (limits grow with time).
     allowed = room_limit(allowed, throughput.handover_cost / drain, request.room_share)
     excess_s = cautious_wait_s(room, throughput, request.band, config.safety_sigmas) - max(allowed, 0.0)
+    if pool_wait is not None:
+        excess_s = max(excess_s, pool_wait.for_work(room, drain) - max(allowed, 0.0))
     advice = retry_after_s(
         excess_wait_s=excess_s,
         band_drain_rate_per_s=drain,

@@ -267,10 +267,7 @@ class AdmissionController:
         await self._store.release(lease.slot, self._clock())
 
     def release_soon(self, slot: Slot, service_s: float | None = None) -> bool:
-        """`release` for synchronous callbacks: the moment the backend's answer is complete.
-
-        True when the slot went straight to a waiting request.
-        """
+        """`release` for synchronous callbacks, once the answer is complete; True if a waiter took it."""
         if slot.released:
             return False
         if service_s is not None:
@@ -336,7 +333,9 @@ class AdmissionController:
         reason: Outcome | None = None,
     ) -> Reject:
         """The refusal, with Retry-After the time its return is booked for (see ReturnSchedules)."""
-        reject = refuse(request, stats, flow, self._jitter(), self._admission, reason=reason)
+        confidence = self._calibrations.confidence(model, request.band)
+        read = self._predictions_of(model).pool_wait(request.band, stats, flow, self._clock(), confidence)
+        reject = refuse(request, stats, flow, self._jitter(), self._admission, reason=reason, pool_wait=read)
         return replace(reject, retry_after_s=self._book_return(model, request, reject.excess_wait_s, flow))
 
     def _rank(self, model: str, band: int, cost: float) -> float:

@@ -20,7 +20,10 @@ than the rest of a request's admission, so it is not done for every request:
   to an eighth of a binary order (about 9%), which can only tighten it, and a limit is reused
   while the rounded confidence stays the same;
 - the predicted wait, exported beside the actual one, is computed for at most one admitted request
-  per band every `sample_s`, a reading of the pool per turn of the event loop.
+  per band every `sample_s`, a reading of the pool per turn of the event loop;
+- a refusal's wait from the state of the pool (where service times vary more than exponential
+  ones, policies.admission.residual_beyond_mean) is read the same way, a reading per turn, and
+  serves the band's refusals while the pool holds as many busy and free slots, for `sample_s`.
 """
 
 from __future__ import annotations
@@ -34,8 +37,11 @@ from gateway.flow.stepwise import StepRunner, run_stepwise
 from policies.admission import (
     AdmissionConfig,
     AdmissionRequest,
+    PoolWait,
     confident_wait_steps,
     max_work,
+    pool_wait_steps,
+    residual_beyond_mean,
     work_limit,
     work_limit_steps,
 )
@@ -54,6 +60,13 @@ def rounded_up_confidence(confidence: float) -> float:
     if not 0.0 < miss < 1.0:
         return confidence
     return 1.0 - math.pow(2.0, math.floor(8 * math.log2(miss)) / 8)
+
+
+@dataclass(frozen=True, slots=True)
+class _HeldWait:
+    read_at: float
+    slots: tuple[int, int]
+    wait: PoolWait
 
 
 @dataclass(slots=True)
@@ -83,6 +96,10 @@ class Predictions:
         self._run_steps = run_steps
         self._limits: dict[tuple[int, float, float | None], _Limit] = {}
         self._sampled_at = [-math.inf] * bands
+        self._pool_waits: list[_HeldWait | None] = [None] * bands
+        self._wait_asked_at: list[float | None] = [None] * bands
+        """When a reading of the band's pool wait was started and has not landed (one that failed
+        never does: another may start a `sample_s` later)."""
 
     def work_limit(
         self,
@@ -158,3 +175,25 @@ class Predictions:
             return
         self._sampled_at[band] = now
         self._run_steps(confident_wait_steps(stats, throughput, band, now, confidence), on_wait)
+
+    def pool_wait(
+        self, band: int, stats: QueueStats, throughput: Throughput, now: float, confidence: float
+    ) -> PoolWait | None:
+        """The pool's confident wait for a refusal of `band`, where it tells more than the drain rate
+        (see the module); None until one is read for the slots the pool holds now."""
+        if not residual_beyond_mean(throughput):
+            return None
+        held = self._pool_waits[band]
+        slots = (len(stats.started_at), stats.free_for(band))
+        fresh = held is not None and held.slots == slots and now - held.read_at <= self._sample_s
+        asked_at = self._wait_asked_at[band]
+        if not fresh and (asked_at is None or now - asked_at > self._sample_s):
+            self._wait_asked_at[band] = now
+
+            def landed(wait: PoolWait) -> None:
+                self._wait_asked_at[band] = None
+                self._pool_waits[band] = _HeldWait(now, slots, wait)
+
+            steps = pool_wait_steps(stats, throughput, band, now, rounded_up_confidence(confidence))
+            self._run_steps(steps, landed)
+        return held.wait if fresh and held is not None else None

@@ -13,7 +13,8 @@ Rules this module keeps:
 - Output tokens are the smaller of the request's `max_tokens` and the `output_quantile` of the
   completion lengths of the tenant's last `window` answers on this model (of the model's, while
   the tenant has fewer than `min_samples`). With no answers yet: `max_tokens`, or
-  `default_output_tokens` when the request sets none.
+  `default_output_tokens` when the request sets none. A request that asks for several completions
+  (`n`, `best_of`, a list of prompts) costs that many; lengths are learned per completion.
 - Medians and quantiles over a window are robust: one huge answer moves them by one rank, not by
   its size. A ratio or length that is not positive and finite is not learned.
 - The model's error is the median, over its last `window` answers, of |estimated - actual| /
@@ -93,10 +94,13 @@ class TokenCostModel:
         learned = lengths.quantile(pricing.output_quantile)
         return learned if max_tokens is None else min(float(max_tokens), learned)
 
-    def estimate(self, prompt_chars: int, max_tokens: int | None, tenant: str = "") -> CostEstimate:
-        """The cost of a request whose prompt has `prompt_chars` characters."""
+    def estimate(
+        self, prompt_chars: int, max_tokens: int | None, tenant: str = "", choices: int = 1
+    ) -> CostEstimate:
+        """The cost of a request whose prompt has `prompt_chars` characters and that asks for
+        `choices` completions (each up to `max_tokens`)."""
         prompt = max(1.0, prompt_chars / self.chars_per_token)
-        output = max(1.0, self.expected_output_tokens(max_tokens, tenant))
+        output = max(1, choices) * max(1.0, self.expected_output_tokens(max_tokens, tenant))
         return CostEstimate(prompt, output, self.pricing.prompt_weight * prompt + output)
 
     def learn(
@@ -106,13 +110,16 @@ class TokenCostModel:
         prompt_tokens: float,
         completion_tokens: float,
         tenant: str = "",
+        choices: int = 1,
     ) -> None:
-        """An answer's `usage`: the true counts of a request estimated as `estimate`."""
+        """An answer's `usage`: the true counts of a request estimated as `estimate`, which asked for
+        `choices` completions (the lengths learned are each one's)."""
         if _usable(prompt_tokens) and prompt_chars > 0:
             self._chars_per_token.add(prompt_chars / prompt_tokens)
         if _usable(completion_tokens):
-            self._outputs.setdefault(tenant, _Window(self.pricing.window)).add(completion_tokens)
-            self._all_outputs.add(completion_tokens)
+            each = completion_tokens / max(1, choices)
+            self._outputs.setdefault(tenant, _Window(self.pricing.window)).add(each)
+            self._all_outputs.add(each)
         if _usable(prompt_tokens) and _usable(completion_tokens):
             actual = self.pricing.prompt_weight * prompt_tokens + completion_tokens
             self._errors.add(abs(estimate.cost - actual) / actual)

@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import ErrorStyle, error_response
 from gateway.http.exchange import read_body
 from gateway.http.intake import AdmittedEndpoint
-from gateway.http.pricing import UsageLearner, max_tokens_of, prompt_chars
+from gateway.http.pricing import UsageLearner, choices_of, max_tokens_of, prompt_chars
 from gateway.http.request_meta import Problem, RequestClassifier
 from gateway.http.usage_stream import UsageChunkDropper, asking_usage
 from policies.outcomes import Outcome
@@ -50,12 +50,10 @@ class OpenAIEndpoint(AdmittedEndpoint):
         if costs is None or scope["path"] == "/v1/embeddings":
             admitted = self.admit(scope, receive, send, pool, meta, body)
         else:
-            chars = prompt_chars(payload)
-            estimate = costs.estimate(chars, max_tokens_of(payload), meta.flow_tenant)
-            metrics = intake.admission.metrics
-            learner = UsageLearner(
-                costs, chars, estimate, meta.flow_tenant, partial(metrics.set_cost_model_error, pool.name)
-            )
+            chars, choices = prompt_chars(payload), choices_of(payload)
+            estimate = costs.estimate(chars, max_tokens_of(payload), meta.flow_tenant, choices)
+            on_error = partial(intake.admission.metrics.set_cost_model_error, pool.name)
+            learner = UsageLearner(costs, chars, estimate, meta.flow_tenant, on_error, choices)
             # A stream carries usage only when asked: the gateway asks, and drops it again.
             dropper = None
             if (asked := asking_usage(body, payload)) is not None:

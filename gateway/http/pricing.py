@@ -38,11 +38,13 @@ def batch_items(body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> float:
 
 
 def prompt_chars(payload: dict[str, Any]) -> int:
-    """The characters of an OpenAI request's prompt: its messages' text, or its `prompt` (token
-    ids count 4 each, the prior's ratio), or its embedding `input`."""
+    """The characters of an OpenAI request's prompt: its messages' text and the tools it offers
+    (their schemas are prompt too, often thousands of tokens), or its `prompt` (token ids count 4
+    each, the prior's ratio), or its embedding `input`."""
     messages = payload.get("messages")
     if isinstance(messages, list):
-        return sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict))
+        text = sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict))
+        return text + sum(_json_chars(payload.get(field)) for field in ("tools", "functions"))
     prompt = payload.get("prompt", payload.get("input"))
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return 4 * len(prompt)
@@ -66,6 +68,28 @@ def _text_chars(content: Any) -> int:
     return chars
 
 
+def _json_chars(value: Any) -> int:
+    if value is None:
+        return 0
+    try:
+        return len(json.dumps(value))
+    except (ValueError, TypeError, RecursionError):  # nested too deep to count: counted as nothing
+        return 0
+
+
+def choices_of(payload: dict[str, Any]) -> int:
+    """The completions a request asks for: `n` (or `best_of`, which the engine generates and
+    ranks) for each of its prompts (a list of prompts is a batch)."""
+    each = max(_positive_int(payload.get("n")), _positive_int(payload.get("best_of")))
+    prompt = payload.get("prompt")
+    batch = isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt)
+    return each * (len(prompt) if batch else 1)
+
+
+def _positive_int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
 def max_tokens_of(payload: dict[str, Any]) -> int | None:
     for field in ("max_completion_tokens", "max_tokens"):
         value = payload.get(field)
@@ -77,7 +101,7 @@ def max_tokens_of(payload: dict[str, Any]) -> int | None:
 class UsageLearner:
     """Feeds one answer's `usage` back into its model's cost model (a Relay's `observe`)."""
 
-    __slots__ = ("_chars", "_estimate", "_model", "_on_error", "_tenant")
+    __slots__ = ("_chars", "_choices", "_estimate", "_model", "_on_error", "_tenant")
 
     def __init__(
         self,
@@ -86,18 +110,20 @@ class UsageLearner:
         estimate: CostEstimate,
         tenant: str,
         on_error: Callable[[float], None],
+        choices: int = 1,
     ) -> None:
         self._model = model
         self._chars = chars
         self._estimate = estimate
         self._tenant = tenant
+        self._choices = choices
         self._on_error = on_error
 
     def __call__(self, answer: bytes) -> None:
         usage = usage_in(answer)
         if usage is None:
             return
-        self._model.learn(self._chars, self._estimate, *usage, self._tenant)
+        self._model.learn(self._chars, self._estimate, *usage, self._tenant, self._choices)
         if (error := self._model.error) is not None:
             self._on_error(error)
 

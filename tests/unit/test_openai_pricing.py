@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from gateway.http.pricing import max_tokens_of, prompt_chars, usage_in
+from gateway.http.pricing import choices_of, max_tokens_of, prompt_chars, usage_in
+from policies.token_costs import TokenCostModel
 
 
 def test_prompt_characters_come_from_messages_parts_prompts_and_token_ids():
@@ -72,3 +73,27 @@ def test_a_stream_with_carriage_returns_alone_is_read_to_the_end_of_its_line():
         b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5}}\r\r'
     )
     assert usage_in(stream + b"data: [DONE]\r\r") == (3, 5)
+
+
+def test_several_completions_cost_as_many_and_are_learned_each():
+    model = TokenCostModel()
+    one = model.estimate(2, 100)
+    sixteen = model.estimate(2, 100, choices=choices_of({"n": 16, "max_tokens": 100}))
+    assert sixteen.output_tokens == 16 * one.output_tokens
+    assert choices_of({"best_of": 4, "n": 2}) == 4
+    assert choices_of({"prompt": ["a", "b", "c"], "n": 2}) == 6
+    assert choices_of({"prompt": [1, 2, 3]}) == 1  # token ids: one prompt
+    assert choices_of({"n": True}) == choices_of({"n": -3}) == 1
+    for _ in range(10):
+        model.learn(2, sixteen, 3.0, 16 * 40.0, choices=16)
+    assert model.expected_output_tokens(None) == 40.0  # each completion's length
+
+
+def test_the_tools_a_chat_offers_are_prompt():
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"description": "x" * 10_000}}}]
+    assert prompt_chars({**chat, "tools": tools}) > prompt_chars(chat) + 10_000
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    assert prompt_chars({**chat, "tools": deep}) == prompt_chars(chat)  # too deep to count, not an error

@@ -242,7 +242,8 @@ def confident_wait_steps(
 
 @dataclass(frozen=True, slots=True)
 class PoolWait:
-    """The pool's confident wait (`confident_wait_s`) for `work` to drain, as read from its state."""
+    """The pool's confident wait (`confident_wait_s`) for `work` to drain, as read from its state:
+    `work` is work_to_drain's for the band, with one hand-over of its own."""
 
     work: float
     wait_s: float
@@ -263,15 +264,6 @@ def residual_beyond_mean(throughput: Throughput) -> bool:
     requests running now, and their ages, tell more about the next hand-overs than the drain rate's
     normal approximation does (an LLM pool whose long generations hold every slot)."""
     return throughput.service_cv > RESIDUAL_CV and throughput.service_times is not None
-
-
-def pool_wait_steps(
-    stats: QueueStats, throughput: Throughput, band: int, now: float, confidence: float
-) -> Steps[PoolWait]:
-    """The pool's confident wait for the work now queued for `band` (and one hand-over), a reading
-    of the pool per step (confident_wait_steps)."""
-    wait_s = yield from confident_wait_steps(stats, throughput, band, now, confidence)
-    return PoolWait(work_to_drain(stats, band, throughput.handover_cost), wait_s)
 
 
 def decide(

@@ -40,7 +40,6 @@ from policies.admission import (
     PoolWait,
     confident_wait_steps,
     max_work,
-    pool_wait_steps,
     residual_beyond_mean,
     work_limit,
     work_limit_steps,
@@ -190,10 +189,12 @@ class Predictions:
         if not fresh and (asked_at is None or now - asked_at > self._sample_s):
             self._wait_asked_at[band] = now
 
-            def landed(wait: PoolWait) -> None:
-                self._wait_asked_at[band] = None
-                self._pool_waits[band] = _HeldWait(now, slots, wait)
+            work = work_to_drain(stats, band, throughput.handover_cost)
 
-            steps = pool_wait_steps(stats, throughput, band, now, rounded_up_confidence(confidence))
+            def landed(wait_s: float) -> None:
+                self._wait_asked_at[band] = None
+                self._pool_waits[band] = _HeldWait(now, slots, PoolWait(work, wait_s))
+
+            steps = confident_wait_steps(stats, throughput, band, now, rounded_up_confidence(confidence))
             self._run_steps(steps, landed)
         return held.wait if fresh and held is not None else None

@@ -82,8 +82,9 @@ def choices_of(payload: dict[str, Any]) -> int:
     ranks) for each of its prompts (a list of prompts is a batch)."""
     each = max(_positive_int(payload.get("n")), _positive_int(payload.get("best_of")))
     prompt = payload.get("prompt")
-    batch = isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt)
-    return each * (len(prompt) if batch else 1)
+    if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
+        return each * len(prompt)
+    return each
 
 
 def _positive_int(value: Any) -> int:

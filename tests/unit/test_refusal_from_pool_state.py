@@ -17,10 +17,16 @@ from gateway.queues.memory import MemoryQueue
 from gateway.settings import Estimation, PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import BackendState, ModelPool
-from policies.admission import AdmissionConfig, AdmissionRequest, pool_wait_steps, refuse, work_limit
+from policies.admission import (
+    AdmissionConfig,
+    AdmissionRequest,
+    PoolWait,
+    confident_wait_s,
+    refuse,
+    work_limit,
+)
 from policies.service_times import ServiceTimes
-from policies.steps import finished
-from policies.wait import QueueStats, Throughput
+from policies.wait import QueueStats, Throughput, work_to_drain
 from tests.eventually import eventually
 from tests.unit.test_predictions import HeldReadings, learned
 
@@ -60,7 +66,9 @@ def test_a_refusal_told_from_the_pool_is_admitted_when_it_comes_back():
     assert not admitted_at(flow, NOW)
     by_rate = refuse(REQUEST, STATS, flow, 0.5, CONFIG)
     assert not admitted_at(flow, NOW + by_rate.excess_wait_s), "the drain rate alone promises too early"
-    read = finished(pool_wait_steps(STATS, flow, 0, NOW, CONFIDENCE))
+    read = PoolWait(
+        work_to_drain(STATS, 0, flow.handover_cost), confident_wait_s(STATS, flow, 0, NOW, CONFIDENCE)
+    )
     by_pool = refuse(REQUEST, STATS, flow, 0.5, CONFIG, pool_wait=read)
     assert admitted_at(flow, NOW + by_pool.excess_wait_s + 0.05)
     assert by_pool.excess_wait_s < 2 * (read.wait_s - REQUEST.max_queue_wait_s) + 0.5  # and not far later

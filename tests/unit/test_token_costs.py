@@ -90,3 +90,15 @@ def test_an_estimate_is_at_least_one_token_out_and_never_above_max_tokens(chars,
     if max_tokens is not None:
         assert estimate.output_tokens <= max_tokens
     assert estimate.cost == pytest.approx(0.5 * estimate.prompt_tokens + estimate.output_tokens)
+
+
+def test_a_chat_templates_tokens_are_an_overhead_not_a_ratio():
+    rng = random.Random(3)
+    model = TokenCostModel(TokenPricing(min_samples=8))
+    for _ in range(10):  # short chats: the template's 12 tokens outnumber their text's
+        chars = rng.randint(8, 60)
+        model.learn(chars, model.estimate(chars, 10), 12 + chars / 4, 10)
+    assert model.prompt_overhead == pytest.approx(12, abs=1)
+    assert model.chars_per_token == pytest.approx(4, rel=0.1)
+    long_prompt = model.estimate(3200, 10).prompt_tokens
+    assert long_prompt == pytest.approx(12 + 3200 / 4, rel=0.1)  # a ratio alone said about 3x that

@@ -77,9 +77,10 @@ def _parser() -> argparse.ArgumentParser:
         "--service-dist",
         choices=SERVICE_DISTRIBUTIONS,
         default="fixed",
-        help="the base part of each service time: base-ms always, or drawn exponential with mean base-ms",
+        help="the base part of each service time: base-ms always, or drawn with mean base-ms, exponential "
+        "or long-tail (90%% a quarter of it, 10%% 7.75 times it)",
     )
-    sim.add_argument("--seed", type=int, help="seed of the exponential draws (default: unseeded)")
+    sim.add_argument("--seed", type=int, help="seed of the service-time draws (default: unseeded)")
     _continuous_arguments(sim)
     sim.set_defaults(command=_sim)
 

@@ -16,6 +16,10 @@ the low class's limit (HAProxy has one per backend; the high class relies on its
   `retry-after-ms` (HAProxy's 503 on a queue timeout carries no advice: after a fixed 0.5 s), up to 5
   times, each retry marked `X-Retry-Attempt: k`; a return that would land past the horizon (10 s
   after the last arrival) is abandoned. Deadlines 250 ms and 1 s.
+- long-tail: bursts as above on a chat pool whose requests run long or short (4 slots x 400 ms
+  mean, the sim's `long-tail`: 90% take 100 ms, 10% take 3.1 s), bursts at 2x and 3x for 6 s, with
+  clients that follow the advice; deadlines 2 s and 8 s. The requests holding the slots have
+  longer left than the drain rate says, and a promise must read them.
 - overload: 3x on 8 x 40 ms for 30 s, no retries, with `floor` (HAProxy's instant 429, as in
   loadtests.bench) added for the refusal latency.
 Per scenario and target it prints, and saves as JSON under loadtests/results/: goodput (200s within
@@ -144,6 +148,7 @@ def scenarios(quick: bool) -> dict[str, list[Scenario]]:
     if not quick:
         variants += [(0.8, "fixed"), (0.92, "fixed")]
     bursts = [(2.0, 2.0)] if quick else [(2.0, 2.0), (3.0, 2.0), (2.0, 4.0), (3.0, 4.0)]
+    tail_bursts = [(2.0, 3.0)] if quick else [(2.0, 6.0), (3.0, 6.0)]
     warmup_s, cooldown_s = (0.5, 0.5) if quick else (5.0, 2.0)
     return {
         "moderate": [
@@ -169,6 +174,20 @@ def scenarios(quick: bool) -> dict[str, list[Scenario]]:
                 (250, 1000),
                 retries=5,
                 retry_horizon_s=3.0 if quick else 10.0,
+                warmup_s=warmup_s,
+                cooldown_s=cooldown_s,
+            )
+        ],
+        "long-tail": [
+            Scenario(
+                "long-tail",
+                4,
+                400,
+                "long-tail",
+                burst_train(tail_bursts, lead_s=2.0 if quick else 5.0),
+                (2000, 8000),
+                retries=5,
+                retry_horizon_s=5.0 if quick else 20.0,
                 warmup_s=warmup_s,
                 cooldown_s=cooldown_s,
             )
@@ -656,7 +675,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--scenarios", default="moderate,burst,overload")
+    parser.add_argument("--scenarios", default="moderate,burst,long-tail,overload")
     parser.add_argument("--targets", default="haproxy,gateway", help="haproxy, gateway, redisN")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="a few seconds of each scenario: a smoke run")

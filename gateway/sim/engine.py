@@ -5,9 +5,10 @@ freed the moment the computation ends, before the answer is written, which is al
 server frees its instance.
 
 A request's service time is its base part plus its per-item (or per-token) parts. The base part is
-`base_ms` for every request (fixed), or, with the exponential distribution, drawn for each request
-with mean `base_ms` from a random source the caller may seed; the per-item and per-token parts
-stay fixed either way.
+`base_ms` for every request (fixed), or drawn for each request with mean `base_ms` from a random
+source the caller may seed: exponential, or long-tail (a chat pool's mix: 90% of requests take a
+quarter of the mean, 10% take 7.75 means; cv 2.25, so that a request that has run a while is most
+likely a long one). The per-item and per-token parts stay fixed whatever the distribution.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-ServiceDistribution = Literal["fixed", "exponential"]
-SERVICE_DISTRIBUTIONS: tuple[ServiceDistribution, ...] = ("fixed", "exponential")
+ServiceDistribution = Literal["fixed", "exponential", "long-tail"]
+SERVICE_DISTRIBUTIONS: tuple[ServiceDistribution, ...] = ("fixed", "exponential", "long-tail")
+LONG_SHARE, SHORT_OF_MEAN, LONG_OF_MEAN = 0.1, 0.25, 7.75  # 0.9 x 0.25 + 0.1 x 7.75 = 1
 
 
 @dataclass(slots=True)
@@ -47,9 +49,12 @@ class ServiceModel:
     """Draws the exponential base parts; seed it for a reproducible sequence."""
 
     def base_s(self) -> float:
-        """The base part of one request's service time: a fresh draw for each call when exponential."""
+        """The base part of one request's service time: a fresh draw for each call unless fixed."""
         if self.distribution == "exponential" and self.base_ms > 0:
             return self.rng.expovariate(1000 / self.base_ms)
+        if self.distribution == "long-tail":
+            share = LONG_OF_MEAN if self.rng.random() < LONG_SHARE else SHORT_OF_MEAN
+            return share * self.base_ms / 1000
         return self.base_ms / 1000
 
     def batch_s(self, items: int) -> float:

@@ -59,3 +59,11 @@ def test_seeded_exponential_draws_repeat_and_keep_the_per_item_part_fixed():
     assert draws == [again.batch_s(4) for _ in range(5)]
     expected = random.Random(11)
     assert draws == pytest.approx([expected.expovariate(1 / 0.030) + 0.020 for _ in range(5)])
+
+
+def test_long_tail_draws_have_mean_base_ms_and_a_long_tail():
+    model = ServiceModel(40, distribution="long-tail", rng=random.Random(5))
+    draws = [model.base_s() for _ in range(20_000)]
+    assert statistics.mean(draws) == pytest.approx(0.040, rel=0.05)
+    assert cv(draws) == pytest.approx(2.25, rel=0.05)
+    assert sorted(set(draws)) == pytest.approx([0.010, 0.310])

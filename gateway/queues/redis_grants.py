@@ -15,6 +15,7 @@ so a grant never leaves a slot held by nobody.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -54,7 +55,7 @@ class ModelState:
         self.waiting: dict[str, Ticket] = {}
         self.held: dict[str, Slot] = {}
         self.releasing: set[str] = set()
-        """Leases let go whose release script has not answered yet."""
+        """Leases let go whose release script has not answered yet, or failed (see `freeing`)."""
         self.reserved: dict[str, str] = {}
         """Leases held for the fallback store's work after a rejoin (lease id -> backend url)."""
         self.beat_sent_at: float | None = None
@@ -122,10 +123,16 @@ class ModelState:
         slot.backend.inflight -= 1
 
     def freeing(self, lease: str, release: asyncio.Task[Any]) -> asyncio.Task[Any]:
-        """`release` runs the lease's release script: the lease is known here until it answers."""
+        """`release` runs the lease's release script: the lease is known here until Redis freed it.
+        One whose release failed stays known (until a rejoin): Redis lets it lapse unrenewed, and
+        recovery must not take it for a lost grant and hold it again."""
         self.releasing.add(lease)
-        release.add_done_callback(lambda _: self.releasing.discard(lease))
+        release.add_done_callback(functools.partial(self._released, lease))
         return release
+
+    def _released(self, lease: str, release: asyncio.Task[Any]) -> None:
+        if not release.cancelled() and release.exception() is None:
+            self.releasing.discard(lease)
 
     def deliver(self, grant: Grant, now: float) -> Slot | None:
         """Hand a grant's slot to its waiting tickets; the slot to give back when none takes it."""

@@ -127,6 +127,7 @@ class Presence:
         urls = [share["u"] for share in args["reserve"] for _ in range(share["n"])]
         state.reserved = dict(zip(as_list(reply["reserved"]), urls, strict=True))
         state.beat_sent_at, state.beat_share = sent_at, shares(args)
+        state.releasing.clear()  # what failed to be released is freed by the join (not kept)
 
     async def beat(self, state: ModelState) -> None:
         """Stay live and renew the leases still in use; ReplicaAbsent when the heartbeat lapsed."""

@@ -204,6 +204,44 @@ async def test_a_grant_whose_blmpop_reply_was_lost_is_delivered_and_kept(replica
     await waiter.release(slot, 0.0)
 
 
+async def test_a_lease_whose_release_failed_is_not_taken_for_a_lost_grant(replicas, monkeypatch):
+    waiter = replicas.make("r1", Supervisor(backoff=Backoff(first_s=0.01)))
+    real_blmpop, fail_next = waiter._listener.blmpop, asyncio.Event()
+
+    async def blmpop(*args: Any, **kwargs: Any) -> Any:
+        if fail_next.is_set():
+            fail_next.clear()
+            raise RedisConnectionError("injected: the connection broke")
+        return await real_blmpop(*args, **kwargs)
+
+    real_run, recoveries, releases = waiter._run, [], []
+
+    async def run(script: str, state: Any, args: dict[str, Any]) -> Any:
+        recoveries.extend([script] if script == "recover" else [])
+        if script == "release" and not releases:
+            releases.append(args["lease"])
+            raise RedisConnectionError("injected: the release's connection broke")
+        return await real_run(script, state, args)
+
+    monkeypatch.setattr(waiter._listener, "blmpop", blmpop)
+    monkeypatch.setattr(waiter, "_run", run)
+    await waiter.start()
+    replicas.started.append(waiter)
+    holder = await replicas.start("r2", Supervisor())
+    taken = await offer(holder)
+    queued = await offer(waiter)
+    assert isinstance(taken, Granted) and isinstance(queued, Queued)
+    await holder.release(taken.slot, 0.0)  # r1's grant comes through its list
+    slot = await asyncio.wait_for(queued.ticket.wakeup, 2)
+    with pytest.raises(RedisError):
+        await waiter.release(slot, 0.0)  # the request is done; Redis never hears of it
+    fail_next.set()
+    await eventually(lambda: len(recoveries) == 1, what="a recovery after the failed release")
+    state = waiter._models[MODEL]
+    assert state.held == {} and slot.backend.inflight == 0, "the released lease was held again"
+    assert releases == [slot.lease]
+
+
 async def test_the_failover_probe_restarts_after_a_crash_and_rejoins(replicas, monkeypatch):
     supervisor = Supervisor(backoff=Backoff(first_s=0.01))
     shared = replicas.make("r1", supervisor)

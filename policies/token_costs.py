@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from statistics import median
 
 PRIOR_CHARS_PER_TOKEN = 4.0
 
@@ -103,16 +104,10 @@ def _robust_line(pairs: list[tuple[float, float]]) -> tuple[float, float]:
         for (short_c, short_t), (long_c, long_t) in zip(pairs[:half], pairs[half : 2 * half], strict=True)
         if long_c > short_c
     ]
-    slope = _median(slopes) if len(slopes) >= max(1, half // 2) else 0.0
+    slope = median(slopes) if len(slopes) >= max(1, half // 2) else 0.0
     if not slope > 0:  # one length (or noise that slopes down): a ratio, no overhead
-        return 0.0, _median([t / c for c, t in pairs])
-    return max(0.0, _median([t - slope * c for c, t in pairs])), slope
-
-
-def _median(values: list[float]) -> float:
-    ranked = sorted(values)
-    middle = len(ranked) // 2
-    return ranked[middle] if len(ranked) % 2 else (ranked[middle - 1] + ranked[middle]) / 2
+        return 0.0, median([t / c for c, t in pairs])
+    return max(0.0, median([t - slope * c for c, t in pairs])), slope
 
 
 class TokenCostModel:

@@ -80,22 +80,22 @@ def _json_chars(value: Any) -> int:
 def choices_of(payload: dict[str, Any]) -> int:
     """The completions a request asks for: `n` (or `best_of`, which the engine generates and
     ranks) for each of its prompts (a list of prompts is a batch)."""
-    each = max(_positive_int(payload.get("n")), _positive_int(payload.get("best_of")))
+    each = max(_count(payload.get("n")) or 1, _count(payload.get("best_of")) or 1)
     prompt = payload.get("prompt")
     if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
         return each * len(prompt)
     return each
 
 
-def _positive_int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+def _count(value: Any) -> int | None:
+    """A JSON field that counts something (a positive integer, not a boolean), or None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def max_tokens_of(payload: dict[str, Any]) -> int | None:
     for field in ("max_completion_tokens", "max_tokens"):
-        value = payload.get(field)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
+        if (count := _count(payload.get(field))) is not None:
+            return count
     return None
 
 

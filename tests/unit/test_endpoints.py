@@ -112,10 +112,11 @@ async def test_a_resolver_that_hangs_keeps_the_backends_and_does_not_hold_discov
     assert [b.url for b in pool.backends] == ["http://10.0.0.1:8000"]
 
 
-async def test_a_departed_backend_keeps_its_slot_count_until_its_requests_end():
+def one_slot_pods(addresses: list[str]) -> tuple[ModelPool, MemoryQueue, EndpointDiscovery]:
+    """A pool of one slot per address the name resolves to (the list, as the test changes it), a
+    memory store over it, and the discovery that follows the name."""
     settings = settings_with({"url": "http://pods:8000", "discover": "dns", "max_concurrency": 1})
     pool = ModelPool.from_settings(settings.models[0])
-    addresses = ["10.0.0.1"]
 
     async def resolve(host, port):
         return list(addresses)
@@ -124,6 +125,12 @@ async def test_a_departed_backend_keeps_its_slot_count_until_its_requests_end():
     discovery = EndpointDiscovery(
         [pool], settings.models, store.backends_changed, interval_s=1, timeout_s=1, resolve=resolve
     )
+    return pool, store, discovery
+
+
+async def test_a_departed_backend_keeps_its_slot_count_until_its_requests_end():
+    addresses = ["10.0.0.1"]
+    pool, store, discovery = one_slot_pods(addresses)
     await discovery.refresh_all()
     pool.backends[0].ready = True
     held = (await store.offer(Flow("m", 0), 1.0, 10.0, 100, now=0.0)).slot
@@ -138,17 +145,8 @@ async def test_a_departed_backend_keeps_its_slot_count_until_its_requests_end():
 
 
 async def test_an_address_back_while_its_requests_run_is_the_same_backend_with_its_slots_in_use():
-    settings = settings_with({"url": "http://pods:8000", "discover": "dns", "max_concurrency": 1})
-    pool = ModelPool.from_settings(settings.models[0])
     addresses = ["10.0.0.1", "10.0.0.2"]
-
-    async def resolve(host, port):
-        return list(addresses)
-
-    store = MemoryQueue([pool], 1, Estimation())
-    discovery = EndpointDiscovery(
-        [pool], settings.models, store.backends_changed, interval_s=1, timeout_s=1, resolve=resolve
-    )
+    pool, store, discovery = one_slot_pods(addresses)
     await discovery.refresh_all()
     for backend in pool.backends:
         backend.ready = True

@@ -18,7 +18,12 @@ included. Rules this module keeps:
     Poisson-binomial K, and the later ones, given K = k, Poisson (negative binomial when cv > 1)
     with k times the group's renewal mean per slot; none when K = 0, so one hand-over is never
     predicted before the soonest-finishing slot ends. (Per slot, not per completed slot: a little
-    low while the first hand-overs are uncertain, but never falling as t grows.)
+    low while the first hand-overs are uncertain, but never falling as t grows.) A slot's renewal
+    mean is the time left after its first hand-over over the mean service time, and where service
+    times vary more than exponential ones (cv > 1) at least the renewal function (policies.renewals)
+    averaged over that hand-over's time: a mix of short and long services counts far above t / mean
+    while no long one has come. The average reads the hand-over at the upper ends of FIRST_NODES
+    equal shares of its distribution (the last share counts none), so it never exceeds the exact one.
   Beyond it, C is a normal of the same mean and variance (continuity-corrected), kept between what
   the first hand-overs alone give and the chance that any has come.
 - Without urgent work every probability here is non-decreasing in the time and the free slots by
@@ -75,6 +80,8 @@ LARGE_CLOCKED_COUNT = 1024.0
 """The same for clock-like service (a bound on the expected count: later hand-overs <= t / mean - 1/2)."""
 NODES = 8
 """Quantiles of a sum of fresh service times used for a clock-like slot's later hand-overs."""
+FIRST_NODES = 8
+"""Shares of a slot's first hand-over time over which a spread-out slot's renewal function is read."""
 LONGEST_WAIT_S = 1e9
 """wait_for's answer when the count is not reached within it (urgent work takes every hand-over)."""
 _BISECTIONS = 10
@@ -192,6 +199,9 @@ class _Pool:
         # only s / mean is taken, which such services exceed early on.
         self.later_shift_s = (min(self.cv, 1.0) ** 2 - 1) / 2 * self.mean_s
         self._sum_nodes: dict[int, list[float]] = {}
+        self.renewals = service.renewals() if self.cv > 1.0 else None
+        self.busy_firsts_s = [s for r in self.busy for s in _first_nodes(r)] if self.renewals else []
+        self.fresh_firsts_s = _first_nodes(self.fresh) if self.renewals else []
         if self.lattice:
             self._sum_nodes[1] = sorted(service.quantile((q + 0.5) / NODES) for q in range(NODES))
 
@@ -291,6 +301,14 @@ class _Pool:
             return 0.0
         return span * sum(weight * residual.cdf(span * x) for x, weight in _GAUSS_3) / self.mean_s
 
+    def _later_count(self, residuals: list[Residual], firsts_s: list[float], span: float, t: float) -> float:
+        """A group of spread-out slots' mean count per slot after its first hand-over, within `t`
+        (see the rules): at least the renewal function's, where cv > 1."""
+        linear = sum(self._later_mean(r, span) for r in residuals) / len(residuals)
+        if self.renewals is None:
+            return linear
+        return max(linear, self.renewals.total_after(firsts_s, t) / (len(residuals) * FIRST_NODES))
+
     def _renewal_counts(self, t: float, busy_firsts: list[float], fresh_first: float) -> Counts:
         # Busy and free slots are two groups, each with its own later hand-overs per completed slot
         # (the group's mean per slot), so that a free slot adds to the count and changes nothing else.
@@ -298,11 +316,12 @@ class _Pool:
         dispersion = max(self.cv**2, 1.0)
         groups = []
         if self.busy:
-            later = sum(self._later_mean(r, span) for r in self.busy) / len(self.busy)
+            later = self._later_count(self.busy, self.busy_firsts_s, span, t)
             groups.append(MixedGroup(poisson_binomial(busy_firsts), later, dispersion))
         if self.free:
             completed = poisson_binomial([fresh_first] * self.free)
-            groups.append(MixedGroup(completed, self._later_mean(self.fresh, span), dispersion))
+            later = self._later_count([self.fresh], self.fresh_firsts_s, span, t)
+            groups.append(MixedGroup(completed, later, dispersion))
         counts = MixedCounts(self.free, groups)
         if counts.mean <= LARGE_COUNT:
             return counts
@@ -310,6 +329,12 @@ class _Pool:
         for group in groups:
             completed = convolve(completed, group.completed, len(busy_firsts) + self.free)
         return NormalCounts(counts.mean, counts.variance, self.free, Tails(completed))
+
+
+def _first_nodes(residual: Residual) -> list[float]:
+    """The upper ends of FIRST_NODES equal shares of a slot's first hand-over time, the last left
+    out: read as the hand-over times, they never overstate what comes after them."""
+    return [residual.quantile(share / FIRST_NODES) for share in range(1, FIRST_NODES)]
 
 
 class _Band:

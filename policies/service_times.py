@@ -15,6 +15,9 @@ Rules this module keeps:
   residual is exponential with the mean service time, never "already done".
 - Lookups are O(log bins): a bisection over the cumulative masses, rebuilt after a record when next
   asked. A `Residual` keeps the masses it was built from, so it stays one consistent snapshot.
+- The renewal function (policies.renewals) is solved from the histogram when asked, and kept until
+  the histogram has taken in a quarter of its memory in new samples: it costs about a millisecond
+  and a half, and a few new samples barely move it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from itertools import accumulate, pairwise
+
+from policies.renewals import Renewals
 
 FIRST_EDGE_S = 0.00025
 BINS_PER_OCTAVE = 16
@@ -81,12 +86,29 @@ class Residual:
         ) / above
         return 1.0 if ended > 1.0 else ended if ended > 0.0 else 0.0
 
+    def quantile(self, q: float) -> float:
+        """The smallest remaining time within which the request ends with probability q, in [0, 1)."""
+        q = min(max(q, 0.0), 1.0)
+        if self._above == 0.0:
+            return -self._unknown_mean_s * math.log1p(-q) if q < 1.0 else math.inf
+        return max(0.0, _time_at_mass(self._cumulative, self._below_age + q * self._above) - self._age_s)
+
     def mean_cdf_before(self, t_s: float, offsets_s: list[float]) -> float:
         """The mean over `offsets_s` of cdf(t_s - offset): P(ends before t_s less a random delay)."""
         total = 0.0
         for offset in offsets_s:
             total += self.cdf(t_s - offset)
         return total / len(offsets_s)
+
+
+def _time_at_mass(cumulative: list[float], target: float) -> float:
+    """The smallest t with _mass_below(cumulative, t) >= target."""
+    j = bisect_left(cumulative, target)
+    if j == 0:
+        return 0.0
+    j = min(j, len(cumulative) - 1) - 1
+    share = (target - cumulative[j]) / (cumulative[j + 1] - cumulative[j])
+    return EDGES[j] + (EDGES[j + 1] - EDGES[j]) * share
 
 
 def _mass_below(cumulative: list[float], t: float) -> float:
@@ -103,7 +125,19 @@ def _mass_below(cumulative: list[float], t: float) -> float:
 class ServiceTimes:
     """A decaying histogram of one model's service times, with an exponential prior (see the module rules)."""
 
-    __slots__ = ("_cumulative", "_growth", "_masses", "_samples", "_scale", "_sum_s", "_sum_sq_s", "_weight")
+    __slots__ = (
+        "_cumulative",
+        "_growth",
+        "_masses",
+        "_renewals",
+        "_renewals_at",
+        "_renewals_every",
+        "_samples",
+        "_scale",
+        "_sum_s",
+        "_sum_sq_s",
+        "_weight",
+    )
 
     def __init__(self, prior_mean_s: float, *, memory: float = 200.0, prior_weight: float = 1.0) -> None:
         if not (prior_mean_s > 0 and memory > 1 and prior_weight > 0):
@@ -116,6 +150,9 @@ class ServiceTimes:
         self._sum_sq_s = prior_weight * 2.0 * prior_mean_s**2
         self._samples = 0
         self._cumulative: list[float] | None = None
+        self._renewals: Renewals | None = None
+        self._renewals_at = 0
+        self._renewals_every = max(1, round(memory / 4))
 
     def record(self, service_s: float) -> None:
         """Count one observed service time; every earlier one weighs (1 - 1/memory) less."""
@@ -178,13 +215,15 @@ class ServiceTimes:
     def quantile(self, q: float) -> float:
         """The smallest t with cdf(t) >= q, for q in [0, 1]."""
         cumulative = self._cumulative_masses()
-        target = min(max(q, 0.0), 1.0) * cumulative[-1]
-        j = bisect_left(cumulative, target)
-        if j == 0:
-            return 0.0
-        j = min(j, len(cumulative) - 1) - 1
-        share = (target - cumulative[j]) / (cumulative[j + 1] - cumulative[j])
-        return EDGES[j] + (EDGES[j + 1] - EDGES[j]) * share
+        return _time_at_mass(cumulative, min(max(q, 0.0), 1.0) * cumulative[-1])
+
+    def renewals(self) -> Renewals:
+        """The renewal function of these service times, solved again once a quarter of the
+        histogram's memory has come in new samples since it last was."""
+        if self._renewals is None or self._samples - self._renewals_at >= self._renewals_every:
+            self._renewals = Renewals(self.cdf, max(self.mean_s, FIRST_EDGE_S), self.cv)
+            self._renewals_at = self._samples
+        return self._renewals
 
     def residual(self, age_s: float) -> Residual:
         """The remaining service time of a request that has run `age_s` seconds, on today's histogram."""

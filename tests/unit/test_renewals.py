@@ -1,0 +1,133 @@
+"""The renewal function of a service distribution, and what it changes in the pool's readings: a
+mix of short and long services hands over far more often early on than time over the mean says."""
+
+import math
+import random
+from itertools import pairwise
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.handovers import PoolState, handovers_within
+from policies.service_times import ServiceTimes
+
+SHORT_S, LONG_S = 0.1, 3.1
+"""A chat pool's mix (the simulator's `long-tail`): 9 in 10 requests short, 1 in 10 long."""
+
+
+def short_or_long() -> ServiceTimes:
+    """A histogram holding exactly 10% long services (the pattern repeats within its memory)."""
+    service = ServiceTimes(prior_mean_s=0.4, memory=200.0)
+    for n in range(2000):
+        service.record(LONG_S if n % 10 == 9 else SHORT_S)
+    return service
+
+
+def exponential(mean_s: float) -> ServiceTimes:
+    rng = random.Random(7)
+    service = ServiceTimes(prior_mean_s=mean_s, memory=2000.0)
+    for _ in range(20_000):
+        service.record(rng.expovariate(1 / mean_s))
+    return service
+
+
+def test_short_services_between_long_ones_count_far_above_time_over_the_mean():
+    service = short_or_long()
+    # Exactly: the k-th service ends within 1 s only if the first k are short, so
+    # m(1) = sum of 0.9^k for k = 1..10 = 5.86, where 1 s / mean (0.4 s) says 2.5.
+    exact = sum(0.9**k for k in range(1, 11))
+    count = service.renewals().count(1.0)
+    assert 1.0 / service.mean_s < 2.6
+    assert 4.5 <= count <= exact
+
+
+@pytest.mark.parametrize("share", [0.25, 1.0, 4.0, 15.0, 40.0])
+def test_exponential_services_count_about_time_over_the_mean(share):
+    service = exponential(0.05)
+    within_s = share * service.mean_s
+    count = service.renewals().count(within_s)
+    # A Poisson stream counts t / mean; each service read up to a grid step longer loses a little
+    # (20,000 draws are not quite exponential near 0: 3% above).
+    assert 0.85 * within_s / service.mean_s <= count <= 1.03 * within_s / service.mean_s
+
+
+def test_nothing_ends_within_no_time():
+    assert short_or_long().renewals().count(0.0) == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    samples=st.lists(st.floats(min_value=1e-4, max_value=5.0), min_size=1, max_size=60),
+    times=st.lists(st.floats(min_value=0.0, max_value=200.0), min_size=2, max_size=12),
+)
+def test_the_count_never_falls_and_stays_within_lordens_bound(samples, times):
+    service = ServiceTimes(prior_mean_s=0.3, memory=50.0)
+    for sample in samples:
+        service.record(sample)
+    renewals = service.renewals()
+    mean_s = max(service.mean_s, 1e-9)
+    counts = [renewals.count(t) for t in sorted(times)]
+    assert all(a <= b for a, b in pairwise(counts))
+    for t, count in zip(sorted(times), counts, strict=True):
+        # Lorden: m(t) <= t / mean + E[X^2] / mean^2 = t / mean + cv^2 + 1, beyond the grid too.
+        assert 0.0 <= count <= t / mean_s + service.cv**2 + 1 + 1e-9
+
+
+def test_the_table_is_solved_again_after_a_quarter_of_the_memory():
+    service = ServiceTimes(prior_mean_s=0.4, memory=200.0)
+    first = service.renewals()
+    for _ in range(49):
+        service.record(SHORT_S)
+    assert service.renewals() is first
+    service.record(SHORT_S)
+    again = service.renewals()
+    assert again is not first
+    assert again.count(1.0) > first.count(1.0)
+
+
+@pytest.mark.parametrize("age_s", [0.0, 0.05, 0.5])
+@pytest.mark.parametrize("q", [0.1, 0.5, 0.85, 0.95])
+def test_a_residual_quantile_inverts_its_cdf(age_s, q):
+    residual = short_or_long().residual(age_s)
+    remaining = residual.quantile(q)
+    assert residual.cdf(remaining) == pytest.approx(q, abs=1e-9)
+
+
+def test_a_residual_beyond_every_sample_is_exponential_in_its_quantiles():
+    service = short_or_long()
+    residual = service.residual(1e6)
+    assert residual.quantile(0.5) == pytest.approx(service.mean_s * math.log(2))
+
+
+def _true_count_quantile(ages_s: tuple[float, ...], within_s: float, confidence: float, paths: int) -> int:
+    """The count of hand-overs within `within_s` reached with `confidence`, from a seeded Monte
+    Carlo of the exact mix (a request that has run past SHORT_S is a long one)."""
+    rng = random.Random(11)
+
+    def draw() -> float:
+        return LONG_S if rng.random() < 0.1 else SHORT_S
+
+    counts = []
+    for _ in range(paths):
+        count = 0
+        for age in ages_s:
+            ends = (SHORT_S - age if rng.random() < 0.9 else LONG_S - age) if age < SHORT_S else LONG_S - age
+            while ends <= within_s:
+                count += 1
+                ends += draw()
+        counts.append(count)
+    counts.sort()
+    return counts[int((1 - confidence) * paths)]
+
+
+@pytest.mark.parametrize(
+    ("ages_s", "within_s"), [((0.05,) * 4, 1.0), ((0.05,) * 4, 2.0), ((0.05, 0.05, 0.5, 1.0), 4.0)]
+)
+def test_a_short_or_long_pool_is_read_close_to_what_it_hands_over_and_never_above(ages_s, within_s):
+    service = short_or_long()
+    confidence = 0.9
+    truth = _true_count_quantile(ages_s, within_s, confidence, paths=4000)
+    read = handovers_within(PoolState(ages_s, 0), service, within_s, confidence)
+    # Time over the mean alone read 5 of 13, 9 of 15 and 15 of 25; the renewal function 9, 13, 21.
+    assert 0.65 * truth <= read <= truth

@@ -28,7 +28,8 @@ those of requests HAProxy served in time, predicted against actual queue wait fr
 /metrics ("n/a" where the metric is absent), the share of admitted requests that expired in the
 queue, the share of refused requests admitted (and served) on their first retry, retries per refused
 request, each burst's share eventually served, the high class's p99 against HAProxy's and the
-refusal p99 against the instant-429 floor.
+refusal p99 against the instant-429 floor. The JSON also keeps every attempt of every arrival (sent
+at, status, latency, advice), to read a run's Retry-After request by request.
 """
 
 from __future__ import annotations
@@ -528,6 +529,7 @@ def run_one(
     finally:
         sim.stop()
     result = {"target": target, "elapsed_s": elapsed_s, **measure(scenario, journeys)}
+    result["journeys"] = journey_log(journeys)
     result["backend_busy"] = busy_slot_s / (scenario.slots * elapsed_s)
     if seen is not None:
         result["gateway"] = {
@@ -537,6 +539,24 @@ def run_one(
         }
     firsts = [journey.attempts[0].outcome for journey in journeys]
     return result, ([in_time(o) for o in firsts], [refused(o) for o in firsts])
+
+
+def _attempt_row(attempt: Attempt) -> list[Any]:
+    sent, status, latency_s = attempt.outcome.arrival.at_s, attempt.outcome.status, attempt.outcome.latency_s
+    return [round(sent, 4), status, round(latency_s, 4), attempt.retry_after_ms]
+
+
+def journey_log(journeys: Sequence[Journey]) -> list[dict[str, Any]]:
+    """Each arrival's attempts as [sent at s, status, latency s, advice ms]: what the tables sum
+    up, kept so that a run's Retry-After can be read request by request afterwards."""
+    return [
+        {
+            "priority": journey.arrival.priority,
+            "abandoned": journey.abandoned,
+            "attempts": [_attempt_row(attempt) for attempt in journey.attempts],
+        }
+        for journey in journeys
+    ]
 
 
 def _ratio(mine: float | None, theirs: float | None) -> float | None:

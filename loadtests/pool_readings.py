@@ -31,20 +31,29 @@ def short_or_long() -> ServiceTimes:
 
 
 def true_count_quantile(
-    ages_s: tuple[float, ...], within_s: float, confidence: float, paths: int = 4000, seed: int = 11
+    ages_s: tuple[float, ...],
+    within_s: float,
+    confidence: float,
+    *,
+    free: int = 0,
+    mix: tuple[float, float, float] = (SHORT_S, LONG_S, LONG_SHARE),
+    paths: int = 4000,
+    seed: int = 11,
 ) -> int:
-    """The count of hand-overs within `within_s` reached with `confidence`, by Monte Carlo."""
+    """The count of hand-overs within `within_s` reached with `confidence`, by Monte Carlo of a
+    two-point `mix` (short s, long s, long share): a request older than the short time is long."""
+    short_s, long_s, long_share = mix
     rng = random.Random(seed)
 
     def draw() -> float:
-        return LONG_S if rng.random() < LONG_SHARE else SHORT_S
+        return long_s if rng.random() < long_share else short_s
 
     counts = []
     for _ in range(paths):
-        count = 0
-        for age in ages_s:
-            short = age < SHORT_S and rng.random() >= LONG_SHARE
-            ends = (SHORT_S if short else LONG_S) - age
+        count = free
+        for age in (*ages_s, *[0.0] * free):
+            short = age < short_s and rng.random() >= long_share
+            ends = (short_s if short else long_s) - age
             while ends <= within_s:
                 count += 1
                 ends += draw()

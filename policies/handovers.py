@@ -24,6 +24,9 @@ included. Rules this module keeps:
     averaged over that hand-over's time: a mix of short and long services counts far above t / mean
     while no long one has come. The average reads the hand-over at the upper ends of FIRST_NODES
     equal shares of its distribution (the last share counts none), so it never exceeds the exact one.
+    The renewal function's excess is taken only while counted exactly, and only so far as to bring
+    the mean to LARGE_COUNT: the normal beyond cannot show how skewed such a count is (its median
+    far below its mean), and with the larger mean it read more than comes at moderate confidence.
   Beyond it, C is a normal of the same mean and variance (continuity-corrected), kept between what
   the first hand-overs alone give and the chance that any has come.
 - Without urgent work every probability here is non-decreasing in the time and the free slots by
@@ -301,34 +304,58 @@ class _Pool:
             return 0.0
         return span * sum(weight * residual.cdf(span * x) for x, weight in _GAUSS_3) / self.mean_s
 
-    def _later_count(self, residuals: list[Residual], firsts_s: list[float], span: float, t: float) -> float:
+    def _later_counts(
+        self, residuals: list[Residual], firsts_s: list[float], span: float, t: float
+    ) -> tuple[float, float]:
         """A group of spread-out slots' mean count per slot after its first hand-over, within `t`
-        (see the rules): at least the renewal function's, where cv > 1."""
+        (see the rules): time over the mean, and at least the renewal function's where cv > 1."""
         linear = sum(self._later_mean(r, span) for r in residuals) / len(residuals)
         if self.renewals is None:
-            return linear
-        return max(linear, self.renewals.total_after(firsts_s, t) / (len(residuals) * FIRST_NODES))
+            return linear, linear
+        renewal = self.renewals.total_after(firsts_s, t) / (len(residuals) * FIRST_NODES)
+        return linear, max(linear, renewal)
 
     def _renewal_counts(self, t: float, busy_firsts: list[float], fresh_first: float) -> Counts:
         # Busy and free slots are two groups, each with its own later hand-overs per completed slot
         # (the group's mean per slot), so that a free slot adds to the count and changes nothing else.
         span = t + self.later_shift_s
         dispersion = max(self.cv**2, 1.0)
-        groups = []
+        firsts: list[Pmf] = []
+        laters: list[tuple[float, float]] = []
         if self.busy:
-            later = self._later_count(self.busy, self.busy_firsts_s, span, t)
-            groups.append(MixedGroup(poisson_binomial(busy_firsts), later, dispersion))
+            firsts.append(poisson_binomial(busy_firsts))
+            laters.append(self._later_counts(self.busy, self.busy_firsts_s, span, t))
         if self.free:
-            completed = poisson_binomial([fresh_first] * self.free)
-            later = self._later_count([self.fresh], self.fresh_firsts_s, span, t)
-            groups.append(MixedGroup(completed, later, dispersion))
-        counts = MixedCounts(self.free, groups)
-        if counts.mean <= LARGE_COUNT:
-            return counts
-        completed = (0, [1.0])
-        for group in groups:
-            completed = convolve(completed, group.completed, len(busy_firsts) + self.free)
-        return NormalCounts(counts.mean, counts.variance, self.free, Tails(completed))
+            firsts.append(poisson_binomial([fresh_first] * self.free))
+            laters.append(self._later_counts([self.fresh], self.fresh_firsts_s, span, t))
+        linear = MixedCounts(
+            self.free, [MixedGroup(k, lin, dispersion) for k, (lin, _) in zip(firsts, laters, strict=True)]
+        )
+        if linear.mean > LARGE_COUNT:
+            # A count this large is read as a normal, which cannot show how skewed a long-or-short
+            # pool's count is (its median far below its mean): the renewal function's larger mean
+            # would read it above what comes. Time over the mean keeps it below.
+            completed = (0, [1.0])
+            for k in firsts:
+                completed = convolve(completed, k, len(busy_firsts) + self.free)
+            return NormalCounts(linear.mean, linear.variance, self.free, Tails(completed))
+        if self.renewals is None:
+            return linear
+        renewal = MixedCounts(
+            self.free, [MixedGroup(k, ren, dispersion) for k, (_, ren) in zip(firsts, laters, strict=True)]
+        )
+        if renewal.mean <= LARGE_COUNT:
+            return renewal
+        # Counted exactly up to LARGE_COUNT only: the renewal function's excess is taken in the
+        # share that brings the mean there, so the mean neither falls nor passes it as t grows.
+        share = (LARGE_COUNT - linear.mean) / (renewal.mean - linear.mean)
+        return MixedCounts(
+            self.free,
+            [
+                MixedGroup(k, lin + share * (ren - lin), dispersion)
+                for k, (lin, ren) in zip(firsts, laters, strict=True)
+            ],
+        )
 
 
 def _first_nodes(residual: Residual) -> list[float]:

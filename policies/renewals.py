@@ -12,8 +12,9 @@ Rules this module keeps:
   STEPS steps of mean / STEPS_PER_MEAN, each step's mass of service times placed at the step's
   end. Every service is then taken as up to a step longer than measured, so the tabulated count is
   never above the histogram's own; a time between grid points reads the point below it.
-- Past the grid, the count is s / mean plus its excess at the grid's end, capped at the renewal
-  theorem's limit (cv^2 - 1) / 2, and never below the grid's last value: non-decreasing in s.
+- Past the grid, the count is the grid's last value: m never falls, so that is below it, and what
+  comes after depends on services the grid does not reach (a long mode beyond it leaves m flat
+  while s / mean climbs). The pool reading takes time over the mean where that is more.
 - Solving costs O(STEPS^2) multiplications (about a millisecond and a half), so the table is kept
   with the histogram and solved again only after it has taken in a share of new samples
   (policies.service_times).
@@ -34,42 +35,29 @@ STEPS = 256
 class Renewals:
     """m(s): the expected count of fresh services that end within s seconds, one after another."""
 
-    __slots__ = ("_counts", "_excess_limit", "_mean_s", "_step_s")
+    __slots__ = ("_counts", "_step_s")
 
-    def __init__(self, cdf: Callable[[float], float], mean_s: float, cv: float) -> None:
+    def __init__(self, cdf: Callable[[float], float], mean_s: float) -> None:
         if not (mean_s > 0 and math.isfinite(mean_s)):
             raise ValueError("the mean service time must be positive and finite")
-        self._mean_s = mean_s
         self._step_s = mean_s / STEPS_PER_MEAN
         self._counts = _solved(cdf, self._step_s)
-        self._excess_limit = max(0.0, (cv * cv - 1.0) / 2.0)
-
-    @property
-    def step_s(self) -> float:
-        return self._step_s
 
     def count(self, within_s: float) -> float:
         """m(within_s): never above the histogram's renewal function, non-decreasing."""
         if within_s <= 0.0:
             return 0.0
-        index = int(within_s / self._step_s)
         counts = self._counts
-        if index < len(counts):
-            return counts[index]
-        last = counts[-1]
-        end_s = (len(counts) - 1) * self._step_s
-        excess = min(last - end_s / self._mean_s, self._excess_limit)
-        return max(last, within_s / self._mean_s + excess)
+        return counts[min(int(within_s / self._step_s), len(counts) - 1)]
 
     def total_after(self, firsts_s: Sequence[float], within_s: float) -> float:
         """The sum of m(within_s - first) over `firsts_s`: the fresh services ended within
         `within_s` after first hand-overs at each of those times (count, inlined for the grid)."""
-        counts, step_s, total = self._counts, self._step_s, 0.0
+        counts, step_s, last, total = self._counts, self._step_s, len(self._counts) - 1, 0.0
         for first in firsts_s:
             span = within_s - first
             if span > 0.0:
-                index = int(span / step_s)
-                total += counts[index] if index < len(counts) else self.count(span)
+                total += counts[min(int(span / step_s), last)]
         return total
 
 

@@ -102,7 +102,9 @@ class Residual:
 
 
 def _time_at_mass(cumulative: list[float], target: float) -> float:
-    """The smallest t with _mass_below(cumulative, t) >= target."""
+    """The smallest t with _mass_below(cumulative, t) >= target (the top of the mass past it)."""
+    # A target a rounding above the total would land in an empty last bin, of no width in mass.
+    target = min(target, cumulative[-1])
     j = bisect_left(cumulative, target)
     if j == 0:
         return 0.0
@@ -221,7 +223,7 @@ class ServiceTimes:
         """The renewal function of these service times, solved again once a quarter of the
         histogram's memory has come in new samples since it last was."""
         if self._renewals is None or self._samples - self._renewals_at >= self._renewals_every:
-            self._renewals = Renewals(self.cdf, max(self.mean_s, FIRST_EDGE_S), self.cv)
+            self._renewals = Renewals(self.cdf, max(self.mean_s, FIRST_EDGE_S))
             self._renewals_at = self._samples
         return self._renewals
 

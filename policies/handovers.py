@@ -330,9 +330,12 @@ class _Pool:
         if self.free:
             firsts.append(poisson_binomial([fresh_first] * self.free))
             laters.append(self._later_counts([self.fresh], self.fresh_firsts_s, span, t))
-        linear = MixedCounts(
-            self.free, [MixedGroup(k, lin, dispersion) for k, (lin, _) in zip(firsts, laters, strict=True)]
-        )
+
+        def counts(later: list[float]) -> MixedCounts:
+            groups = [MixedGroup(k, per_slot, dispersion) for k, per_slot in zip(firsts, later, strict=True)]
+            return MixedCounts(self.free, groups)
+
+        linear = counts([lin for lin, _ in laters])
         if linear.mean > LARGE_COUNT:
             # A count this large is read as a normal, which cannot show how skewed a long-or-short
             # pool's count is (its median far below its mean): the renewal function's larger mean
@@ -343,21 +346,13 @@ class _Pool:
             return NormalCounts(linear.mean, linear.variance, self.free, Tails(completed))
         if self.renewals is None:
             return linear
-        renewal = MixedCounts(
-            self.free, [MixedGroup(k, ren, dispersion) for k, (_, ren) in zip(firsts, laters, strict=True)]
-        )
+        renewal = counts([ren for _, ren in laters])
         if renewal.mean <= LARGE_COUNT:
             return renewal
         # Counted exactly up to LARGE_COUNT only: the renewal function's excess is taken in the
         # share that brings the mean there, so the mean neither falls nor passes it as t grows.
         share = (LARGE_COUNT - linear.mean) / (renewal.mean - linear.mean)
-        return MixedCounts(
-            self.free,
-            [
-                MixedGroup(k, lin + share * (ren - lin), dispersion)
-                for k, (lin, ren) in zip(firsts, laters, strict=True)
-            ],
-        )
+        return counts([lin + share * (ren - lin) for lin, ren in laters])
 
 
 def _first_nodes(residual: Residual) -> list[float]:

@@ -90,6 +90,12 @@ def rate_jump(
     return events / elapsed_s
 
 
+COUNTING_INTERVAL_S = 0.05
+"""The shortest interval over which the pool's counts are blended into rates
+(gateway/queues/estimates.py): a settled-times rate counts the intervals that refused nothing, so a
+refusal takes about one of them out of settled time."""
+
+
 @dataclass(frozen=True, slots=True)
 class ObservedRate:
     """Events per second of observed time, with both exponentially forgotten over `tau_s`.

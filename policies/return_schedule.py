@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from policies.estimators import ObservedRate, ewma_in_time
+from policies.estimators import COUNTING_INTERVAL_S, ObservedRate, ewma_in_time
 from policies.retry_after import RetryAfterConfig
 from policies.rounding import rounded_down
 from policies.wait import MIN_DRAIN_SHARE, Throughput, band_drain_rate_per_s
@@ -178,7 +178,12 @@ def advance(schedule: ReturnSchedule, now: float, rates_tau_s: float) -> ReturnS
     returning = ewma_in_time(schedule.returning_per_s, due / elapsed_s, elapsed_s, rates_tau_s)
     refusing_since, settled = schedule.refusing_since, schedule.settled_returning
     if elapsed_s > rates_tau_s:  # the overload before, if any, is over: this one starts now
-        refusing_since, settled = now, settled.observe(due, elapsed_s)
+        refusing_since = now
+    # Settled times are the counting intervals that refused nothing: all of the gap since the last
+    # refusal but the interval that held it, sporadic refusals between returns included.
+    settled_s = elapsed_s - COUNTING_INTERVAL_S
+    if settled_s > 0:
+        settled = settled.observe(due * settled_s / elapsed_s, settled_s)
     if passed == len(schedule.booked):  # idle longer than the whole schedule: start afresh at now
         origin = now
     else:
@@ -199,23 +204,53 @@ def spare_rate_per_s(throughput: Throughput, band: int, returning_per_s: float) 
     return max(band_drain - fresh, OVERLOAD_RETURN_SHARE * band_drain)
 
 
-def settled_spare_rate_per_s(
-    throughput: Throughput, band: int, spare_now_per_s: float, settled_returning_per_s: float
-) -> float:
-    """The spare rate expected once the overload is over: the band's drain then (the pool's, less
-    the settled arrivals of more urgent bands) less its fresh arrivals of settled times (its
-    arrivals then less the returns that fell due then), never below the spare of the moment.
-    Without settled rates for the band and those above it, the spare of the moment."""
+def urgent_settled_per_s(
+    throughput: Throughput, band: int, settled_returning_by_band: Sequence[float]
+) -> float | None:
+    """The fresh work per second the bands more urgent than `band` brought in settled times: their
+    arrivals then less their returns that fell due then (`settled_returning_by_band`, from band 0;
+    0 where not given). None without settled rates for every one of them."""
     settled = throughput.settled_rate_by_band
-    rates = [] if settled is None else settled[: band + 1]
-    if len(rates) <= band or any(rate is None for rate in rates):
+    urgent = [] if settled is None else settled[:band]
+    if len(urgent) < band or any(rate is None for rate in urgent):
+        return None
+    return sum(max(0.0, (rate or 0.0) - _at(settled_returning_by_band, b)) for b, rate in enumerate(urgent))
+
+
+def settled_band_drain_per_s(
+    throughput: Throughput, band: int, settled_returning_by_band: Sequence[float]
+) -> float | None:
+    """The rate slots will reach `band` once the overload is over: the pool's capacity (its drain
+    where not kept) less what the more urgent bands take in settled times (`urgent_settled_per_s`).
+    None without settled rates for every band above it."""
+    urgent = urgent_settled_per_s(throughput, band, settled_returning_by_band)
+    if urgent is None:
+        return None
+    return _left_to_band(throughput.capacity_per_s or throughput.drain_rate_per_s, urgent)
+
+
+def _left_to_band(drain_per_s: float, urgent_per_s: float) -> float:
+    return max(drain_per_s - urgent_per_s, MIN_DRAIN_SHARE * drain_per_s)
+
+
+def settled_spare_rate_per_s(
+    throughput: Throughput, band: int, spare_now_per_s: float, settled_returning_by_band: Sequence[float]
+) -> float:
+    """The spare rate expected once the overload is over: the band's drain then
+    (`settled_band_drain_per_s`) less its own fresh arrivals of settled times (its arrivals then
+    less its returns that fell due then), never below the spare of the moment. Without settled
+    rates for the band and those above it, the spare of the moment."""
+    settled = throughput.settled_rate_by_band
+    band_drain = settled_band_drain_per_s(throughput, band, settled_returning_by_band)
+    arrivals = settled[band] if settled is not None and len(settled) > band else None
+    if band_drain is None or arrivals is None:
         return spare_now_per_s
-    *urgent, arrivals = (rate or 0.0 for rate in rates)
-    # An overload of urgent work takes the drain now; once it is over the band gets its share back.
-    drain = throughput.drain_rate_per_s
-    band_drain = max(drain - sum(urgent), MIN_DRAIN_SHARE * drain)
-    fresh = max(0.0, arrivals - settled_returning_per_s)
+    fresh = max(0.0, arrivals - _at(settled_returning_by_band, band))
     return max(spare_now_per_s, band_drain - fresh, OVERLOAD_RETURN_SHARE * band_drain)
+
+
+def _at(rates: Sequence[float], band: int) -> float:
+    return rates[band] if band < len(rates) else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +270,22 @@ def earliest_return_s(
     band_drain = band_drain_rate_per_s(throughput, band)
     turnover_s = throughput.handover_cost / band_drain if band_drain > 0 else config.max_s
     return min(config.max_s, max(config.min_s, excess_wait_s, turnover_s))
+
+
+def excess_after_overload_s(
+    excess_wait_s: float, band_drain_per_s: float, overload_left_s: float, drain_then_per_s: float | None
+) -> float:
+    """Admission's excess wait, read at the band's drain of the moment (`band_drain_per_s`), with
+    what would drain of it after the overload's expected end (`overload_left_s` from now) drained at
+    `drain_then_per_s` instead (the band's drain once more urgent bands are back to their settled
+    load), where that is faster: an urgent burst that takes the slots now does not take them for
+    ever. Never longer than the excess as read now."""
+    if drain_then_per_s is None or excess_wait_s <= overload_left_s:
+        return excess_wait_s
+    speedup = drain_then_per_s / band_drain_per_s if band_drain_per_s > 0 else math.inf
+    if not speedup > 1:
+        return excess_wait_s
+    return overload_left_s + (excess_wait_s - overload_left_s) / speedup
 
 
 def book_return(
@@ -280,23 +331,33 @@ def advise_return(
     config: RetryAfterConfig,
     rates_tau_s: float,
     others: Sequence[Promised] = (),
+    urgent_settled_returning: Sequence[float] = (),
 ) -> Booking:
     """Seconds until a refused request of `band` and `cost` should come back, its return booked;
-    `others`: the band's returns other replicas of the queue have promised.
+    `others`: the band's returns other replicas of the queue have promised;
+    `urgent_settled_returning`: per more urgent band, the rate its returns fell due in settled
+    times (every replica's), which its settled arrivals hold and which will not come back fresh.
 
     Never below `earliest_return_s`, never above `max_s`.
     """
     schedule = advance(schedule, now, rates_tau_s)
     returning_now, returning_settled = returning_elsewhere_per_s(others, now, rates_tau_s)
     spare_now = spare_rate_per_s(throughput, band, schedule.returning_per_s + returning_now)
-    returning = (schedule.settled_returning.per_s or 0.0) + returning_settled
+    returning = [_at(urgent_settled_returning, b) for b in range(band)]
+    returning.append((schedule.settled_returning.per_s or 0.0) + returning_settled)
     settled = rounded_down(settled_spare_rate_per_s(throughput, band, spare_now, returning), SPARE_STEP_BITS)
     spare_now = rounded_down(spare_now, SPARE_STEP_BITS)
     # An overload younger than the rates' memory is given that long: its age says nothing yet,
     # and the first refusals of a burst would otherwise be sent back into it.
     overload_left_s = max(now - schedule.refusing_since, rates_tau_s)
     spare = Spare(spare_now, settled, until=now + overload_left_s)
-    earliest_s = earliest_return_s(excess_wait_s, throughput, band, config)
+    # Past the overload's expected end the urgent bands give back what they take beyond their
+    # settled load; the pool's own drain, as its slots read now, stays what admission read.
+    urgent_then = urgent_settled_per_s(throughput, band, returning)
+    drain_then = None if urgent_then is None else _left_to_band(throughput.drain_rate_per_s, urgent_then)
+    drain_now = band_drain_rate_per_s(throughput, band)
+    excess_s = excess_after_overload_s(excess_wait_s, drain_now, overload_left_s, drain_then)
+    earliest_s = earliest_return_s(excess_s, throughput, band, config)
     elsewhere = booked_elsewhere(schedule, others) if others else ()
     return book_return(schedule, cost, earliest_s, spare, now, jitter_u, config, elsewhere)
 

@@ -49,12 +49,30 @@ class ReturnSchedules:
         schedule = self._schedules[band] or empty_schedule(now, self._config, self._settled_seen_s)
         others = self._shared.elsewhere(self._model, band)
         config, rates_seen_s = self._config, self._rates_seen_s
+        urgent = [self._settled_returning_per_s(b) for b in range(band)]
         booking = advise_return(
-            schedule, cost, excess_wait_s, throughput, band, now, jitter_u, config, rates_seen_s, others
+            schedule,
+            cost,
+            excess_wait_s,
+            throughput,
+            band,
+            now,
+            jitter_u,
+            config,
+            rates_seen_s,
+            others,
+            urgent,
         )
         self._schedules[band] = booking.schedule
         self._shared.promise(self._model, band, booking.schedule)
         return booking.advice_s
+
+    def _settled_returning_per_s(self, band: int) -> float:
+        """The rate `band`'s returns fell due in settled times, every replica's: its settled
+        arrivals hold them, and they will not come back fresh."""
+        schedule = self._schedules[band]
+        mine = 0.0 if schedule is None else schedule.settled_returning.per_s or 0.0
+        return mine + sum(o.settled_returning_per_s for o in self._shared.elsewhere(self._model, band))
 
     def schedule(self, band: int) -> ReturnSchedule | None:
         """The band's schedule as last booked (None before its first refusal)."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from gateway.settings import Estimation
 from policies.estimators import (
+    COUNTING_INTERVAL_S,
     ObservedRate,
     blend_rate,
     coefficient_of_variation,
@@ -22,11 +23,11 @@ from policies.estimators import (
     rate_jump,
     settled_rate,
 )
-from policies.service_times import ServiceTimes
-from policies.wait import Throughput, pool_drain_rate_per_s
+from policies.service_times import FIRST_EDGE_S, ServiceTimes
+from policies.wait import Throughput, drain_rate_from_slots, pool_drain_rate_per_s
 
 # Readings closer together than this are not blended yet: the counts accumulate into one interval.
-TICK_S = 0.05
+TICK_S = COUNTING_INTERVAL_S
 # Deviations a counting interval must exceed the current level by to be taken as a step up.
 JUMP_Z = 6.0
 
@@ -199,6 +200,9 @@ class PoolEstimates:
                 sustained_rate_by_band=tuple(rates.admitted_slow),
                 fast_memory_s=self._fast_tau_s,
                 settled_rate_by_band=_settled(rates.settled),
+                capacity_per_s=drain_rate_from_slots(
+                    slots, max(self.service_times.mean_s, FIRST_EDGE_S), rates.handover_cost
+                ),
                 tenant_share_by_band=_shares(rates.granted_by_flow, len(rates.offered)),
             )
             self._snapshot_key = key

@@ -25,6 +25,14 @@ def test_the_measured_variation_of_service_times_is_their_spread_over_their_mean
     assert flow.service_cv == pytest.approx(0.5, rel=0.15)
 
 
+def test_the_capacity_is_the_slots_over_the_mean_of_the_measured_service_times():
+    estimates = PoolEstimates(bands=1, expected_service_s=0.4, config=CONFIG)
+    for i in range(4000):  # 90% take 0.1 s, 10% take 3.1 s: a mean of 0.4 s
+        estimates.record_service(3.1 if i % 10 == 0 else 0.1)
+    flow = estimates.throughput(slots=4, now=0.0)
+    assert flow.capacity_per_s == pytest.approx(4 / 0.4, rel=0.02)
+
+
 def _feed(
     estimates: PoolEstimates,
     counters: StoreCounters,

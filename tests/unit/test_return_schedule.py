@@ -20,8 +20,11 @@ from policies.return_schedule import (
     OVERLOAD_RETURN_SHARE,
     Spare,
     advance,
+    advise_return,
     book_return,
     empty_schedule,
+    excess_after_overload_s,
+    settled_band_drain_per_s,
     settled_spare_rate_per_s,
     spare_rate_per_s,
 )
@@ -162,10 +165,10 @@ def test_an_overload_is_expected_to_last_as_long_again_and_then_the_settled_spar
 
 def test_the_settled_spare_counts_the_returns_of_settled_times_as_not_fresh():
     settled = settled_flow(400.0, settled=150.0)
-    assert settled_spare_rate_per_s(settled, 0, 0.0, settled_returning_per_s=50.0) == pytest.approx(100.0)
+    assert settled_spare_rate_per_s(settled, 0, 0.0, settled_returning_by_band=[50.0]) == pytest.approx(100.0)
     # Never below the spare of the moment, and without a settled rate it is that spare.
-    assert settled_spare_rate_per_s(settled, 0, 150.0, 0.0) == pytest.approx(150.0)
-    assert settled_spare_rate_per_s(flow(400.0), 0, 40.0, 0.0) == pytest.approx(40.0)
+    assert settled_spare_rate_per_s(settled, 0, 150.0, []) == pytest.approx(150.0)
+    assert settled_spare_rate_per_s(flow(400.0), 0, 40.0, []) == pytest.approx(40.0)
 
 
 def test_the_settled_spare_of_a_band_gives_back_the_drain_an_urgent_overload_takes_now():
@@ -177,10 +180,116 @@ def test_the_settled_spare_of_a_band_gives_back_the_drain_an_urgent_overload_tak
         offered_rate_by_band=(240.0, 400.0),
         settled_rate_by_band=(20.0, 80.0),
     )
-    assert settled_spare_rate_per_s(burst, 1, 6.0, 0.0) == pytest.approx(100.0)
+    assert settled_spare_rate_per_s(burst, 1, 6.0, []) == pytest.approx(100.0)
     # Without a settled rate for the band above, there is nothing to expect back.
     unknown = replace(burst, settled_rate_by_band=(None, 80.0))
-    assert settled_spare_rate_per_s(unknown, 1, 6.0, 0.0) == pytest.approx(6.0)
+    assert settled_spare_rate_per_s(unknown, 1, 6.0, []) == pytest.approx(6.0)
+
+
+def test_the_settled_drain_is_the_pools_capacity_not_the_drain_of_its_last_backlog():
+    # Long requests held the slots in the last seconds of backlog: 60/s measured, 200/s capacity.
+    held = Throughput(
+        0.04,
+        60.0,
+        admitted_rate_by_band=(60.0, 0.0),
+        offered_rate_by_band=(60.0, 300.0),
+        settled_rate_by_band=(20.0, 80.0),
+        capacity_per_s=DRAIN,
+    )
+    assert settled_band_drain_per_s(held, 1, []) == pytest.approx(DRAIN - 20.0)
+    assert settled_spare_rate_per_s(held, 1, 6.0, []) == pytest.approx(DRAIN - 20.0 - 80.0)
+    # Without a capacity kept, the drain of the moment.
+    assert settled_band_drain_per_s(replace(held, capacity_per_s=None), 1, []) == pytest.approx(40.0)
+
+
+def test_the_returns_of_urgent_bands_in_settled_times_leave_their_drain_to_the_band():
+    # Of the urgent band's 50/s of settled arrivals, 30/s were its own returns: 20/s are fresh.
+    burst = Throughput(
+        0.04,
+        DRAIN,
+        admitted_rate_by_band=(170.0, 30.0),
+        offered_rate_by_band=(240.0, 400.0),
+        settled_rate_by_band=(50.0, 80.0),
+    )
+    assert settled_band_drain_per_s(burst, 1, [30.0]) == pytest.approx(DRAIN - 20.0)
+    assert settled_spare_rate_per_s(burst, 1, 6.0, [30.0, 0.0]) == pytest.approx(100.0)
+    assert settled_spare_rate_per_s(burst, 1, 6.0, []) == pytest.approx(70.0)
+
+
+def test_the_excess_beyond_the_overloads_end_drains_at_the_settled_drain():
+    # 30 s of excess at 1/s now; the overload is expected to end in 4 s, then 9/s reach the band.
+    assert excess_after_overload_s(30.0, 1.0, 4.0, 9.0) == pytest.approx(4.0 + 26.0 / 9.0)
+    # Within the overload, with no settled drain, or with none faster than now: as it was.
+    assert excess_after_overload_s(3.0, 1.0, 4.0, 9.0) == 3.0
+    assert excess_after_overload_s(30.0, 1.0, 4.0, None) == 30.0
+    assert excess_after_overload_s(30.0, 9.0, 4.0, 1.0) == 30.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    excess=st.floats(-10, 1e4),
+    now_drain=st.floats(0, 1e4),
+    left=st.floats(0, 100),
+    settled=st.one_of(st.none(), st.floats(0, 1e4)),
+)
+def test_the_excess_after_an_overload_is_never_longer_nor_shorter_than_the_overloads_end(
+    excess, now_drain, left, settled
+):
+    after = excess_after_overload_s(excess, now_drain, left, settled)
+    assert min(excess, left) <= after <= excess
+
+
+def test_an_urgent_burst_sends_the_refused_back_when_it_is_expected_to_end_not_at_its_drain():
+    # Band 1 gets 10/s of the 200/s while band 0 bursts; its excess of 60 s at that rate is 600 of
+    # work, which the 180/s it gets once the burst is over drain in a few seconds.
+    burst = Throughput(
+        0.04,
+        DRAIN,
+        admitted_rate_by_band=(190.0, 10.0),
+        offered_rate_by_band=(300.0, 100.0),
+        settled_rate_by_band=(20.0, 60.0),
+    )
+    schedule = advance(empty_schedule(0.0, CONFIG), 3.0, rates_tau_s=2.0)
+    schedule = replace(schedule, refusing_since=0.0)
+    booking = advise_return(schedule, 1.0, 60.0, burst, 1, 3.0, 0.0, CONFIG, rates_tau_s=2.0)
+    assert booking.advice_s == pytest.approx(3.0 + 57.0 * 10.0 / 180.0, rel=0.02)
+
+
+def test_returns_between_sporadic_refusals_count_as_returns_of_settled_times():
+    # Returns fall due at 50/s in a lull whose refusals come every half second: all but the
+    # interval that held each refusal is settled time, and the returns in it are not fresh.
+    schedule = empty_schedule(0.0, CONFIG)
+    for _ in range(120):
+        schedule = book_return(schedule, 1.0, 0.005, 50.0, 0.0, 0.5, CONFIG).schedule
+    for at in (0.5, 1.0, 1.5, 2.0):
+        schedule = advance(schedule, at, rates_tau_s=2.0)
+    assert schedule.settled_returning.per_s == pytest.approx(50.0, rel=0.05)
+
+
+def test_a_band_counts_the_returns_urgent_bands_had_in_settled_times_as_not_fresh():
+    def two_bands(settled: tuple[float, float]) -> Throughput:
+        return Throughput(
+            0.04,
+            DRAIN,
+            admitted_rate_by_band=(150.0, 50.0),
+            offered_rate_by_band=(150.0, 400.0),
+            settled_rate_by_band=settled,
+        )
+
+    def last_advice(schedules: ReturnSchedules) -> float:
+        rng = random.Random(1)
+        burst = two_bands((100.0, 50.0))
+        return [schedules.advise(1, 1.0, 0.0, burst, 3.0, rng.random()) for _ in range(300)][-1]
+
+    # Band 0's refusals come back at 50/s in a lull that refuses one of them every half second:
+    # of its 100/s of settled arrivals half are returns, which leave their drain to band 1.
+    schedules = ReturnSchedules(2, CONFIG)
+    lull = two_bands((100.0, 50.0))
+    for _ in range(100):
+        schedules.advise(0, 1.0, 0.0, replace(lull, offered_rate_by_band=(50.0, 50.0)), 0.0, 0.5)
+    for at in (0.5, 1.0, 1.5, 2.0):
+        schedules.advise(0, 1.0, 0.0, lull, at, 0.5)
+    assert last_advice(schedules) < 0.8 * last_advice(ReturnSchedules(2, CONFIG))
 
 
 def test_an_overload_begins_at_the_first_refusal_after_a_quiet_spell():

@@ -6,15 +6,21 @@ counting the refused clients told to come back before it. The rules this module 
 - Each band books the work it has told to come back in slices of time that reach the ceiling
   (`max_s`). A slice takes returns up to the band's spare drain rate, so that returns land no
   faster than they can be admitted; a refusal takes the first room at or after its earliest time
-  (the queue has drained enough for it to fit, and one turnover has passed).
+  (the queue has drained enough for it to fit, and one turnover has passed). Under an urgent
+  overload the queue drains slowly only while it lasts: what of it would drain past the
+  overload's expected end (below) drains at the band's drain with the urgent bands back at their
+  settled load.
 - The spare rate is the band's drain less the fresh arrivals it will keep admitting: the arrival
   rate less the returns the schedule itself sends, counted as their slices fall due.
 - While fresh arrivals alone fill the band (a burst, an overload) returns are still booked, at
   OVERLOAD_RETURN_SHARE of its drain: a bet that the overload ends.
 - An overload that has lasted D seconds is expected to last about D more (the Lindy estimate of
   a duration known only by its age): slices beyond that take returns at the spare rate of settled
-  times, the drain less the fresh arrivals seen while the band refused nothing (the arrivals of
-  `Throughput.settled_rate_by_band` less the returns the schedule had due then). A burst's
+  times, the pool's capacity (`Throughput.capacity_per_s`; the drain of the last seconds of
+  backlog is, on a pool of long and short requests, that of the seconds its long requests held
+  the slots) less the fresh arrivals of the band and those above it while each refused nothing
+  (the arrivals of `Throughput.settled_rate_by_band` less the returns each band's schedule had due
+  between its refusals, but for the counting interval of each refusal). A burst's
   refusals thus land in the lull after it, as fast as the lull can take them, and the longer an
   overload goes on the later its refusals are told to return: a backoff that grows with the
   overload's age, up to the ceiling.
@@ -338,7 +344,8 @@ def advise_return(
     `urgent_settled_returning`: per more urgent band, the rate its returns fell due in settled
     times (every replica's), which its settled arrivals hold and which will not come back fresh.
 
-    Never below `earliest_return_s`, never above `max_s`.
+    Never below `earliest_return_s` of the excess left after the overload (`excess_after_overload_s`),
+    never above `max_s`.
     """
     schedule = advance(schedule, now, rates_tau_s)
     returning_now, returning_settled = returning_elsewhere_per_s(others, now, rates_tau_s)

@@ -43,3 +43,9 @@ def usable_by_band(
         usable_free_slots(band, free_slots, held_by_band, reserved_by_band)
         for band in range(len(held_by_band))
     )
+
+
+def slots_held_at_most(band: int, slots: int, reserved_by_band: Sequence[int]) -> int:
+    """The most slots `band` may ever hold: the pool's less the largest reservation of a more
+    urgent class (that class's bound on the slots held below it)."""
+    return max(0, slots - max(reserved_by_band[:band], default=0))

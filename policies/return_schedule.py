@@ -8,8 +8,8 @@ counting the refused clients told to come back before it. The rules this module 
   faster than they can be admitted; a refusal takes the first room at or after its earliest time
   (the queue has drained enough for it to fit, and one turnover has passed). Under an urgent
   overload the queue drains slowly only while it lasts: what of it would drain past the
-  overload's expected end (below) drains at the band's drain with the urgent bands back at their
-  settled load.
+  overload's expected end (as long again as the band's refusals have seen it, as below) drains
+  at the band's drain with the urgent bands back at their settled load.
 - The spare rate is the band's drain less the fresh arrivals it will keep admitting: the arrival
   rate less the returns the schedule itself sends, counted as their slices fall due.
 - While fresh arrivals alone fill the band (a burst, an overload) returns are still booked, at
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from policies.estimators import COUNTING_INTERVAL_S, ObservedRate, ewma_in_time
@@ -87,7 +87,10 @@ class ReturnSchedule:
     """The first refusal of the current overload: refusals no further apart than the rates'
     memory belong to one."""
     settled_returning: ObservedRate
-    """The returns that fell due between overloads, per second of those times."""
+    """The returns that fell due between the band's refusals, per second of those settled times."""
+    urgent_since: float | None = None
+    """The first refusal that saw more urgent bands take more than their settled load, of refusals
+    that all saw it, none further apart than the settled memory; None when the last did not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,12 +152,17 @@ def _booked_elsewhere(
 
 
 def returning_elsewhere_per_s(
-    others: Sequence[Promised], now: float, rates_tau_s: float
+    others: Sequence[Promised], now: float, rates_tau_s: float, settled_tau_s: float
 ) -> tuple[float, float]:
     """The rate at which the others' returns fall due now, and did in settled times; a rate not
-    refreshed within the rates' memory counts no longer (that replica refuses nothing now)."""
+    refreshed within the rates' memory counts no longer (that replica refuses nothing now), and a
+    settled rate fades over the settled memory since its replica last refused (the settled times
+    since then count at its next refusal)."""
     fresh = [o for o in others if now - o.updated_at <= rates_tau_s]
-    return sum(o.returning_per_s for o in fresh), sum(o.settled_returning_per_s for o in others)
+    settled = sum(
+        o.settled_returning_per_s * math.exp(-max(0.0, now - o.updated_at) / settled_tau_s) for o in others
+    )
+    return sum(o.returning_per_s for o in fresh), settled
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +180,14 @@ def empty_schedule(now: float, config: RetryAfterConfig, settled_tau_s: float = 
     return ReturnSchedule(now, config.max_s / SLICES, slices, 0.0, now, now, ObservedRate(settled_tau_s))
 
 
-def advance(schedule: ReturnSchedule, now: float, rates_tau_s: float) -> ReturnSchedule:
+def advance(schedule: ReturnSchedule, now: float, rates_tau_s: float, refusers: int = 1) -> ReturnSchedule:
     """`schedule` at `now`: slices that ended fall due and feed the returning rate (averaged with
-    time constant `rates_tau_s`, that of the arrival-rate estimates it is taken from)."""
+    time constant `rates_tau_s`, that of the arrival-rate estimates it is taken from), and the
+    settled returning rate for the part of the time since the last refusal that was settled.
+
+    Settled times are the counting intervals in which the pool refused none of the band's work
+    (policies.estimators.settled_rate). A refusal takes about one interval out of them; `refusers`
+    replicas refusing as often as this one take one each."""
     elapsed_s = now - schedule.updated_at
     if elapsed_s <= 0:
         return schedule
@@ -185,16 +198,16 @@ def advance(schedule: ReturnSchedule, now: float, rates_tau_s: float) -> ReturnS
     refusing_since, settled = schedule.refusing_since, schedule.settled_returning
     if elapsed_s > rates_tau_s:  # the overload before, if any, is over: this one starts now
         refusing_since = now
-    # Settled times are the counting intervals that refused nothing: all of the gap since the last
-    # refusal but the interval that held it, sporadic refusals between returns included.
-    settled_s = elapsed_s - COUNTING_INTERVAL_S
+    settled_s = elapsed_s - refusers * COUNTING_INTERVAL_S
     if settled_s > 0:
         settled = settled.observe(due * settled_s / elapsed_s, settled_s)
     if passed == len(schedule.booked):  # idle longer than the whole schedule: start afresh at now
         origin = now
     else:
         origin = schedule.origin_s + passed * schedule.slice_s
-    return ReturnSchedule(origin, schedule.slice_s, booked, returning, now, refusing_since, settled)
+    return ReturnSchedule(
+        origin, schedule.slice_s, booked, returning, now, refusing_since, settled, schedule.urgent_since
+    )
 
 
 def spare_rate_per_s(throughput: Throughput, band: int, returning_per_s: float) -> float:
@@ -227,12 +240,16 @@ def settled_band_drain_per_s(
     throughput: Throughput, band: int, settled_returning_by_band: Sequence[float]
 ) -> float | None:
     """The rate slots will reach `band` once the overload is over: the pool's capacity (its drain
-    where not kept) less what the more urgent bands take in settled times (`urgent_settled_per_s`).
-    None without settled rates for every band above it."""
+    where not kept) less what the more urgent bands take in settled times (`urgent_settled_per_s`),
+    and never more than the capacity of the slots the band may hold. None without settled rates for
+    every band above it."""
     urgent = urgent_settled_per_s(throughput, band, settled_returning_by_band)
     if urgent is None:
         return None
-    return _left_to_band(throughput.capacity_per_s or throughput.drain_rate_per_s, urgent)
+    capacity = throughput.capacity_by_band
+    if not capacity:
+        return _left_to_band(throughput.drain_rate_per_s, urgent)
+    return min(capacity[band], _left_to_band(capacity[0], urgent))
 
 
 def _left_to_band(drain_per_s: float, urgent_per_s: float) -> float:
@@ -288,9 +305,9 @@ def excess_after_overload_s(
     ever. Never longer than the excess as read now."""
     if drain_then_per_s is None or excess_wait_s <= overload_left_s:
         return excess_wait_s
-    speedup = drain_then_per_s / band_drain_per_s if band_drain_per_s > 0 else math.inf
-    if not speedup > 1:
+    if not drain_then_per_s > band_drain_per_s:
         return excess_wait_s
+    speedup = drain_then_per_s / band_drain_per_s if band_drain_per_s > 0 else math.inf
     return overload_left_s + (excess_wait_s - overload_left_s) / speedup
 
 
@@ -338,17 +355,24 @@ def advise_return(
     rates_tau_s: float,
     others: Sequence[Promised] = (),
     urgent_settled_returning: Sequence[float] = (),
+    *,
+    excess_drains_with_band: bool = True,
 ) -> Booking:
     """Seconds until a refused request of `band` and `cost` should come back, its return booked;
     `others`: the band's returns other replicas of the queue have promised;
     `urgent_settled_returning`: per more urgent band, the rate its returns fell due in settled
-    times (every replica's), which its settled arrivals hold and which will not come back fresh.
+    times (every replica's), which its settled arrivals hold and which will not come back fresh;
+    `excess_drains_with_band`: whether `excess_wait_s` is the band's queue draining (admission's
+    excess), which goes faster once an urgent overload is over, or a wait of another kind.
 
     Never below `earliest_return_s` of the excess left after the overload (`excess_after_overload_s`),
     never above `max_s`.
     """
-    schedule = advance(schedule, now, rates_tau_s)
-    returning_now, returning_settled = returning_elsewhere_per_s(others, now, rates_tau_s)
+    refusers = 1 + sum(now - o.updated_at <= rates_tau_s for o in others)
+    last_refusal = schedule.updated_at
+    schedule = advance(schedule, now, rates_tau_s, refusers)
+    settled_tau_s = schedule.settled_returning.tau_s
+    returning_now, returning_settled = returning_elsewhere_per_s(others, now, rates_tau_s, settled_tau_s)
     spare_now = spare_rate_per_s(throughput, band, schedule.returning_per_s + returning_now)
     returning = [_at(urgent_settled_returning, b) for b in range(band)]
     returning.append((schedule.settled_returning.per_s or 0.0) + returning_settled)
@@ -358,15 +382,40 @@ def advise_return(
     # and the first refusals of a burst would otherwise be sent back into it.
     overload_left_s = max(now - schedule.refusing_since, rates_tau_s)
     spare = Spare(spare_now, settled, until=now + overload_left_s)
-    # Past the overload's expected end the urgent bands give back what they take beyond their
-    # settled load; the pool's own drain, as its slots read now, stays what admission read.
+    # Past the urgent overload's expected end (as long again as it has lasted) the urgent bands
+    # give back what they take beyond their settled load; the pool's own drain, as its slots read
+    # now, stays what admission read.
     urgent_then = urgent_settled_per_s(throughput, band, returning)
     drain_then = None if urgent_then is None else _left_to_band(throughput.drain_rate_per_s, urgent_then)
     drain_now = band_drain_rate_per_s(throughput, band)
-    excess_s = excess_after_overload_s(excess_wait_s, drain_now, overload_left_s, drain_then)
+    urgent_since = _urgent_since(
+        schedule.urgent_since, last_refusal, settled_tau_s, now, drain_now, drain_then
+    )
+    schedule = replace(schedule, urgent_since=urgent_since)
+    excess_s = excess_wait_s
+    if excess_drains_with_band and urgent_since is not None:
+        urgent_left_s = max(now - urgent_since, rates_tau_s)
+        excess_s = excess_after_overload_s(excess_wait_s, drain_now, urgent_left_s, drain_then)
     earliest_s = earliest_return_s(excess_s, throughput, band, config)
     elsewhere = booked_elsewhere(schedule, others) if others else ()
     return book_return(schedule, cost, earliest_s, spare, now, jitter_u, config, elsewhere)
+
+
+def _urgent_since(
+    began: float | None,
+    last_refusal: float,
+    memory_s: float,
+    now: float,
+    drain_now: float,
+    drain_then: float | None,
+) -> float | None:
+    """When the urgent overload a refusal at `now` sees began (`ReturnSchedule.urgent_since`, as
+    `began` after the `last_refusal`); None if the band would drain no faster without it."""
+    if drain_then is None or not drain_then > drain_now:
+        return None
+    if began is None or now - last_refusal > memory_s:
+        return now
+    return began
 
 
 def _fill(
@@ -440,4 +489,5 @@ def _with_booked(schedule: ReturnSchedule, booked: tuple[float, ...]) -> ReturnS
         schedule.updated_at,
         schedule.refusing_since,
         schedule.settled_returning,
+        schedule.urgent_since,
     )

@@ -100,11 +100,12 @@ class Throughput:
     """Per band, the work per second that arrived while the band refused none of it, over a long
     memory: the load of settled times, expected back after an overload. None where not kept, or
     for a band not yet seen settled."""
-    capacity_per_s: float | None = None
-    """Work per second the slots hand over while every one is busy, over the long memory of the
-    service times: slots over their mean (Little's law). It is the drain to expect once an overload
-    is over, where `drain_rate_per_s` reads the last seconds of backlog, which on a pool of long
-    and short requests are those its long ones held. None where not kept."""
+    capacity_by_band: tuple[float, ...] = ()
+    """Per band, the work per second the slots it may hold (policies.reservations) hand over while
+    every one is busy, over the memory of the service times: those slots over their mean
+    (Little's law); band 0's is the whole pool's. It is the drain to expect once an overload is
+    over, where `drain_rate_per_s` reads the last seconds of backlog, which on a pool of long and
+    short requests are those its long ones held. Empty where not kept."""
 
 
 def work_to_drain(

@@ -289,7 +289,7 @@ class AdmissionController:
         queued_work = sum(self._store.stats(model).queued_work_by_band)
         held = self._queued_bytes.held.get(model, 0)
         excess_s = bytes_excess_wait_s(excess, held, queued_work, throughput.drain_rate_per_s)
-        advice = self._book_return(model, request, excess_s, throughput)
+        advice = self._book_return(model, request, excess_s, throughput, drains=False)
         return self._refusal(model, request.band, Outcome.QUEUE_FULL, advice, "limits.max_queued_bytes")
 
     def _over_quota(self, request: AdmissionRequest, throughput: Throughput, flow: Flow) -> Refusal | None:
@@ -319,8 +319,9 @@ class AdmissionController:
             return None
         stats = replace(self._store.stats(model), external_waiting=external)
         excess_s = refuse(request, stats, throughput, self._jitter(), self._admission).excess_wait_s
-        # Booked for the time it is told (after the cluster's wait): where its return will land.
-        advice = self._book_return(model, request, shed_excess_wait_s(excess_s, backlog), throughput)
+        # Booked for the time it is told (after the cluster's wait, which the band's drain does not
+        # shorten): where its return will land.
+        advice = self._book_return(model, request, shed_excess_wait_s(excess_s, backlog), throughput, False)
         return self._refusal(model, request.band, Outcome.CLUSTER_BACKLOGGED, advice, "kueue")
 
     def _advise(
@@ -354,7 +355,7 @@ class AdmissionController:
         return predictions
 
     def _book_return(
-        self, model: str, request: AdmissionRequest, excess_wait_s: float, flow: Throughput
+        self, model: str, request: AdmissionRequest, excess_s: float, flow: Throughput, drains: bool = True
     ) -> float:
         schedules = self._returns.get(model)
         if schedules is None:
@@ -363,7 +364,7 @@ class AdmissionController:
                 bands, self._admission.retry, self._rates_seen_s, self._settled_seen_s
             ).shared_as(model, self._store.shared_returns)
         now, jitter_u = self._clock(), self._jitter()
-        return schedules.advise(request.band, request.cost, excess_wait_s, flow, now, jitter_u)
+        return schedules.advise(request.band, request.cost, excess_s, flow, now, jitter_u, drains=drains)
 
     def _bound(self, request: AdmissionRequest, outcome: Outcome, allowed_s: float) -> str:
         """Which limit refused the request: its budget (less the service time), or its class's

@@ -23,6 +23,7 @@ from policies.estimators import (
     rate_jump,
     settled_rate,
 )
+from policies.reservations import slots_held_at_most
 from policies.service_times import FIRST_EDGE_S, ServiceTimes
 from policies.wait import Throughput, drain_rate_from_slots, pool_drain_rate_per_s
 
@@ -108,7 +109,7 @@ class PoolEstimates:
         self._rates = _Rates(
             [0.0] * bands, [0.0] * bands, [0.0] * bands, settled, ObservedRate(config.drain_window_s)
         )
-        self._snapshot_key: tuple[int, bool] = (0, False)
+        self._snapshot_key: tuple[int, bool, tuple[int, ...]] = (0, False, ())
 
     def record_service(self, service_s: float) -> None:
         weight = self._config.service_time_weight
@@ -181,10 +182,12 @@ class PoolEstimates:
         rates.last, rates.last_at = _copy(counters), now
         rates.snapshot = None
 
-    def throughput(self, slots: int, now: float) -> Throughput:
+    def throughput(self, slots: int, now: float, reserved_by_band: tuple[int, ...] = ()) -> Throughput:
+        """The pool's speeds at `now`; `reserved_by_band`: the slots each class reserves from the
+        less urgent ones (none if empty)."""
         rates = self._rates
         drain_fresh = now - rates.drained_at <= self._config.drain_stale_after_s
-        key = (slots, drain_fresh)
+        key = (slots, drain_fresh, reserved_by_band)
         if rates.snapshot is None or key != self._snapshot_key:
             seen = (rates.drain.events, rates.drain.observed_s) if drain_fresh else (0.0, 0.0)
             drain = pool_drain_rate_per_s(*seen, slots, self.service_time_s, rates.handover_cost)
@@ -200,13 +203,18 @@ class PoolEstimates:
                 sustained_rate_by_band=tuple(rates.admitted_slow),
                 fast_memory_s=self._fast_tau_s,
                 settled_rate_by_band=_settled(rates.settled),
-                capacity_per_s=drain_rate_from_slots(
-                    slots, max(self.service_times.mean_s, FIRST_EDGE_S), rates.handover_cost
-                ),
+                capacity_by_band=self._capacity_by_band(slots, reserved_by_band),
                 tenant_share_by_band=_shares(rates.granted_by_flow, len(rates.offered)),
             )
             self._snapshot_key = key
         return rates.snapshot
+
+    def _capacity_by_band(self, slots: int, reserved_by_band: tuple[int, ...]) -> tuple[float, ...]:
+        mean_s = max(self.service_times.mean_s, FIRST_EDGE_S)
+        cost = self._rates.handover_cost
+        bands = len(self._rates.offered)
+        held = [slots_held_at_most(b, slots, reserved_by_band) for b in range(bands)]
+        return tuple(drain_rate_from_slots(n, mean_s, cost) if n else 0.0 for n in held)
 
 
 def _shares(granted: dict[tuple[int, str], float], bands: int) -> tuple[dict[str, float], ...]:

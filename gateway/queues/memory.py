@@ -77,7 +77,7 @@ class MemoryQueue:
     def throughput(self, model: str, now: float) -> Throughput:
         queue = self._models[model]
         queue.estimates.observe(queue.counters, now)
-        return queue.estimates.throughput(queue.total_slots, now)
+        return queue.estimates.throughput(queue.total_slots, now, queue.reserved)
 
     def record_service(self, model: str, service_s: float) -> None:
         self._models[model].estimates.record_service(service_s)

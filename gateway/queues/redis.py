@@ -167,8 +167,8 @@ class RedisQueue:
 
     def throughput(self, model: str, now: float) -> Throughput:
         view = (state := self._models[model]).view
-        # The estimates run on Redis's clock: bring the local `now` onto it.
-        return state.estimates.throughput(state.pool.total_slots, view.redis_now + (now - view.seen_at))
+        at = view.redis_now + (now - view.seen_at)  # the estimates run on Redis's clock
+        return state.estimates.throughput(state.pool.total_slots, at, self._scripts.reservations())
 
     def record_service(self, model: str, service_s: float) -> None:
         self._models[model].estimates.record_service(service_s)

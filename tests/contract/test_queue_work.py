@@ -306,6 +306,18 @@ async def test_reservations_that_change_with_a_window_hold_from_the_next_offer(m
     assert isinstance(waiting.ticket.wakeup.result(), Slot)
 
 
+async def test_a_bands_capacity_leaves_out_the_slots_more_urgent_classes_keep_now(make_store):
+    now = [(2, 0)]
+    sut = await make_store(slots=(4,), reserved=lambda: now[0])
+    for _ in range(200):
+        sut.store.record_service(MODEL, 0.1)
+    capacity = sut.store.throughput(MODEL, now=time.monotonic()).capacity_by_band
+    assert capacity == (pytest.approx(40.0, rel=0.01), pytest.approx(20.0, rel=0.01))
+    now[0] = (0, 0)  # the window closes: low may hold every slot again
+    capacity = sut.store.throughput(MODEL, now=time.monotonic() + 1).capacity_by_band
+    assert capacity == (pytest.approx(40.0, rel=0.01), pytest.approx(40.0, rel=0.01))
+
+
 async def test_a_freed_slot_kept_for_an_urgent_class_is_not_handed_to_a_less_urgent_one(make_store):
     sut = await make_store(slots=(3,), reserved=(1, 0))
     low = [await offer(sut, band=1) for _ in range(2)]

@@ -29,8 +29,16 @@ def test_the_capacity_is_the_slots_over_the_mean_of_the_measured_service_times()
     estimates = PoolEstimates(bands=1, expected_service_s=0.4, config=CONFIG)
     for i in range(4000):  # 90% take 0.1 s, 10% take 3.1 s: a mean of 0.4 s
         estimates.record_service(3.1 if i % 10 == 0 else 0.1)
-    flow = estimates.throughput(slots=4, now=0.0)
-    assert flow.capacity_per_s == pytest.approx(4 / 0.4, rel=0.02)
+    assert estimates.throughput(slots=4, now=0.0).capacity_by_band == (pytest.approx(4 / 0.4, rel=0.02),)
+
+
+def test_a_bands_capacity_counts_only_the_slots_more_urgent_reservations_leave_it():
+    estimates = PoolEstimates(bands=3, expected_service_s=0.04, config=CONFIG)
+    for _ in range(1000):
+        estimates.record_service(0.04)
+    capacity = estimates.throughput(slots=8, now=0.0, reserved_by_band=(2, 5, 0)).capacity_by_band
+    assert capacity == (pytest.approx(200.0), pytest.approx(150.0), pytest.approx(75.0))
+    assert estimates.throughput(slots=4, now=0.0, reserved_by_band=(2, 5, 0)).capacity_by_band[2] == 0.0
 
 
 def _feed(

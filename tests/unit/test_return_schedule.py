@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import heapq
 import math
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.flow.retry_spreads import ReturnSchedules
-from policies.estimators import ObservedRate, settled_rate
+from policies.estimators import COUNTING_INTERVAL_S, ObservedRate, settled_rate
 from policies.retry_after import RetryAfterConfig
 from policies.return_schedule import (
     OVERLOAD_RETURN_SHARE,
@@ -194,12 +195,15 @@ def test_the_settled_drain_is_the_pools_capacity_not_the_drain_of_its_last_backl
         admitted_rate_by_band=(60.0, 0.0),
         offered_rate_by_band=(60.0, 300.0),
         settled_rate_by_band=(20.0, 80.0),
-        capacity_per_s=DRAIN,
+        capacity_by_band=(DRAIN, DRAIN),
     )
     assert settled_band_drain_per_s(held, 1, []) == pytest.approx(DRAIN - 20.0)
     assert settled_spare_rate_per_s(held, 1, 6.0, []) == pytest.approx(DRAIN - 20.0 - 80.0)
     # Without a capacity kept, the drain of the moment.
-    assert settled_band_drain_per_s(replace(held, capacity_per_s=None), 1, []) == pytest.approx(40.0)
+    assert settled_band_drain_per_s(replace(held, capacity_by_band=()), 1, []) == pytest.approx(40.0)
+    # Slots that band 0 reserves and leaves idle are not band 1's: 4 of 8 are left to it.
+    reserved = replace(held, capacity_by_band=(DRAIN, DRAIN / 2))
+    assert settled_spare_rate_per_s(reserved, 1, 6.0, []) == pytest.approx(DRAIN / 2 - 80.0)
 
 
 def test_the_returns_of_urgent_bands_in_settled_times_leave_their_drain_to_the_band():
@@ -223,6 +227,8 @@ def test_the_excess_beyond_the_overloads_end_drains_at_the_settled_drain():
     assert excess_after_overload_s(3.0, 1.0, 4.0, 9.0) == 3.0
     assert excess_after_overload_s(30.0, 1.0, 4.0, None) == 30.0
     assert excess_after_overload_s(30.0, 9.0, 4.0, 1.0) == 30.0
+    # A pool that drains nothing now or then: nothing says it will drain sooner.
+    assert excess_after_overload_s(60.0, 0.0, 2.0, 0.0) == 60.0
 
 
 @settings(max_examples=200, deadline=None)
@@ -237,6 +243,8 @@ def test_the_excess_after_an_overload_is_never_longer_nor_shorter_than_the_overl
 ):
     after = excess_after_overload_s(excess, now_drain, left, settled)
     assert min(excess, left) <= after <= excess
+    if settled is None or settled <= now_drain:
+        assert after == excess
 
 
 def test_an_urgent_burst_sends_the_refused_back_when_it_is_expected_to_end_not_at_its_drain():
@@ -249,10 +257,56 @@ def test_an_urgent_burst_sends_the_refused_back_when_it_is_expected_to_end_not_a
         offered_rate_by_band=(300.0, 100.0),
         settled_rate_by_band=(20.0, 60.0),
     )
-    schedule = advance(empty_schedule(0.0, CONFIG), 3.0, rates_tau_s=2.0)
-    schedule = replace(schedule, refusing_since=0.0)
+    # Its refusals have seen the burst for 3 s: it is expected to go on 3 s more.
+    schedule = replace(advance(empty_schedule(0.0, CONFIG), 3.0, rates_tau_s=2.0), urgent_since=0.0)
     booking = advise_return(schedule, 1.0, 60.0, burst, 1, 3.0, 0.0, CONFIG, rates_tau_s=2.0)
     assert booking.advice_s == pytest.approx(3.0 + 57.0 * 10.0 / 180.0, rel=0.02)
+
+
+URGENT_BURST = Throughput(
+    0.04,
+    DRAIN,
+    admitted_rate_by_band=(190.0, 10.0),
+    offered_rate_by_band=(300.0, 100.0),
+    settled_rate_by_band=(20.0, 60.0),
+)
+
+
+def test_an_urgent_overload_seen_at_sparse_refusals_is_expected_to_last_as_long_again():
+    # Band 1 is refused every 3 s (further apart than the rates' memory) while band 0 floods for
+    # five minutes: the flood's age grows with each refusal, and with it the advice.
+    schedule = empty_schedule(0.0, CONFIG)
+    advice = []
+    for at in range(0, 301, 3):
+        booking = advise_return(schedule, 1.0, 50.0, URGENT_BURST, 1, float(at), 0.0, CONFIG, rates_tau_s=2.0)
+        schedule, _ = booking.schedule, advice.append(booking.advice_s)
+    assert advice[0] < 10.0
+    assert advice[-1] >= 50.0
+    assert schedule.urgent_since == 0.0
+
+
+def test_an_urgent_overload_is_a_new_one_after_a_settled_memory_without_refusals():
+    schedule = advise_return(
+        empty_schedule(0.0, CONFIG), 1.0, 50.0, URGENT_BURST, 1, 0.0, 0.0, CONFIG, rates_tau_s=2.0
+    ).schedule
+    later = advise_return(schedule, 1.0, 50.0, URGENT_BURST, 1, 40.0, 0.0, CONFIG, rates_tau_s=2.0)
+    assert later.schedule.urgent_since == 40.0
+    assert later.advice_s < 10.0
+
+
+def test_a_wait_that_does_not_drain_with_the_band_is_not_shortened_by_the_urgent_overloads_end():
+    # A cluster's backlog, or bodies over their byte bound, wait as long whatever band 0 takes.
+    assert ReturnSchedules(2, CONFIG).advise(1, 1.0, 40.0, URGENT_BURST, 0.0, 0.0, drains=False) >= 40.0
+    assert ReturnSchedules(2, CONFIG).advise(1, 1.0, 40.0, URGENT_BURST, 0.0, 0.0) < 10.0
+
+
+def test_refusals_of_other_replicas_take_their_counting_intervals_out_of_settled_time():
+    schedule = empty_schedule(0.0, CONFIG)
+    for _ in range(20):
+        schedule = book_return(schedule, 1.0, 0.005, 50.0, 0.0, 0.5, CONFIG).schedule
+    alone = advance(schedule, 0.1, rates_tau_s=2.0)
+    assert alone.settled_returning.observed_s == pytest.approx(0.1 - COUNTING_INTERVAL_S)
+    assert advance(schedule, 0.1, rates_tau_s=2.0, refusers=3).settled_returning.per_s is None
 
 
 def test_returns_between_sporadic_refusals_count_as_returns_of_settled_times():
@@ -276,10 +330,13 @@ def test_a_band_counts_the_returns_urgent_bands_had_in_settled_times_as_not_fres
             settled_rate_by_band=settled,
         )
 
-    def last_advice(schedules: ReturnSchedules) -> float:
+    def last_advice_at(schedules: ReturnSchedules, now: float) -> float:
         rng = random.Random(1)
         burst = two_bands((100.0, 50.0))
-        return [schedules.advise(1, 1.0, 0.0, burst, 3.0, rng.random()) for _ in range(300)][-1]
+        return [schedules.advise(1, 1.0, 0.0, burst, now, rng.random()) for _ in range(300)][-1]
+
+    def last_advice(schedules: ReturnSchedules) -> float:
+        return last_advice_at(copy.deepcopy(schedules), 3.0)
 
     # Band 0's refusals come back at 50/s in a lull that refuses one of them every half second:
     # of its 100/s of settled arrivals half are returns, which leave their drain to band 1.
@@ -290,6 +347,10 @@ def test_a_band_counts_the_returns_urgent_bands_had_in_settled_times_as_not_fres
     for at in (0.5, 1.0, 1.5, 2.0):
         schedules.advise(0, 1.0, 0.0, lull, at, 0.5)
     assert last_advice(schedules) < 0.8 * last_advice(ReturnSchedules(2, CONFIG))
+    # Fifteen minutes on, with nothing of band 0's due since, those returns are long gone.
+    assert last_advice_at(schedules, 900.0) == pytest.approx(
+        last_advice_at(ReturnSchedules(2, CONFIG), 900.0), rel=0.02
+    )
 
 
 def test_an_overload_begins_at_the_first_refusal_after_a_quiet_spell():

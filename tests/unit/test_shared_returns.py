@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,7 +97,14 @@ def test_the_others_bookings_are_worked_out_once_until_they_publish_again_or_a_s
 def test_a_returning_rate_not_refreshed_within_the_rates_memory_counts_no_longer():
     fresh = Promised(0.0, 0.25, (), 30.0, 5.0, updated_at=9.0)
     stale = Promised(0.0, 0.25, (), 50.0, 7.0, updated_at=7.0)
-    assert returning_elsewhere_per_s([fresh, stale], 10.0, TAU_S) == (30.0, 12.0)
+    assert returning_elsewhere_per_s([fresh, stale], 10.0, TAU_S, math.inf) == (30.0, 12.0)
+
+
+def test_a_settled_returning_rate_fades_over_the_settled_memory_since_its_replica_last_refused():
+    # 900 s without a refusal: the settled times since then, with nothing of its returns due,
+    # count at its next refusal; read now, its rate has faded with them.
+    old = Promised(0.0, 0.25, (), 0.0, 50.0, updated_at=100.0)
+    assert returning_elsewhere_per_s([old], 1000.0, TAU_S, 30.0)[1] == pytest.approx(50.0 * math.exp(-30.0))
 
 
 def test_the_others_returns_are_not_fresh_arrivals():

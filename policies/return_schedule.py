@@ -16,14 +16,14 @@ counting the refused clients told to come back before it. The rules this module 
   OVERLOAD_RETURN_SHARE of its drain: a bet that the overload ends.
 - An overload that has lasted D seconds is expected to last about D more (the Lindy estimate of
   a duration known only by its age): slices beyond that take returns at the spare rate of settled
-  times, the pool's capacity (`Throughput.capacity_per_s`; the drain of the last seconds of
-  backlog is, on a pool of long and short requests, that of the seconds its long requests held
-  the slots) less the fresh arrivals of the band and those above it while each refused nothing
-  (the arrivals of `Throughput.settled_rate_by_band` less the returns each band's schedule had due
-  between its refusals, but for the counting interval of each refusal). A burst's
-  refusals thus land in the lull after it, as fast as the lull can take them, and the longer an
-  overload goes on the later its refusals are told to return: a backoff that grows with the
-  overload's age, up to the ceiling.
+  times. That is the capacity of the slots the band may hold (`Throughput.capacity_by_band`: on
+  a pool of long and short requests the drain of the last seconds of backlog is that of the
+  seconds its long requests held the slots), less the fresh arrivals of the band and those above
+  it while each refused nothing (the arrivals of `Throughput.settled_rate_by_band` less the
+  returns each band's schedule had due between its refusals, but for the counting interval of
+  each refusal). A burst's refusals thus land in the lull after it, as fast as the lull can take
+  them, and the longer an overload goes on the later its refusals are told to return: a backoff
+  that grows with the overload's age, up to the ceiling.
 - Room is read with the spare rate of the moment: a lull raises every slice's room at once, so the
   advice shortens as soon as the load falls; with an idle band it is the earliest time (the
   queue's drain, one turnover), delayed by at most one slice of returns still owed.

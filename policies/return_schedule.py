@@ -49,7 +49,7 @@ from functools import lru_cache
 from policies.estimators import COUNTING_INTERVAL_S, ObservedRate, ewma_in_time
 from policies.retry_after import RetryAfterConfig
 from policies.rounding import rounded_down
-from policies.wait import MIN_DRAIN_SHARE, Throughput, band_drain_rate_per_s
+from policies.wait import Throughput, band_drain_rate_per_s, drain_left_to_band
 
 SLICES = 240
 """Slices up to the ceiling: at the default 60 s, a quarter of a second each. Within a slice
@@ -248,12 +248,8 @@ def settled_band_drain_per_s(
         return None
     capacity = throughput.capacity_by_band
     if not capacity:
-        return _left_to_band(throughput.drain_rate_per_s, urgent)
-    return min(capacity[band], _left_to_band(capacity[0], urgent))
-
-
-def _left_to_band(drain_per_s: float, urgent_per_s: float) -> float:
-    return max(drain_per_s - urgent_per_s, MIN_DRAIN_SHARE * drain_per_s)
+        return drain_left_to_band(throughput.drain_rate_per_s, urgent)
+    return min(capacity[band], drain_left_to_band(capacity[0], urgent))
 
 
 def settled_spare_rate_per_s(
@@ -386,7 +382,7 @@ def advise_return(
     # give back what they take beyond their settled load; the pool's own drain, as its slots read
     # now, stays what admission read.
     urgent_then = urgent_settled_per_s(throughput, band, returning)
-    drain_then = None if urgent_then is None else _left_to_band(throughput.drain_rate_per_s, urgent_then)
+    drain_then = None if urgent_then is None else drain_left_to_band(throughput.drain_rate_per_s, urgent_then)
     drain_now = band_drain_rate_per_s(throughput, band)
     urgent_since = _urgent_since(
         schedule.urgent_since, last_refusal, settled_tau_s, now, drain_now, drain_then

@@ -149,9 +149,13 @@ def work_before_grant(queued_ahead: float, free_slots: int, handover_cost: float
 
 def band_drain_rate_per_s(throughput: Throughput, band: int) -> float:
     """The rate at which slots reach `band`: the pool's drain rate less what more urgent bands take."""
-    urgent_rate = sum(throughput.admitted_rate_by_band[:band])
-    floor = throughput.drain_rate_per_s * MIN_DRAIN_SHARE
-    return max(throughput.drain_rate_per_s - urgent_rate, floor)
+    return drain_left_to_band(throughput.drain_rate_per_s, sum(throughput.admitted_rate_by_band[:band]))
+
+
+def drain_left_to_band(drain_per_s: float, urgent_per_s: float) -> float:
+    """What a pool draining `drain_per_s` leaves a band while more urgent ones take `urgent_per_s`:
+    never below MIN_DRAIN_SHARE of it."""
+    return max(drain_per_s - urgent_per_s, MIN_DRAIN_SHARE * drain_per_s)
 
 
 def urgent_rate_over(throughput: Throughput, band: int, horizon_s: float) -> float:

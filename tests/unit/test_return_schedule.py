@@ -149,6 +149,23 @@ def settled_flow(offered: float, settled: float) -> Throughput:
     return replace(flow(offered, admitted=DRAIN), settled_rate_by_band=(settled,))
 
 
+def two_bands(
+    admitted: tuple[float, float], offered: tuple[float, float], settled: tuple[float | None, float]
+) -> Throughput:
+    """A pool of DRAIN with two bands: what each admits and is offered now, and its settled rate."""
+    return Throughput(
+        0.04,
+        DRAIN,
+        admitted_rate_by_band=admitted,
+        offered_rate_by_band=offered,
+        settled_rate_by_band=settled,
+    )
+
+
+# Band 0 takes 190/s of the 200/s now, 20/s in settled times; band 1 gets 10/s now.
+URGENT_BURST = two_bands((190.0, 10.0), (300.0, 100.0), (20.0, 60.0))
+
+
 def test_an_overload_is_expected_to_last_as_long_again_and_then_the_settled_spare_returns():
     # Refusing for 5 s at 3x, after settled times at 100/s: returns fill the next 5 s at the
     # overload share, and from then on at the settled spare, 100/s.
@@ -174,13 +191,7 @@ def test_the_settled_spare_counts_the_returns_of_settled_times_as_not_fresh():
 
 def test_the_settled_spare_of_a_band_gives_back_the_drain_an_urgent_overload_takes_now():
     # An urgent burst takes 170/s of the 200/s now; in settled times it takes 20/s, low 80/s.
-    burst = Throughput(
-        0.04,
-        DRAIN,
-        admitted_rate_by_band=(170.0, 30.0),
-        offered_rate_by_band=(240.0, 400.0),
-        settled_rate_by_band=(20.0, 80.0),
-    )
+    burst = two_bands((170.0, 30.0), (240.0, 400.0), (20.0, 80.0))
     assert settled_spare_rate_per_s(burst, 1, 6.0, []) == pytest.approx(100.0)
     # Without a settled rate for the band above, there is nothing to expect back.
     unknown = replace(burst, settled_rate_by_band=(None, 80.0))
@@ -208,13 +219,7 @@ def test_the_settled_drain_is_the_pools_capacity_not_the_drain_of_its_last_backl
 
 def test_the_returns_of_urgent_bands_in_settled_times_leave_their_drain_to_the_band():
     # Of the urgent band's 50/s of settled arrivals, 30/s were its own returns: 20/s are fresh.
-    burst = Throughput(
-        0.04,
-        DRAIN,
-        admitted_rate_by_band=(170.0, 30.0),
-        offered_rate_by_band=(240.0, 400.0),
-        settled_rate_by_band=(50.0, 80.0),
-    )
+    burst = two_bands((170.0, 30.0), (240.0, 400.0), (50.0, 80.0))
     assert settled_band_drain_per_s(burst, 1, [30.0]) == pytest.approx(DRAIN - 20.0)
     assert settled_spare_rate_per_s(burst, 1, 6.0, [30.0, 0.0]) == pytest.approx(100.0)
     assert settled_spare_rate_per_s(burst, 1, 6.0, []) == pytest.approx(70.0)
@@ -250,26 +255,10 @@ def test_the_excess_after_an_overload_is_never_longer_nor_shorter_than_the_overl
 def test_an_urgent_burst_sends_the_refused_back_when_it_is_expected_to_end_not_at_its_drain():
     # Band 1 gets 10/s of the 200/s while band 0 bursts; its excess of 60 s at that rate is 600 of
     # work, which the 180/s it gets once the burst is over drain in a few seconds.
-    burst = Throughput(
-        0.04,
-        DRAIN,
-        admitted_rate_by_band=(190.0, 10.0),
-        offered_rate_by_band=(300.0, 100.0),
-        settled_rate_by_band=(20.0, 60.0),
-    )
     # Its refusals have seen the burst for 3 s: it is expected to go on 3 s more.
     schedule = replace(advance(empty_schedule(0.0, CONFIG), 3.0, rates_tau_s=2.0), urgent_since=0.0)
-    booking = advise_return(schedule, 1.0, 60.0, burst, 1, 3.0, 0.0, CONFIG, rates_tau_s=2.0)
+    booking = advise_return(schedule, 1.0, 60.0, URGENT_BURST, 1, 3.0, 0.0, CONFIG, rates_tau_s=2.0)
     assert booking.advice_s == pytest.approx(3.0 + 57.0 * 10.0 / 180.0, rel=0.02)
-
-
-URGENT_BURST = Throughput(
-    0.04,
-    DRAIN,
-    admitted_rate_by_band=(190.0, 10.0),
-    offered_rate_by_band=(300.0, 100.0),
-    settled_rate_by_band=(20.0, 60.0),
-)
 
 
 def test_an_urgent_overload_seen_at_sparse_refusals_is_expected_to_last_as_long_again():
@@ -279,7 +268,8 @@ def test_an_urgent_overload_seen_at_sparse_refusals_is_expected_to_last_as_long_
     advice = []
     for at in range(0, 301, 3):
         booking = advise_return(schedule, 1.0, 50.0, URGENT_BURST, 1, float(at), 0.0, CONFIG, rates_tau_s=2.0)
-        schedule, _ = booking.schedule, advice.append(booking.advice_s)
+        schedule = booking.schedule
+        advice.append(booking.advice_s)
     assert advice[0] < 10.0
     assert advice[-1] >= 50.0
     assert schedule.urgent_since == 0.0
@@ -321,19 +311,11 @@ def test_returns_between_sporadic_refusals_count_as_returns_of_settled_times():
 
 
 def test_a_band_counts_the_returns_urgent_bands_had_in_settled_times_as_not_fresh():
-    def two_bands(settled: tuple[float, float]) -> Throughput:
-        return Throughput(
-            0.04,
-            DRAIN,
-            admitted_rate_by_band=(150.0, 50.0),
-            offered_rate_by_band=(150.0, 400.0),
-            settled_rate_by_band=settled,
-        )
+    lull = two_bands((150.0, 50.0), (150.0, 400.0), (100.0, 50.0))
 
     def last_advice_at(schedules: ReturnSchedules, now: float) -> float:
         rng = random.Random(1)
-        burst = two_bands((100.0, 50.0))
-        return [schedules.advise(1, 1.0, 0.0, burst, now, rng.random()) for _ in range(300)][-1]
+        return [schedules.advise(1, 1.0, 0.0, lull, now, rng.random()) for _ in range(300)][-1]
 
     def last_advice(schedules: ReturnSchedules) -> float:
         return last_advice_at(copy.deepcopy(schedules), 3.0)
@@ -341,7 +323,6 @@ def test_a_band_counts_the_returns_urgent_bands_had_in_settled_times_as_not_fres
     # Band 0's refusals come back at 50/s in a lull that refuses one of them every half second:
     # of its 100/s of settled arrivals half are returns, which leave their drain to band 1.
     schedules = ReturnSchedules(2, CONFIG)
-    lull = two_bands((100.0, 50.0))
     for _ in range(100):
         schedules.advise(0, 1.0, 0.0, replace(lull, offered_rate_by_band=(50.0, 50.0)), 0.0, 0.5)
     for at in (0.5, 1.0, 1.5, 2.0):

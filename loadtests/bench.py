@@ -20,6 +20,14 @@ Every target sits in front of a fresh simulated backend of 8 slots x 40 ms (capa
   nothing, so neither the backend nor the proxying shares the cores with its refusals);
 - redis1, redis3: the gateway on the Redis store (a private redis-server), one replica or three
   with the load spread over them in turn; CPU per request counts every replica and Redis.
+On a machine of two cores or more the servers under test (the proxy, its replicas and their Redis)
+run on the first core and everything else (this process, which generates the load, and the
+simulated backend) on the others, as in a fleet, where neither the clients nor the GPU servers
+share the gateway's cores. Sharing them, the processes its answers wake take the proxy's core
+from it (under the 3x overload the gateway was preempted 560 times a second, against 10 on a
+core of its own), and every request it had read waits for their turn: a cost of co-location that
+grows with the proxy's work per request (docs/benchmarks.md, "Who runs where").
+`--share-cores` runs everything on every core, as before 2026-12-04.
 Results print as a table (per class: goodput overall and over the steady window, latency,
 refusals by status and their latency, the share of refusals with Retry-After, backend busy, the
 proxy's CPU per request) and are saved as JSON under loadtests/results/.
@@ -104,6 +112,29 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True, slots=True)
+class Cores:
+    """Where the servers under test run, and where the load generator and the backend run."""
+
+    under_test: set[int]
+    rest: set[int]
+
+    @classmethod
+    def split(cls) -> Cores | None:
+        """The first core of this process's for the servers under test, the others for the rest;
+        None on a single core."""
+        cores = sorted(os.sched_getaffinity(0))
+        return cls({cores[0]}, set(cores[1:])) if len(cores) > 1 else None
+
+    def as_json(self) -> dict[str, list[int]]:
+        return {"under_test": sorted(self.under_test), "rest": sorted(self.rest)}
+
+    def pin_under_test(self, pid: int) -> None:
+        """Every thread of process `pid` onto the cores under test (its later threads inherit them)."""
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            os.sched_setaffinity(int(task.name), self.under_test)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -198,11 +229,21 @@ def start_target(
 
 
 def run_one(
-    scenario: Scenario, target: str, log_dir: Path, seed: int, python: str = sys.executable
+    scenario: Scenario,
+    target: str,
+    log_dir: Path,
+    seed: int,
+    python: str = sys.executable,
+    cores: Cores | None = None,
 ) -> dict[str, Any]:
+    """One target's run; with `cores`, the servers under test pinned apart from this process
+    (which must run on `cores.rest`) and the backend, which it starts there."""
     sim = Sim(log_dir, slots=SLOTS, base_ms=SERVICE_MS)
     urls, servers = start_target(target, log_dir, sim, python, scenario.load)
     try:
+        if cores is not None:
+            for server in servers:
+                cores.pin_under_test(server.process.pid)
         schedule = poisson_schedule(CAPACITY_RPS * scenario.load, scenario.duration_s, seed=seed)
         run_fast(run(urls, poisson_schedule(50, 0.5, seed=seed + 1)))  # warm the connections
         pids = [server.process.pid for server in servers]
@@ -322,6 +363,11 @@ def main() -> None:
         "per-run ratios that the targets allow (refusal latency to the floor's, goodput to HAProxy's)",
     )
     parser.add_argument(
+        "--share-cores",
+        action="store_true",
+        help="run the servers under test on the same cores as the load generator and the backend",
+    )
+    parser.add_argument(
         "--gateway-python",
         default=sys.executable,
         help="the interpreter that runs the gateway targets (one with the project installed)",
@@ -332,9 +378,13 @@ def main() -> None:
         parser.error(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}, redisN")
     if {"haproxy", "floor", "instant-shed"} & set(targets) and shutil.which("haproxy") is None:
         parser.error("the haproxy, floor and instant-shed targets need HAProxy: apt-get install haproxy")
+    cores = None if args.share_cores else Cores.split()
+    if cores is not None:
+        os.sched_setaffinity(0, cores.rest)  # before any thread or server starts: they inherit it
     log_dir = Path(tempfile.mkdtemp(prefix="bench-"))
     report: dict[str, Any] = {
         "machine": f"{os.cpu_count()} cores",
+        "cores": "shared" if cores is None else cores.as_json(),
         "seed": args.seed,
         "gateway_python": args.gateway_python,
         "scenarios": {},
@@ -343,7 +393,7 @@ def main() -> None:
         scenario = SCENARIOS[name]
         runs = []
         for _ in range(args.repeat):  # the targets in turn, so that the machine's moods fall on all
-            results = [run_one(scenario, t, log_dir, args.seed, args.gateway_python) for t in targets]
+            results = [run_one(scenario, t, log_dir, args.seed, args.gateway_python, cores) for t in targets]
             runs.append(results)
             print(table(scenario, results), "\n", flush=True)
         report["scenarios"][name] = runs[0]

@@ -27,7 +27,8 @@ share the gateway's cores. Sharing them, the processes its answers wake take the
 from it (under the 3x overload the gateway was preempted 560 times a second, against 10 on a
 core of its own), and every request it had read waits for their turn: a cost of co-location that
 grows with the proxy's work per request (docs/benchmarks.md, "Who runs where").
-`--share-cores` runs everything on every core, as before 2026-12-04.
+`--share-cores` runs everything on every core, as before 2026-12-04; compare the redis targets
+that way, since pinned their replicas and Redis share one core where one gateway has it alone.
 Results print as a table (per class: goodput overall and over the steady window, latency,
 refusals by status and their latency, the share of refusals with Retry-After, backend busy, the
 proxy's CPU per request) and are saved as JSON under loadtests/results/.

@@ -20,15 +20,14 @@ Every target sits in front of a fresh simulated backend of 8 slots x 40 ms (capa
   nothing, so neither the backend nor the proxying shares the cores with its refusals);
 - redis1, redis3: the gateway on the Redis store (a private redis-server), one replica or three
   with the load spread over them in turn; CPU per request counts every replica and Redis.
-On a machine of two cores or more the servers under test (the proxy, its replicas and their Redis)
-run on the first core and everything else (this process, which generates the load, and the
-simulated backend) on the others, as in a fleet, where neither the clients nor the GPU servers
-share the gateway's cores. Sharing them, the processes its answers wake take the proxy's core
-from it (under the 3x overload the gateway was preempted 560 times a second, against 10 on a
-core of its own), and every request it had read waits for their turn: a cost of co-location that
-grows with the proxy's work per request (docs/benchmarks.md, "Who runs where").
-`--share-cores` runs everything on every core, as before 2026-12-04; compare the redis targets
-that way, since pinned their replicas and Redis share one core where one gateway has it alone.
+On a machine of two cores or more the servers under test (the proxy, or its replicas and their
+Redis) run on the first core and everything else (this process, which generates the load, and
+the simulated backend) on the others, as in a fleet, where neither the clients nor the GPU
+servers share the gateway's cores. Sharing them, the processes the proxy's answers wake take its
+core from it, and every request it has read waits for their turn (docs/benchmarks.md, "Who runs
+where"). A run with a redis target shares the cores: pinned, its replicas and Redis would share
+one core that one gateway has to itself. `--share-cores` shares them in every run, as every run
+did before 2026-12-04.
 Results print as a table (per class: goodput overall and over the steady window, latency,
 refusals by status and their latency, the share of refusals with Retry-After, backend busy, the
 proxy's CPU per request) and are saved as JSON under loadtests/results/.
@@ -37,6 +36,7 @@ proxy's CPU per request) and are saved as JSON under loadtests/results/.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -119,23 +120,27 @@ def free_port() -> int:
 class Cores:
     """Where the servers under test run, and where the load generator and the backend run."""
 
-    under_test: set[int]
-    rest: set[int]
+    under_test: frozenset[int]
+    load_and_backend: frozenset[int]
 
     @classmethod
-    def split(cls) -> Cores | None:
-        """The first core of this process's for the servers under test, the others for the rest;
-        None on a single core."""
+    def layout(cls, targets: Sequence[str], share: bool) -> Cores | None:
+        """The first of this process's cores for the servers under test, the others for the load
+        and the backend; None (all shared) if asked, on one core, or with a redis target among
+        `targets` (see the module)."""
         cores = sorted(os.sched_getaffinity(0))
-        return cls({cores[0]}, set(cores[1:])) if len(cores) > 1 else None
+        if share or len(cores) < 2 or any(t.startswith("redis") for t in targets):
+            return None
+        return cls(frozenset(cores[:1]), frozenset(cores[1:]))
 
     def as_json(self) -> dict[str, list[int]]:
-        return {"under_test": sorted(self.under_test), "rest": sorted(self.rest)}
+        return {"under_test": sorted(self.under_test), "load_and_backend": sorted(self.load_and_backend)}
 
     def pin_under_test(self, pid: int) -> None:
         """Every thread of process `pid` onto the cores under test (its later threads inherit them)."""
         for task in Path(f"/proc/{pid}/task").iterdir():
-            os.sched_setaffinity(int(task.name), self.under_test)
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(task.name), self.under_test)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -238,7 +243,7 @@ def run_one(
     cores: Cores | None = None,
 ) -> dict[str, Any]:
     """One target's run; with `cores`, the servers under test pinned apart from this process
-    (which must run on `cores.rest`) and the backend, which it starts there."""
+    (which must run on `cores.load_and_backend`) and the backend, which it starts there."""
     sim = Sim(log_dir, slots=SLOTS, base_ms=SERVICE_MS)
     urls, servers = start_target(target, log_dir, sim, python, scenario.load)
     try:
@@ -366,7 +371,8 @@ def main() -> None:
     parser.add_argument(
         "--share-cores",
         action="store_true",
-        help="run the servers under test on the same cores as the load generator and the backend",
+        help="run the servers under test on the same cores as the load generator and the backend "
+        "(as runs with a redis target always do)",
     )
     parser.add_argument(
         "--gateway-python",
@@ -379,9 +385,10 @@ def main() -> None:
         parser.error(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}, redisN")
     if {"haproxy", "floor", "instant-shed"} & set(targets) and shutil.which("haproxy") is None:
         parser.error("the haproxy, floor and instant-shed targets need HAProxy: apt-get install haproxy")
-    cores = None if args.share_cores else Cores.split()
+    cores = Cores.layout(targets, args.share_cores)
     if cores is not None:
-        os.sched_setaffinity(0, cores.rest)  # before any thread or server starts: they inherit it
+        # Before any thread or server starts: they inherit it.
+        os.sched_setaffinity(0, cores.load_and_backend)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-"))
     report: dict[str, Any] = {
         "machine": f"{os.cpu_count()} cores",

@@ -1,4 +1,4 @@
-"""The core benchmark's layout: the servers under test on a core of their own (loadtests.bench)."""
+"""The core benchmark pins a server under test to its own core (loadtests.bench.Cores)."""
 
 from __future__ import annotations
 
@@ -20,17 +20,8 @@ time.sleep(30)
 """
 
 
-def test_the_first_core_is_for_the_servers_under_test_and_the_others_for_the_rest(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5, 2, 7})
-    assert Cores.split() == Cores({2}, {5, 7})
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
-    assert Cores.split() is None  # one core: everything shares it
-
-
 def test_pinning_a_server_moves_every_thread_it_already_runs() -> None:
-    cores = Cores.split()
+    cores = Cores.layout(["gateway"], share=False)
     if cores is None:
         pytest.skip("this machine has one core: the benchmark shares it, nothing is pinned")
     with subprocess.Popen([sys.executable, "-c", TWO_THREADS], stdout=subprocess.PIPE) as child:

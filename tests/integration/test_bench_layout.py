@@ -11,12 +11,12 @@ import pytest
 
 from loadtests.bench import Cores
 
-# A process with a second thread, which says so once the thread runs.
+# A process with a second thread, which says so once the thread runs, and lives until killed.
 TWO_THREADS = """
-import sys, threading, time
-threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+import sys, threading
+threading.Thread(target=threading.Event().wait, daemon=True).start()
 print("started", flush=True)
-time.sleep(30)
+sys.stdin.read()
 """
 
 
@@ -24,7 +24,8 @@ def test_pinning_a_server_moves_every_thread_it_already_runs() -> None:
     cores = Cores.layout(["gateway"], share=False)
     if cores is None:
         pytest.skip("this machine has one core: the benchmark shares it, nothing is pinned")
-    with subprocess.Popen([sys.executable, "-c", TWO_THREADS], stdout=subprocess.PIPE) as child:
+    command = [sys.executable, "-c", TWO_THREADS]
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as child:
         try:
             assert child.stdout is not None and child.stdout.readline() == b"started\n"
             cores.pin_under_test(child.pid)

@@ -46,6 +46,7 @@ from policies.wait import (
     MIN_DRAIN_SHARE,
     QueueStats,
     Throughput,
+    arriving_ahead,
     band_count_variance_rate,
     band_drain_rate_per_s,
     urgent_rate_over,
@@ -110,6 +111,28 @@ def allowed_wait_s(request: AdmissionRequest, throughput: Throughput) -> float:
     if request.budget_s is not None:
         allowed = min(allowed, request.budget_s - service_allowance_s(throughput))
     return allowed
+
+
+def arriving_work(request: AdmissionRequest, stats: QueueStats, throughput: Throughput) -> float:
+    """The work other flows of its band will still send ahead of the request's turn within its
+    allowance (policies.wait.arriving_ahead): admission asks whether it starts within the
+    allowance, and what they send by then goes first. The stores' atomic check counts only what is
+    queued, so the caller takes this off the limit it offers with."""
+    allowed = allowed_wait_s(request, throughput)
+    return arriving_ahead(stats, throughput, request.band, request.tenant, allowed)
+
+
+def offer_limit(limit: float, external: float, arriving: float) -> float:
+    """The work limit a store checks an offer against, atomically with the insert, from admission's
+    `limit` (-1: never): the store counts the work queued ahead of it, not what is ahead of it
+    elsewhere. The work the backends hold for other clients (`external`) is ahead of every band,
+    and what the band's other flows send ahead of its turn meanwhile (`arriving_work`) goes first
+    too; the arrivals alone never take the limit below no work at all, since a slot free with
+    nothing queued ahead starts the request now, before anything arrives."""
+    if limit < 0:
+        return limit
+    limit -= external
+    return max(limit - arriving, min(limit, 0.0))
 
 
 def budget_hopeless(request: AdmissionRequest, throughput: Throughput) -> bool:
@@ -274,7 +297,10 @@ def decide(
     config: AdmissionConfig,
 ) -> Admit | Reject:
     """Admit when the cautious wait fits the allowance, else Reject with a computed Retry-After."""
-    work = work_to_drain(stats, request.band, throughput.handover_cost, request.tenant, request.cost)
+    arriving = arriving_work(request, stats, throughput)
+    work = work_to_drain(
+        stats, request.band, throughput.handover_cost, request.tenant, request.cost, arriving
+    )
     limit = room_limit(max_work(request, throughput, config), throughput.handover_cost, request.room_share)
     if limit >= 0 and work <= limit:
         return Admit(predicted_wait_s=work / band_drain_rate_per_s(throughput, request.band))
@@ -298,9 +324,12 @@ def refuse(
     now will hold their slots longer than the drain rate says; it never shortens it.
     """
     drain = band_drain_rate_per_s(throughput, request.band)
-    work = work_to_drain(stats, request.band, throughput.handover_cost, request.tenant)
+    arriving = arriving_work(request, stats, throughput)
+    work = work_to_drain(stats, request.band, throughput.handover_cost, request.tenant, None, arriving)
     # It is back in time when the queue has drained to leave room for its whole cost.
-    room = work_to_drain(stats, request.band, throughput.handover_cost, request.tenant, request.cost)
+    room = work_to_drain(
+        stats, request.band, throughput.handover_cost, request.tenant, request.cost, arriving
+    )
     allowed = allowed_wait_s(request, throughput)
     if reason is None:
         budget_binds = allowed < request.max_queue_wait_s

@@ -27,7 +27,13 @@ script, atomically).
 
 Admission reads the same clock (`work_ahead_in_turn`): a request waits for the work handed out
 before its turn, not for everything its band holds. A light tenant's request behind a heavy
-tenant's backlog is served within its share, and is admitted on that.
+tenant's backlog is served within its share, and is admitted on that. What the other flows have
+queued is not all that goes first: while the request waits, their new arrivals are tagged from
+their own finish tags, which may lie below its start tag, and are handed slots before it
+(`arrivals_in_turn`). Counting only what was queued, a light-weight tenant under sustained
+overload was admitted far into virtual time and then overtaken by the heavier flows' arrivals:
+with weights 3:1 at 2.5x the pool's capacity it was handed 15% of the work, and its admitted
+requests expired in the queue.
 """
 
 from __future__ import annotations
@@ -109,3 +115,37 @@ def turn_ahead(turns: FairTurns, tenant: str, slack: float) -> float:
     others = ((work, turns.weights.get(name, 1.0)) for name, work in turns.queued.items() if name != tenant)
     own_finish = turns.finish.get(tenant, turns.virtual_time)
     return work_ahead_in_turn(turns.virtual_time, own_finish, turns.queued.get(tenant, 0.0), others, slack)
+
+
+def arrivals_in_turn(
+    turns: FairTurns, tenant: str, slack: float, rates: Mapping[str, float], horizon_s: float
+) -> float:
+    """The work the band's other flows will still queue ahead of a request of `tenant` joining now,
+    within `horizon_s`, beyond what they hold queued (which `turn_ahead` counts); `rates` are the
+    flows' work per second (tenant -> rate).
+
+    A flow g may send at most (S - v) * w_g + `slack` of work with tags below the request's start
+    tag S (as in `work_ahead_in_turn`), and within `horizon_s` at most what it holds queued plus
+    rate * horizon_s. The request is handed a slot within `horizon_s` if the pool drains, by then,
+    its own flow's work and each flow's smaller bound: past its turn nothing of g's goes first, and
+    before it g cannot have sent more than it does by then. So admission, asking whether the
+    request starts within its allowance, reads this at the allowance. A flow with no rate known adds
+    nothing; a flow not backlogged has the weight 1 unless `turns` names it.
+    """
+    if horizon_s <= 0:
+        return 0.0
+    span = max(0.0, turns.finish.get(tenant, turns.virtual_time) - turns.virtual_time)
+    extra = 0.0
+    for name, rate in rates.items():
+        if name == tenant or rate <= 0:
+            continue
+        in_turn = span * turns.weights.get(name, 1.0) + slack
+        queued = turns.queued.get(name, 0.0)
+        extra += max(0.0, min(in_turn, queued + rate * horizon_s) - min(in_turn, queued))
+    return extra
+
+
+def shares(rates: Mapping[str, float]) -> dict[str, float]:
+    """Each flow's share of the work `rates` hands out (0 for all when none is handed)."""
+    total = sum(rates.values())
+    return {name: rate / total if total > 0 else 0.0 for name, rate in rates.items()}

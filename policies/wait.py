@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from policies.fairness import FairTurns, turn_ahead
+from policies.fairness import FairTurns, arrivals_in_turn, turn_ahead
 from policies.service_times import ServiceTimes
 
 # The least share of the drain rate a band is assumed to keep, so that noisy rate estimates of the
@@ -93,9 +93,10 @@ class Throughput:
     same as `admitted_rate_by_band`."""
     fast_memory_s: float = 0.0
     """How far back the fast estimate remembers (its time constant)."""
-    tenant_share_by_band: tuple[dict[str, float], ...] = field(default=(), compare=False)
-    """Per band, each tenant flow's share of the work granted slots recently ("" for the unnamed
-    flow); empty where not kept."""
+    tenant_rate_by_band: tuple[Mapping[str, float], ...] = field(default=(), compare=False)
+    """Per band, the work per second each tenant flow was granted slots recently ("" for the
+    unnamed flow): the rate its arrivals take turns ahead of others' (policies.fairness.
+    arrivals_in_turn); empty where not kept."""
     settled_rate_by_band: tuple[float | None, ...] | None = None
     """Per band, the work per second that arrived while the band refused none of it, over a long
     memory: the load of settled times, expected back after an overload. None where not kept, or
@@ -114,14 +115,29 @@ def work_to_drain(
     handover_cost: float = 1.0,
     tenant: str | None = None,
     cost: float | None = None,
+    arriving: float = 0.0,
 ) -> float:
     """The work that must be handed slots before a new request of `band` (of `tenant`'s flow, when
     given) gets one, its own hand-over included (0: a slot is free). Each free slot takes one
     hand-over's work at once. Given the request's `cost`, its own part is the room it takes in the
-    queue (`room_taken`): what admission checks against the work limit."""
-    ahead = stats.work_ahead(band, tenant, handover_cost) + stats.external_waiting
+    queue (`room_taken`): what admission checks against the work limit. `arriving`: the work other
+    flows will still send ahead of its turn (`arriving_ahead`)."""
+    ahead = stats.work_ahead(band, tenant, handover_cost) + stats.external_waiting + arriving
     own = handover_cost if cost is None else room_taken(ahead, handover_cost, cost)
     return max(0.0, ahead + own - handover_cost * stats.free_for(band))
+
+
+def arriving_ahead(
+    stats: QueueStats, throughput: Throughput, band: int, tenant: str | None, horizon_s: float
+) -> float:
+    """The work the other flows of a fair-queued `band` will still queue ahead of a request of
+    `tenant` within `horizon_s`, at the rates they were recently granted slots
+    (policies.fairness.arrivals_in_turn); 0 where its band's turns are not kept or nothing waits."""
+    turns = stats.fair_turns[band] if stats.fair_turns else None
+    if tenant is None or turns is None or not throughput.tenant_rate_by_band:
+        return 0.0
+    rates = throughput.tenant_rate_by_band[band]
+    return arrivals_in_turn(turns, tenant, throughput.handover_cost, rates, horizon_s) if rates else 0.0
 
 
 def room_taken(queued_ahead: float, handover_cost: float, cost: float) -> float:

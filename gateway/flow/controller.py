@@ -34,8 +34,10 @@ from policies.admission import (
     AdmissionRequest,
     Reject,
     allowed_wait_s,
+    arriving_work,
     budget_hopeless,
     min_budget_s,
+    offer_limit,
     refuse,
 )
 from policies.cost_ranks import CostRanks, room_limit, room_share
@@ -137,8 +139,6 @@ class AdmissionController:
         if self._windows is not None and (closed := self._windows.closed_for(band, flow.tenant)):
             closed_s, window = closed
             return self._refusal(model, band, Outcome.OUTSIDE_WINDOW, closed_s, f"windows[{window}]")
-        # Work the backends hold for other clients is ahead of every band: it comes off the
-        # limit the store checks atomically.
         external = int(self._signals.external_waiting(model)) * throughput.handover_cost
         if (shed := self._shed(model, request, throughput, external)) is not None:
             return shed
@@ -177,14 +177,13 @@ class AdmissionController:
         predictions = self._predictions_of(model)
         limit = predictions.work_limit(request, stats, throughput, arrived_at, confidence)
         limit = room_limit(limit, throughput.handover_cost, request.room_share)
+        limit = offer_limit(limit, external, arriving_work(request, stats, throughput))
         # A held batch leaves while its most urgent member still has a service time to spare
         # beyond its allowed wait: a batch is served more slowly than one request.
         leave_by = arrived_at + allowed_s - throughput.service_time_s
         if batching is not None and batching.max_delay_s > 0:
             batching = self._holds.decide(flow, batching, cost, leave_by, stats.free_for(band))
-        offering = self._store.offer(
-            flow, cost, allowed_s, limit - external if limit >= 0 else limit, arrived_at, batching, on_grant
-        )
+        offering = self._store.offer(flow, cost, allowed_s, limit, arrived_at, batching, on_grant)
         offer = await (offering if batching is None else self._holds.offering(flow, batching, offering))
         if isinstance(offer, Granted):
             return self._granted_now(offer.slot, flow, on_grant)

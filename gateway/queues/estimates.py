@@ -69,6 +69,10 @@ class _Rates:
     drained_at: float = float("-inf")
     granted_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
     """Work per second granted to each flow (forgotten like the arrival rates)."""
+    granted_fast_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
+    """The same, forgotten as fast as the quick arrival rates: a flood's flows are seen at their
+    rate within a second, while the slow estimate still ramps up and admission would let a light
+    tenant's requests in behind arrivals it did not count (they expired in the queue)."""
     snapshot: Throughput | None = field(default=None)
 
 
@@ -171,9 +175,11 @@ class PoolEstimates:
             rates.drained_at = counters.drained_at
         for flow, total in counters.granted_by_flow.items():
             granted = counter_increase(last.granted_by_flow.get(flow, 0.0), total)
-            rates.granted_by_flow[flow] = blend_rate(
-                rates.granted_by_flow.get(flow, 0.0), granted, elapsed_s, self._slow_tau_s
-            )
+            for by_flow, tau_s in (
+                (rates.granted_by_flow, self._slow_tau_s),
+                (rates.granted_fast_by_flow, self._fast_tau_s),
+            ):
+                by_flow[flow] = blend_rate(by_flow.get(flow, 0.0), granted, elapsed_s, tau_s)
         handovers = counter_increase(last.handovers, counters.handovers)
         if handovers > 0:
             per_handover = counter_increase(last.handed_work, counters.handed_work) / handovers
@@ -204,7 +210,9 @@ class PoolEstimates:
                 fast_memory_s=self._fast_tau_s,
                 settled_rate_by_band=_settled(rates.settled),
                 capacity_by_band=self._capacity_by_band(slots, reserved_by_band),
-                tenant_share_by_band=_shares(rates.granted_by_flow, len(rates.offered)),
+                tenant_rate_by_band=_by_band(
+                    rates.granted_by_flow, rates.granted_fast_by_flow, len(rates.offered)
+                ),
             )
             self._snapshot_key = key
         return rates.snapshot
@@ -217,16 +225,15 @@ class PoolEstimates:
         return tuple(drain_rate_from_slots(n, mean_s, cost) if n else 0.0 for n in held)
 
 
-def _shares(granted: dict[tuple[int, str], float], bands: int) -> tuple[dict[str, float], ...]:
-    """Each band's recent granted work split by tenant, as shares of the band's."""
-    shares: list[dict[str, float]] = [{} for _ in range(bands)]
-    for (band, tenant), rate in granted.items():
-        shares[band][tenant] = rate
-    for by_tenant in shares:
-        total = sum(by_tenant.values())
-        for tenant, rate in by_tenant.items():
-            by_tenant[tenant] = rate / total if total > 0 else 0.0
-    return tuple(shares)
+def _by_band(
+    slow: dict[tuple[int, str], float], fast: dict[tuple[int, str], float], bands: int
+) -> tuple[dict[str, float], ...]:
+    """Each band's recent granted work per second by tenant: the quick level, the larger of the
+    slow and the fast estimate (as for the bands' arrival rates)."""
+    rates: list[dict[str, float]] = [{} for _ in range(bands)]
+    for (band, tenant), rate in slow.items():
+        rates[band][tenant] = max(rate, fast.get((band, tenant), 0.0))
+    return tuple(rates)
 
 
 def _settled(rates: list[ObservedRate]) -> tuple[float | None, ...]:

@@ -198,12 +198,16 @@ def _workload(
         if not limited:
             return trace, len(trace), None
         span_s = max(trace[-1].at_s - trace[0].at_s, service.mean_s)
-        offered = tuple(sum(a.cost for a in trace if a.band == b) / span_s for b in range(len(classes)))
+        by_tenant: list[dict[str, float]] = [{} for _ in classes]
+        for a in trace:
+            by_tenant[a.band][a.tenant] = by_tenant[a.band].get(a.tenant, 0.0) + a.cost / span_s
+        offered = tuple(sum(rates.values()) for rates in by_tenant)
         services = [a.service_s for a in trace]
         mean_s = statistics.fmean(services)
         cv = statistics.pstdev(services) / mean_s if mean_s > 0 else 0.0
         cost = statistics.fmean(a.cost for a in trace)
-        return trace, len(trace), Admission.known(args.slots, max(mean_s, 1e-9), cv, offered, cost)
+        known = Admission.known(args.slots, max(mean_s, 1e-9), cv, offered, cost, tuple(by_tenant))
+        return trace, len(trace), known
     if args.rate is None:
         raise SimulateInputError("give --rate (Poisson arrivals per second) or --trace FILE")
     shares = [c.share for c in classes]
@@ -213,10 +217,16 @@ def _workload(
     arrivals = poisson_arrivals(args.rate, args.requests, service, rng, class_shares=shares, tenants=mix)
     if not limited:
         return arrivals, args.requests, None
-    cost = sum(t.share * t.cost for t in tenants) / sum(t.share for t in tenants)
+    tenant_share = sum(t.share for t in tenants)
+    cost = sum(t.share * t.cost for t in tenants) / tenant_share
     offered = tuple(args.rate * share / sum(shares) * cost for share in shares)
+    rates = tuple(
+        {t.name: args.rate * share / sum(shares) * t.share / tenant_share * t.cost for t in tenants}
+        for share in shares
+    )
     mean_s = service.mean_s * (cost if service.per_cost else 1.0)
-    return arrivals, args.requests, Admission.known(args.slots, mean_s, service.cv, offered, cost)
+    known = Admission.known(args.slots, mean_s, service.cv, offered, cost, rates)
+    return arrivals, args.requests, known
 
 
 def _progress(total: int) -> Progress:

@@ -75,9 +75,13 @@ class Admission:
         service_cv: float,
         offered_work_per_s: tuple[float, ...],
         handover_cost: float = 1.0,
+        tenant_work_per_s: tuple[Mapping[str, float], ...] = (),
     ) -> Admission:
         """The speeds a perfectly measured pool shows: the service times' mean and cv, the drain of
-        `slots`, and every band admitted at its offered rate (an upper bound when some are refused)."""
+        `slots`, and every band admitted at its offered rate (an upper bound when some are refused);
+        `tenant_work_per_s`, per band, each tenant flow's offered work per second, the rate at which
+        the gateway sees it granted slots (the same for a flow served whole; for one refused in
+        part, an upper bound, which matters only up to its turn)."""
         throughput = Throughput(
             service_time_s=service_mean_s,
             drain_rate_per_s=drain_rate_from_slots(slots, service_mean_s, handover_cost),
@@ -86,6 +90,7 @@ class Admission:
             service_spread_s=service_cv * service_mean_s,
             service_cv=service_cv,
             handover_cost=handover_cost,
+            tenant_rate_by_band=tenant_work_per_s,
         )
         return cls(throughput)
 
@@ -342,11 +347,9 @@ def _admitted_until(
 
 
 def _turns(flow: Flow, virtual_time: float, nbands: int) -> tuple[FairTurns | None, ...]:
-    """The fair-queuing state of `flow`'s band, where the arrival's turn is not the whole band."""
-    others = [f for f in flow.siblings.values() if f is not flow and f.queued > 0]
-    if not others:
-        return ()  # its band's work is all its own flow's
-    queued = {f.tenant: f.queued for f in others}
-    queued[flow.tenant] = flow.queued
-    turns = FairTurns(virtual_time, {flow.tenant: flow.finish}, queued, {f.tenant: f.weight for f in others})
+    """The fair-queuing state of `flow`'s band while work waits in it, as the stores tell it."""
+    backlogged = [f for f in flow.siblings.values() if f.queued > 0]
+    queued = {f.tenant: f.queued for f in backlogged}
+    weights = {f.tenant: f.weight for f in backlogged}
+    turns = FairTurns(virtual_time, {flow.tenant: flow.finish}, queued, weights)
     return tuple(turns if b == flow.band else None for b in range(nbands))

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from gateway.upstream.backends import ModelPool
 from policies.circuit import CircuitState
+from policies.fairness import shares as fair_shares
 from policies.outcomes import Outcome
 from policies.quotas import Quota, borrowed
 from policies.saturation import saturation
@@ -350,8 +351,8 @@ class _PoolCollector(Collector):
                 borrowed_work.add_metric(
                     [pool.name, tenant], borrowed(tenant, stats.inflight_by_tenant, self._quotas)
                 )
-            for priority, by_tenant in zip(self._priorities, flow.tenant_share_by_band, strict=False):
-                for tenant, share in by_tenant.items():
+            for priority, by_tenant in zip(self._priorities, flow.tenant_rate_by_band, strict=False):
+                for tenant, share in fair_shares(by_tenant).items():
                     shares.add_metric([pool.name, priority, tenant or "-"], share)
             inflight.add_metric([pool.name], sum(b.inflight for b in pool.backends))
             for backend in pool.backends:

@@ -15,6 +15,7 @@ from policies.admission import (
     decide,
     max_work,
     min_budget_s,
+    offer_limit,
     refuse,
     service_allowance_s,
     work_limit,
@@ -252,3 +253,19 @@ def test_a_cluster_of_urgent_arrivals_weighs_on_the_next_moment_not_on_a_long_al
     assert sustained > work_limit(low, stats, believed_all_along, 0.0, 0.977, config) + 20
     # Believed for the whole allowance, it would be as if urgent work took 4/s of the 5/s.
     assert sustained >= 0.6 * (5.0 - 0.9) * 18.8
+
+
+@pytest.mark.parametrize(
+    ("limit", "external", "arriving", "offered"),
+    [
+        (10.0, 0.0, 0.0, 10.0),
+        (10.0, 2.0, 3.0, 5.0),  # both are ahead of it, and come off
+        (10.0, 0.0, 25.0, 0.0),  # arrivals alone stop at no work ahead: a free slot still starts it
+        (10.0, 12.0, 5.0, -2.0),  # the backends' own queue may still refuse it with a slot free
+        (-1.0, 0.0, 5.0, -1.0),  # never
+    ],
+)
+def test_the_offers_limit_takes_off_what_goes_first_but_is_not_queued_in_the_store(
+    limit, external, arriving, offered
+):
+    assert offer_limit(limit, external, arriving) == offered

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.fairness import FairTurns, tags, turn_ahead, virtual_time_after, work_ahead_in_turn
+from policies.fairness import (
+    FairTurns,
+    arrivals_in_turn,
+    shares,
+    tags,
+    turn_ahead,
+    virtual_time_after,
+    work_ahead_in_turn,
+)
 
 
 class Band:
@@ -33,6 +41,15 @@ class Band:
         self.virtual_time = virtual_time_after(self.virtual_time, start)
         return flow, cost
 
+    def run(self, steps: list[tuple[str, float] | None]) -> None:
+        """Enqueues (flow, cost) and hand-overs (None, skipped while nothing waits), in order."""
+        for step in steps:
+            if step is None:
+                if self.heap:
+                    self.hand_over()
+            else:
+                self.enqueue(*step)
+
     def queued(self, flow: str) -> int:
         return sum(entry[2] == flow for entry in self.heap)
 
@@ -47,6 +64,12 @@ class Band:
         for _, _, flow, cost in self.heap:
             queued[flow] = queued.get(flow, 0.0) + cost
         return FairTurns(self.virtual_time, dict(self.finish), queued, self.weights)
+
+
+def band_steps(most: int) -> st.SearchStrategy[list[tuple[str, float] | None]]:
+    """Enqueues (flow, cost) and hand-overs (None) of a band of flows a, b and c, in any order."""
+    enqueue = st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([1.0, 2.0, 8.0]))
+    return st.lists(st.one_of(st.none(), enqueue), max_size=most)
 
 
 costs = st.lists(st.sampled_from([1.0, 2.0, 4.0, 8.0, 16.0]), min_size=1, max_size=8)
@@ -151,21 +174,13 @@ def test_a_weight_must_be_positive():
 
 @settings(max_examples=300, deadline=None)
 @given(
-    steps=st.lists(
-        st.one_of(st.none(), st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([1.0, 2.0, 8.0]))),
-        max_size=120,
-    ),
+    steps=band_steps(120),
     joining=st.sampled_from(["a", "b", "c"]),
 )
 def test_the_work_ahead_of_a_turn_is_never_less_than_what_goes_first(steps, joining):
-    # Enqueues (flow, cost) and hand-overs (None) in any order; then a request of `joining` arrives.
+    # The band's steps, then a request of `joining` arrives.
     band = Band({"a": 1.0, "b": 3.0, "c": 0.5})
-    for step in steps:
-        if step is None:
-            if band.heap:
-                band.hand_over()
-        else:
-            band.enqueue(*step)
+    band.run(steps)
     exact = band.work_before(joining, 1.0)
     assert turn_ahead(band.turns(), joining, slack=8.0) >= exact - 1e-9
     assert turn_ahead(band.turns(), joining, slack=8.0) <= sum(entry[3] for entry in band.heap) + 1e-9
@@ -196,3 +211,49 @@ def test_a_band_of_one_flow_has_its_whole_backlog_ahead():
     for cost in (1.0, 2.0, 3.0):
         band.enqueue("only", cost)
     assert turn_ahead(band.turns(), "only", slack=3.0) == band.work_before("only", 1.0) == 6.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=band_steps(80),
+    joining=st.sampled_from(["a", "b", "c"]),
+    later=band_steps(120),
+)
+def test_what_goes_before_a_turn_while_others_keep_arriving_is_within_the_count(steps, joining, later):
+    # A request of `joining` is enqueued after `steps`; then the other flows send `later` while the
+    # band hands work over. What is handed out before it never exceeds the queued work ahead of its
+    # turn plus arrivals_in_turn at the rates they sent at (over a horizon of 1).
+    band = Band({"a": 1.0, "b": 3.0, "c": 0.5})
+    band.run(steps)
+    sent: dict[str, float] = {}
+    for step in later:
+        if step is not None and step[0] != joining:
+            sent[step[0]] = sent.get(step[0], 0.0) + step[1]
+    turns = band.turns()
+    bound = turn_ahead(turns, joining, slack=8.0) + arrivals_in_turn(turns, joining, 8.0, sent, 1.0)
+    own_start = band.enqueue(joining, 1.0)
+    handed = 0.0
+    for step in later:
+        if step is None:
+            flow, cost = band.hand_over()
+            if flow == joining and cost == 1.0 and band.virtual_time >= own_start:
+                break
+            handed += cost
+        elif step[0] != joining:
+            band.enqueue(*step)
+    assert handed <= bound + 1e-9
+
+
+def test_a_flow_that_keeps_arriving_goes_ahead_up_to_its_weight_of_the_turn():
+    # The joining flow's start tag is 4 past the virtual time. A flow of weight 3 that has queued 2
+    # but sends 100 a second sends 12 (+1 straddling) ahead of it within 1 s: 11 more than queued;
+    # a flow sending 2 a second, nothing queued, adds its 2; a flow with no rate adds nothing.
+    turns = FairTurns(10.0, {"f": 14.0}, {"f": 4.0, "heavy": 2.0}, {"f": 1.0, "heavy": 3.0})
+    rates = {"f": 50.0, "heavy": 100.0, "light": 2.0, "idle": 0.0}
+    assert arrivals_in_turn(turns, "f", 1.0, rates, 1.0) == 11.0 + 2.0
+    assert arrivals_in_turn(turns, "f", 1.0, rates, 0.0) == 0.0
+
+
+def test_shares_split_the_handed_work_and_are_zero_when_none_is():
+    assert shares({"a": 3.0, "b": 1.0}) == {"a": 0.75, "b": 0.25}
+    assert shares({"a": 0.0}) == {"a": 0.0}

@@ -72,16 +72,17 @@ def test_the_settled_rate_counts_only_times_that_refused_nothing():
     assert flow.offered_rate_by_band[0] == pytest.approx(600.0)
 
 
-def test_tenant_shares_are_each_flows_part_of_its_bands_recent_grants():
+def test_tenant_rates_are_each_flows_recent_grants_per_second():
     estimates = PoolEstimates(bands=2, expected_service_s=0.04, config=CONFIG)
     counters = StoreCounters.empty(2)
     estimates.observe(counters, 0.0)
     at = 0.0
-    for _ in range(100):
+    for _ in range(round(20 / TICK_S)):  # ten time constants: the rates have settled
         for flow, work in (((1, "a"), 3.0), ((1, "b"), 1.0), ((0, ""), 2.0)):
             counters.granted_by_flow[flow] = counters.granted_by_flow.get(flow, 0.0) + work
         at += TICK_S
         estimates.observe(counters, at)
-    shares = estimates.throughput(slots=8, now=at).tenant_share_by_band
-    assert shares[0] == {"": pytest.approx(1.0)}
-    assert shares[1] == {"a": pytest.approx(0.75), "b": pytest.approx(0.25)}
+    rates = estimates.throughput(slots=8, now=at).tenant_rate_by_band
+    per_tick = 1 / TICK_S
+    assert rates[0] == {"": pytest.approx(2.0 * per_tick, rel=0.01)}
+    assert rates[1] == {"a": pytest.approx(3.0 * per_tick, rel=0.01), "b": pytest.approx(per_tick, rel=0.01)}

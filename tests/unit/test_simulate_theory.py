@@ -36,6 +36,8 @@ How long each run is, and why:
   125 s on this machine, so they run only with SIMULATE_HEAVY_TRAFFIC=1. By default 0.95 is
   simulated at the one point 1.9 million requests settle, M/D/1, which runs the engine's
   heavy-traffic path (nearly every request queued and tagged) as the others would, on one slot.
+  The points of a million requests and more are `slow`: the full suite runs them, the fast tier
+  (`-m "not slow"`) the others.
 """
 
 import math
@@ -95,10 +97,10 @@ def simulated_wait(
 MMC = [
     pytest.param(1, 0.5, 110_000, id="M/M/1-0.5"),
     pytest.param(2, 0.5, 140_000, id="M/M/2-0.5"),
-    pytest.param(8, 0.5, 1_500_000, id="M/M/8-0.5"),
+    pytest.param(8, 0.5, 1_500_000, id="M/M/8-0.5", marks=pytest.mark.slow),
     pytest.param(1, 0.8, 330_000, id="M/M/1-0.8"),
     pytest.param(2, 0.8, 330_000, id="M/M/2-0.8"),
-    pytest.param(8, 0.8, 950_000, id="M/M/8-0.8"),
+    pytest.param(8, 0.8, 950_000, id="M/M/8-0.8", marks=pytest.mark.slow),
     pytest.param(1, 0.95, 4_000_000, id="M/M/1-0.95", marks=heavy),
     pytest.param(2, 0.95, 4_200_000, id="M/M/2-0.95", marks=heavy),
     pytest.param(8, 0.95, 5_000_000, id="M/M/8-0.95", marks=heavy),
@@ -119,8 +121,8 @@ MG1 = [
     pytest.param(FIXED, 0.5, 50_000, id="M/D/1-0.5"),
     pytest.param(LOGNORMAL, 0.5, 250_000, id="M/LN(cv2)/1-0.5"),
     pytest.param(FIXED, 0.8, 220_000, id="M/D/1-0.8"),
-    pytest.param(LOGNORMAL, 0.8, 1_250_000, id="M/LN(cv2)/1-0.8"),
-    pytest.param(FIXED, 0.95, 1_900_000, id="M/D/1-0.95"),
+    pytest.param(LOGNORMAL, 0.8, 1_250_000, id="M/LN(cv2)/1-0.8", marks=pytest.mark.slow),
+    pytest.param(FIXED, 0.95, 1_900_000, id="M/D/1-0.95", marks=pytest.mark.slow),
     pytest.param(LOGNORMAL, 0.95, 8_100_000, id="M/LN(cv2)/1-0.95", marks=heavy),
 ]
 

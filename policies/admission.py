@@ -170,12 +170,20 @@ def max_work(
     z = config.safety_sigmas if queue_sigmas is None else queue_sigmas
     band_drain = band_drain_rate_per_s(throughput, request.band)
     budget = allowed * band_drain
-    # The largest n with n + c * sqrt(n) <= budget, c = z * sqrt(v / mu_b): a quadratic in sqrt(n).
-    c = max(0.0, z) * math.sqrt(band_count_variance_rate(throughput, request.band) / band_drain)
-    if c == 0:
+    spread = max(0.0, z) * math.sqrt(band_count_variance_rate(throughput, request.band) / band_drain)
+    return most_within(budget, spread)
+
+
+def most_within(budget: float, spread: float) -> float:
+    """The largest n with n + spread * sqrt(n) <= budget: the most hand-overs (or work) a drain
+    that is expected to hand over `budget` carries with a margin of `spread` sqrt(n) (spread = z
+    sqrt(v / mu): z deviations of a count with variance v per second at mean rate mu). Admission
+    admits work up to it; displacement tells a queued request whose need has grown past it."""
+    if spread == 0:
         return budget  # exact, so that work landing right on the limit is admitted
-    # The root written so that it does not cancel when c * c dwarfs the budget.
-    root = 2 * budget / (c + math.sqrt(c * c + 4 * budget))
+    # A quadratic in sqrt(n), its root written so that it does not cancel when spread**2 dwarfs
+    # the budget.
+    root = 2 * budget / (spread + math.sqrt(spread * spread + 4 * budget))
     return root * root
 
 

@@ -1,12 +1,14 @@
 """Which queued requests can no longer be served in time? Displacement of queued work.
 
 More urgent work that arrives goes ahead of every less urgent request already queued. A queued
-request is *overdue* once even a favourable drain cannot hand it a slot by its leave-by time: the
-requests certainly ahead of it (every more urgent band's queued requests and, within a flow that
-leaves in arrival order, its own flow's requests queued before it) need n hand-overs, and the
-pool, handing over mu a second while busy, makes n of them within the time left T only if n <= mu
-T + `sigmas` sqrt(mu T) (the count of hand-overs of busy slots wavers like a Poisson count, or
-less). Such a request is told at once (429 `displaced`) instead of expiring in the queue later.
+request is *overdue* once admission would refuse it where it now stands: the requests certainly
+ahead of it (every more urgent band's queued requests and, within a flow that leaves in arrival
+order, its own flow's requests queued before it) and its own need n hand-overs, and the pool,
+handing over mu a second while busy, is expected to make mu T of them in the time left T; it is
+overdue when n + z cv sqrt(n) > mu T, admission's test (policies.admission.most_within) at its
+starting margin z (`OVERDUE_SIGMAS`), the count's spread from the measured service times (cv 0:
+slots that hand over like clocks, 1: like a Poisson stream, and 1 until measured). Such a request
+is told at once (429 `displaced`) instead of expiring in the queue later.
 
 What is ahead is counted in requests, not in work: in a pool of slots each request takes one
 hand-over whatever its cost. Work divided by the pool's mean work per hand-over would count a
@@ -19,11 +21,12 @@ has work queued no new borrowing starts (policies.quotas), so the owners' queued
 within their quotas is certainly ahead of every request of a tenant that owns no quota, in any
 band (`owners_ahead`), and an owner's arrival checks those requests too.
 
-The test is lenient on purpose: it ignores the arrivals still to come and the other flows of the
-request's band, and allows the drain its luck. A request that might still be served is not
-displaced; one it does not catch expires at its leave-by time, as before. So only tenants without
-a quota count as borrowers here: one over its quota runs within it again as its own requests
-finish, and then waits for no owner.
+Where admission also counts what will still arrive ahead of a request (the urgent bands' rate, the
+other flows' turns), displacement counts only what is queued: a displaced request is lost to its
+client for good, so one that might still be served stays, and one the arrivals still to come push
+out expires at its leave-by time, as before. So only tenants without a quota count as borrowers
+here: one over its quota runs within it again as its own requests finish, and then waits for no
+owner.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
+
+from policies.admission import AdmissionConfig, most_within
 
 
 class Queued(NamedTuple):
@@ -46,7 +51,8 @@ class Queued(NamedTuple):
     cost: float
 
 
-OVERDUE_SIGMAS = 3.0
+OVERDUE_SIGMAS = AdmissionConfig().safety_sigmas
+"""The margin, in standard deviations, of the count of hand-overs: admission's starting one."""
 OVERDUE_CHECKED = 8
 """Queued requests of each flow a store checks on an urgent arrival, newest first: where the new
 arrival bites first, at a bounded cost per arrival."""
@@ -58,17 +64,19 @@ def requests_per_handover(batch_max_cost: float | None) -> int:
     return 1 if batch_max_cost is None else max(1, int(batch_max_cost))
 
 
-def overdue(now: float, leave_by: float, handovers_ahead: float, handovers_per_s: float) -> bool:
+def overdue(
+    now: float, leave_by: float, handovers_ahead: float, handovers_per_s: float, service_cv: float
+) -> bool:
     """Whether a request with `handovers_ahead` certainly ahead of it cannot get a slot by
-    `leave_by` from a pool that hands over `handovers_per_s` while busy."""
+    `leave_by`, at admission's margin, from a pool that hands over `handovers_per_s` while busy
+    with service times of coefficient of variation `service_cv`."""
     if handovers_per_s <= 0 or math.isinf(leave_by):
         return False
     left_s = leave_by - now
     if left_s <= 0:
         return True
     needed = handovers_ahead + 1  # its own hand-over too
-    expected = handovers_per_s * left_s
-    return needed > expected + OVERDUE_SIGMAS * math.sqrt(expected)
+    return needed > most_within(handovers_per_s * left_s, OVERDUE_SIGMAS * service_cv)
 
 
 def overdue_in_flow(
@@ -77,6 +85,7 @@ def overdue_in_flow(
     flow_requests: int,
     newest_first: Iterable[tuple[float, int]],
     handovers_per_s: float,
+    service_cv: float,
     *,
     in_arrival_order: bool = True,
 ) -> list[int]:
@@ -90,7 +99,7 @@ def overdue_in_flow(
     for position, (leave_by, per_handover) in enumerate(newest_first):
         older = flow_requests - position - 1 if in_arrival_order else 0
         ahead = (urgent_requests + max(older, 0)) / max(per_handover, 1)
-        if overdue(now, leave_by, ahead, handovers_per_s):
+        if overdue(now, leave_by, ahead, handovers_per_s, service_cv):
             found.append(position)
     return found
 

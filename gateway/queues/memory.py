@@ -149,11 +149,12 @@ class MemoryQueue:
         """Less urgent requests (and borrowers', where it `reclaim`s a quota) this arrival pushed
         past their allowance are told at once."""
         estimates = queue.estimates
-        handovers_per_s = (
-            estimates.throughput(queue.total_slots, now).drain_rate_per_s / estimates.handover_cost
-        )
+        throughput = estimates.throughput(queue.total_slots, now)
+        handovers_per_s = throughput.drain_rate_per_s / estimates.handover_cost
         fifo = self._ordering is Ordering.FIFO
-        queue.displace_overdue(band, now, handovers_per_s, in_arrival_order=fifo, reclaim=reclaim)
+        queue.displace_overdue(
+            band, now, handovers_per_s, throughput.service_cv, in_arrival_order=fifo, reclaim=reclaim
+        )
 
     def _rank(self, queue: ModelQueue, ticket: Ticket, leave_by: float) -> float:
         """The ticket's ordering score: its deadline under EDF, else its start tag in its band's

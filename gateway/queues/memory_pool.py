@@ -241,6 +241,7 @@ class ModelQueue:
         band: int,
         now: float,
         handovers_per_s: float,
+        service_cv: float,
         in_arrival_order: bool,
         reclaim: bool = False,
     ) -> None:
@@ -266,6 +267,7 @@ class ModelQueue:
                     len(arrivals),
                     ((t.leave_by, requests_per_handover(_batch_max(t))) for t in newest),
                     handovers_per_s,
+                    service_cv,
                     in_arrival_order=in_arrival_order,
                 )
                 victims += (newest[i] for i in found)

@@ -196,11 +196,11 @@ class RedisQueue:
             state.refused_locally[flow.band] += cost
             return Full(view.stats)
         edf, weight = self._ordering is Ordering.EDF, self._weight_of(flow.tenant)
-        drain = 0.0  # the least urgent band pushes nobody back, but an owner reclaiming a quota may
-        if flow.band < self._bands - 1 or self._scripts.has_quotas:
-            drain = self.throughput(flow.model, now).drain_rate_per_s / handover
+        # The least urgent band pushes nobody back, but an owner reclaiming a quota may.
+        displacing = flow.band < self._bands - 1 or self._scripts.has_quotas
+        pool = self.throughput(flow.model, now) if displacing else None
         args = OfferArgs(
-            self._replica, flow, cost, max_work, handover, edf, weight, allowed_wait_s, self._ttl_s, drain
+            self._replica, flow, cost, max_work, handover, edf, weight, allowed_wait_s, self._ttl_s, pool
         )
         running = self._spawn(self._run("offer", state, args.fields(state.take_refused_locally(), batching)))
         try:

@@ -18,7 +18,7 @@ from gateway.upstream.backends import ModelPool
 from policies.displacement import OVERDUE_CHECKED, OVERDUE_SIGMAS
 from policies.fairness import FairTurns
 from policies.reservations import usable_by_band
-from policies.wait import QueueStats, work_before_grant
+from policies.wait import QueueStats, Throughput, work_before_grant
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +34,17 @@ class OfferArgs:
     weight: float
     allowed_s: float
     ttl: float
-    drain: float = 0.0
-    """The pool's hand-overs per second while busy, for displacing the less urgent requests this
-    one pushes past their allowance (policies.displacement); 0: none to check."""
+    displacing: Throughput | None = None
+    """The pool's measured speeds where this offer may push less urgent requests past their
+    allowance (policies.displacement): the script checks them at the pool's hand-overs per second
+    while busy (`drain`) and its service times' spread (`service_cv`); None: none to check."""
 
     def fields(self, refused: list[float], batching: Batching | None) -> dict[str, Any]:
         """The script's arguments, with the work refused locally since the last script."""
-        fields = {name: getattr(self, name) for name in self.__slots__ if name != "flow"}
-        fields |= {"band": self.flow.band, "tenant": self.flow.tenant, "refused": refused}
-        if self.drain > 0:
+        fields = {name: getattr(self, name) for name in self.__slots__ if name not in ("flow", "displacing")}
+        fields |= {"band": self.flow.band, "tenant": self.flow.tenant, "refused": refused, "drain": 0.0}
+        if (pool := self.displacing) is not None and pool.drain_rate_per_s > 0:
+            fields |= {"drain": pool.drain_rate_per_s / self.handover, "service_cv": pool.service_cv}
             fields |= {"overdue_sigmas": OVERDUE_SIGMAS, "overdue_checked": OVERDUE_CHECKED}
         if batching is not None:
             fields["batch"] = {"key": batching.key, "max": batching.max_cost}

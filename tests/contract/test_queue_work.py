@@ -433,8 +433,9 @@ async def test_at_its_cap_the_queue_displaces_borrowed_work_before_owned_work(ma
 async def test_queued_work_pushed_past_its_allowance_by_urgent_arrivals_is_displaced_at_once(
     make_store, ordering
 ):
-    # One slot of 40 ms hands over 25 times a second: within 1 s, 25 hand-overs, and by luck at
-    # most 40 (policies.displacement). Ten urgent requests leave the low ones room; sixty do not.
+    # One slot of 40 ms hands over 25 times a second: within 1 s, 25 hand-overs, of which
+    # admission counts on 16 (n + 2 sqrt(n) <= 25 at the prior cv 1: policies.displacement). Ten
+    # urgent requests leave the low ones room; sixty do not.
     sut = await make_store(slots=(1,), ordering=ordering)
     await take_the_slot(sut)
     short = [(await offer(sut, band=1, allowed_s=1.0)).ticket for _ in range(4)]
@@ -453,8 +454,9 @@ async def test_queued_work_pushed_past_its_allowance_by_urgent_arrivals_is_displ
 
 async def test_a_large_queued_request_counts_one_hand_over_however_much_work_it_carries(make_store):
     # Batch jobs of 16 units behind urgent requests of 1, on one slot of 40 ms (25 hand-overs in
-    # 1 s, 40 by luck). Ten urgent arrivals put 10 + 2 requests ahead of the newest job: 13
-    # hand-overs with its own, so it stays (counted as work, 10 + 32 units, it would have gone).
+    # 1 s, 16 at admission's margin). Ten urgent arrivals put 10 + 2 requests ahead of the newest
+    # job: 13 hand-overs with its own, so it stays (counted as work, 10 + 32 units, it would have
+    # gone).
     sut = await make_store(slots=(1,))
     await take_the_slot(sut)
     jobs = [(await offer(sut, band=1, cost=16.0, allowed_s=1.0)).ticket for _ in range(3)]

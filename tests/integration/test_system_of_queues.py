@@ -393,10 +393,10 @@ async def test_at_the_cap_an_urgent_arrival_displaces_a_queued_batch_request_whi
 async def test_queued_work_an_urgent_flood_pushes_past_its_allowance_is_told_at_once(
     start_sim, start_gateway, store_section
 ):
-    # One slot of 50 ms a batch item: 20 hand-overs a second, within the low class's 1.5 s at most
-    # 30 + 3 x 5.5. Three low requests queue behind a running batch of 40 (2 s); 60 urgent ones then
-    # go ahead of them: the low ones cannot be served in time and hear so at once, not when their
-    # 1.5 s runs out.
+    # One slot of 50 ms a batch item: 20 hand-overs a second, 30 within the low class's 1.5 s, of
+    # which admission counts on 21 while the service times are not yet known (n + 2 sqrt(n) <= 30).
+    # Three low requests queue behind a running batch of 40 (2 s); 60 urgent ones then go ahead of
+    # them: the low ones cannot be served in time and hear so at once, not when their 1.5 s runs out.
     sim = start_sim(slots=1, base_ms=0, per_item_ms=50)
     classes = [{"name": "high", "max_wait_ms": 30_000}, {"name": "low", "max_wait_ms": 1500}]
     config = gateway_config([(sim.url, 1)], priorities=classes, expected_service_ms=50)
@@ -423,6 +423,53 @@ async def test_queued_work_an_urgent_flood_pushes_past_its_allowance_is_told_at_
         assert advice is not None and float(advice) > 0
     assert [status for status, _, _ in served] == [200] * 61
     assert gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="displaced") == 3
+    assert sim.stats()["peak_inflight"] <= 1
+
+
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_lows_a_few_urgent_requests_push_past_their_allowance_are_displaced_when_they_arrive(
+    start_sim, start_gateway, store_section
+):
+    # One slot of a fixed 200 ms, both classes allowed 1.5 s. Twelve low requests 10 ms apart:
+    # the slot hands over at 0.2, 0.4, ... s, so lows 1-7 start within 1.5 s of arriving and are
+    # admitted (the rest refused). At 0.3 s four high ones go ahead of the queued lows 2-7: low 2
+    # then starts at 1.2 s and low 3 at 1.4 s, in time; lows 4-7 would start at 1.6 s and later,
+    # past their 1.54 s and later leave-by times. They are told so when the highs arrive, not when
+    # their allowance runs out, and once the gateway has measured the fixed service time it
+    # displaces none that would have been served.
+    sim = start_sim(slots=1, base_ms=200)
+    classes = [{"name": "high", "max_wait_ms": 1500}, {"name": "low", "max_wait_ms": 1500}]
+    config = gateway_config([(sim.url, 1)], priorities=classes, expected_service_ms=200)
+    if store_section is not None:
+        config["store"] = store_section
+    gateway = start_gateway(config)
+    loop = asyncio.get_running_loop()
+
+    async def infer(http, priority):
+        async with http.post(gateway.url + PATH, json=INFER, headers={"X-Priority": priority}) as reply:
+            body = await reply.json()
+            return reply.status, body.get("reason"), loop.time()
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        for _ in range(10):  # the service time measured: its spread is known from 10 on
+            assert (await infer(http, "low"))[0] == 200
+        start = loop.time()
+        lows = []
+        for i in range(12):
+            lows.append(asyncio.ensure_future(infer(http, "low")))
+            await asyncio.sleep(max(0.0, start + (i + 1) * 0.01 - loop.time()))  # the open loop's pace
+        await asyncio.sleep(max(0.0, start + 0.3 - loop.time()))
+        highs_at = loop.time()
+        highs = [asyncio.ensure_future(infer(http, "high")) for _ in range(4)]
+        told = await asyncio.gather(*lows)
+        served_highs = await asyncio.gather(*highs)
+    outcomes = [(status, reason) for status, reason, _ in told]
+    assert outcomes[:3] == [(200, None)] * 3, outcomes
+    assert (429, "deadline_expired_in_queue") not in outcomes, outcomes
+    displaced = [at for status, reason, at in told if reason == "displaced"]
+    assert len(displaced) >= 3, outcomes  # lows 4-7 at least, where admission took them
+    assert all(at - highs_at < 0.5 for at in displaced), "displaced when their allowance ran out"
+    assert [status for status, _, _ in served_highs] == [200] * 4
     assert sim.stats()["peak_inflight"] <= 1
 
 

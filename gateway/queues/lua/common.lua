@@ -509,15 +509,21 @@ local function may_start(tenant, cost, backends, nbands)
   return total <= math.max(0, capacity - owned) + unused
 end
 
+-- policies.admission.most_within: the largest n with n + spread * sqrt(n) <= budget.
+local function most_within(budget, spread)
+  if spread == 0 then return budget end
+  local root = 2 * budget / (spread + math.sqrt(spread * spread + 4 * budget))
+  return root * root
+end
+
 -- policies.displacement.overdue, here where it must be atomic with the insert that caused it.
--- A.drain: the pool's hand-overs per second while busy; `ahead`: the hand-overs ahead.
+-- A.drain: the pool's hand-overs per second while busy; A.service_cv: its service times'
+-- coefficient of variation; `ahead`: the hand-overs ahead.
 local function overdue(now, leave_by, ahead)
   if leave_by == nil then return false end
   local left = leave_by - now
   if left <= 0 then return true end
-  local needed = ahead + 1
-  local expected = A.drain * left
-  return needed > expected + A.overdue_sigmas * math.sqrt(expected)
+  return ahead + 1 > most_within(A.drain * left, A.overdue_sigmas * A.service_cv)
 end
 
 -- policies.displacement.owners_ahead: per band b (at b + 1), the owners' queued requests in bands b

@@ -20,10 +20,9 @@ pytestmark = pytest.mark.anyio
 INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
 PATH = "/v2/models/sim/infer"
 SLOTS, SERVICE_MS = 4, 50  # 80 requests a second
-QW = []
 PER_TENANT_RATE = 100.0  # 2.5x the backend's capacity between them
-SEND_S = 12.0
-COUNTED_FROM_S = 5.0  # the queue has filled and the gateway has measured the flows' rates
+SEND_S = 9.0
+COUNTED_FROM_S = 4.0  # the queue has filled and the gateway has measured the flows' rates
 
 
 async def open_loop(url: str, tenant: str, seed: int, started: float, served: list, refused: list):
@@ -37,11 +36,6 @@ async def open_loop(url: str, tenant: str, seed: int, started: float, served: li
         at = time.monotonic() - started
         if reply.status == 200:
             served.append((at, tenant))
-            import re
-
-            QW.append(
-                (tenant, float(re.search(r"queue;dur=([0-9.]+)", reply.headers["Server-Timing"]).group(1)))
-            )
         else:
             assert reply.status == 429, body
             refused.append((at, tenant, body))

@@ -262,7 +262,7 @@ class AdmissionController:
         if lease.slot.released:
             return
         if service_s is not None:
-            self._store.record_service(lease.slot.model, service_s)
+            self._store.record_service(lease.slot.model, service_s, lease.slot)
         await self._store.release(lease.slot, self._clock())
 
     def release_soon(self, slot: Slot, service_s: float | None = None) -> bool:
@@ -270,7 +270,7 @@ class AdmissionController:
         if slot.released:
             return False
         if service_s is not None:
-            self._store.record_service(slot.model, service_s)
+            self._store.record_service(slot.model, service_s, slot)
         return self._store.release_soon(slot, self._clock())
 
     def _hopeless(self, model: str, request: AdmissionRequest, throughput: Throughput) -> Refusal:

@@ -78,6 +78,8 @@ class Slot:
     released: bool = False
     lease: str = ""
     """The store's id for the slot, where it keeps one (Redis)."""
+    held_at: float = 0.0
+    """When this replica took it from a shared store, on the store's clock (0: not kept)."""
     charged: bool = False
     """Also counted against the fallback store's share (held when the shared store failed)."""
     awaiting: int = 0
@@ -257,8 +259,9 @@ class RequestQueue(Protocol):
         starts that in the background. True when the slot went straight to a local waiter."""
         ...
 
-    def record_service(self, model: str, service_s: float) -> None:
-        """Feed one measured service time into the model's estimate."""
+    def record_service(self, model: str, service_s: float, slot: Slot | None = None) -> None:
+        """Feed one measured service time into the model's estimate; `slot`: the one it was
+        served on, about to be released (a shared store counts how long it held it)."""
         ...
 
     def backends_changed(self, model: str) -> None:

@@ -135,8 +135,8 @@ class FailoverQueue:
     def throughput(self, model: str, now: float) -> Throughput:
         return self._redis.throughput(model, now) if self.up else self._local.throughput(model, now)
 
-    def record_service(self, model: str, service_s: float) -> None:
-        self._redis.record_service(model, service_s)
+    def record_service(self, model: str, service_s: float, slot: Slot | None = None) -> None:
+        self._redis.record_service(model, service_s, slot)
         self._local.record_service(model, service_s)
 
     async def offer(

@@ -79,7 +79,7 @@ class MemoryQueue:
         queue.estimates.observe(queue.counters, now)
         return queue.estimates.throughput(queue.total_slots, now, queue.reserved)
 
-    def record_service(self, model: str, service_s: float) -> None:
+    def record_service(self, model: str, service_s: float, slot: Slot | None = None) -> None:
         self._models[model].estimates.record_service(service_s)
 
     async def offer(

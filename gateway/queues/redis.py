@@ -13,8 +13,8 @@ named fields (gateway.queues.redis_codec).
   A replica whose heartbeat lapsed keeps its leases reserved until its work could have ended, its
   tickets are purged, and it comes back by rejoining (gateway.queues.redis_presence).
 - Estimates: the scripts keep raw totals (work offered, admitted, handed over, the gaps between
-  backlogged hand-overs) on Redis's clock and return them; each replica makes them rates with the
-  memory store's PoolEstimates. Service times are measured locally (the backends are the same).
+  backlogged hand-overs) on Redis's clock, made rates with the memory store's PoolEstimates.
+  Service times are measured locally, plus a script's round trip (ModelState.record_service).
 - Returns promised to refused clients are exchanged on the upkeep loop (redis_returns).
 """
 
@@ -166,12 +166,10 @@ class RedisQueue:
         return self._models[model].view.stats
 
     def throughput(self, model: str, now: float) -> Throughput:
-        view = (state := self._models[model]).view
-        at = view.redis_now + (now - view.seen_at)  # the estimates run on Redis's clock
-        return state.estimates.throughput(state.pool.total_slots, at, self._scripts.reservations())
+        return self._models[model].throughput(now, self._scripts.reservations())
 
-    def record_service(self, model: str, service_s: float) -> None:
-        self._models[model].estimates.record_service(service_s)
+    def record_service(self, model: str, service_s: float, slot: Slot | None = None) -> None:
+        self._models[model].record_service(service_s, slot, self._clock())
 
     async def offer(
         self,
@@ -196,8 +194,7 @@ class RedisQueue:
             state.refused_locally[flow.band] += cost
             return Full(view.stats)
         edf, weight = self._ordering is Ordering.EDF, self._weight_of(flow.tenant)
-        # The least urgent band pushes nobody back, but an owner reclaiming a quota may.
-        displacing = flow.band < self._bands - 1 or self._scripts.has_quotas
+        displacing = flow.band < self._bands - 1 or self._scripts.has_quotas  # a reclaiming owner may
         pool = self.throughput(flow.model, now) if displacing else None
         args = OfferArgs(
             self._replica, flow, cost, max_work, handover, edf, weight, allowed_wait_s, self._ttl_s, pool
@@ -212,7 +209,7 @@ class RedisQueue:
             raise ReplicaAbsent(f"model {flow.model}: this replica's heartbeat lapsed")
         self._take_view(state, reply["view"])
         if reply["kind"] == "granted":
-            return Granted(state.hold(reply["lease"], reply["url"], cost, flow.band))
+            return Granted(state.hold(reply["lease"], reply["url"], cost, flow.band, self._clock()))
         if reply["kind"] == "queued":
             ticket = state.queued(flow, cost, reply["ticket"], batching, now + allowed_wait_s, on_grant)
             return Queued(ticket)
@@ -354,7 +351,10 @@ class RedisQueue:
 
     async def _run(self, script: str, state: ModelState, args: dict[str, Any]) -> Any:
         args["per_slot"] = state.estimates.handover_cost  # the work a slot takes, for quotas
-        return await self._scripts.run(script, state.tag, state.pool, args)
+        sent = self._clock()
+        reply = await self._scripts.run(script, state.tag, state.pool, args)
+        state.round_trip(self._clock() - sent)
+        return reply
 
     async def _publish_ready(self, state: ModelState) -> None:
         await self._run("ready", state, {"ttl": self._ttl_s, "ready": ready_arg(state.pool)})

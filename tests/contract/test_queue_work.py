@@ -8,6 +8,7 @@ import time
 import pytest
 
 from gateway.queues.base import Batching, Flow, Full, Granted, Queued, Slot
+from gateway.queues.redis import RedisQueue
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
 from policies.quotas import Quota
@@ -316,6 +317,24 @@ async def test_a_bands_capacity_leaves_out_the_slots_more_urgent_classes_keep_no
     now[0] = (0, 0)  # the window closes: low may hold every slot again
     capacity = sut.store.throughput(MODEL, now=time.monotonic() + 1).capacity_by_band
     assert capacity == (pytest.approx(40.0, rel=0.01), pytest.approx(40.0, rel=0.01))
+
+
+async def test_a_shared_store_measures_a_service_as_long_as_it_held_the_slot(make_store):
+    # Each slot is held 20 ms by the replica while the backend reports 1 ms of work. In the memory
+    # store the slot is handed over where it is freed: the backend's time is the slot's. Redis
+    # hands it over a round trip and the replica's turns later: the pool turns over as slowly as
+    # the slot is held, and a reading of the backend's time alone would admit work that expires.
+    sut = await make_store(slots=(1,))
+    for _ in range(40):
+        slot = await take_the_slot(sut)
+        await asyncio.sleep(0.02)  # the replica holds it: the input of this test, not a wait for state
+        sut.store.record_service(MODEL, 0.001, slot)
+        await release(sut, slot)
+    service_s = sut.store.throughput(MODEL, now=time.monotonic()).service_time_s
+    if isinstance(sut.store, RedisQueue):
+        assert service_s >= 0.02
+    else:
+        assert service_s < 0.01
 
 
 async def test_a_freed_slot_kept_for_an_urgent_class_is_not_handed_to_a_less_urgent_one(make_store):

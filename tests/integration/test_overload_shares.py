@@ -89,9 +89,9 @@ def check_admitted_served_in_time(served, refused) -> None:
 REDIS_EDGE = pytest.mark.xfail(
     raises=AdmittedExpired,
     strict=True,
-    reason="on Redis a grant reaches its replica a round trip after the store made it, and admission "
-    "leaves that no room: requests admitted at the edge of their 3 s expire (4% with one tenant, "
-    "about 10% of the lighter one's here)",
+    reason="on Redis the lighter tenant's requests admitted at the edge of their 3 s expire: 5-7% of "
+    "them (0.4% of the heavier one's, under 1% of either on the memory store). Measuring a slot's "
+    "service as long as Redis holds it took this from about 10%; what is left was not found",
 )
 
 

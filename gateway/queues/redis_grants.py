@@ -89,8 +89,9 @@ class ModelState:
         (its event loop's turns before the send and after the answer included). A pool reading of
         the backend's time alone counted hand-overs Redis makes later: at 50 ms and a few ms per
         hand-over, 3% of the work admitted at the edge of its allowance expired."""
-        held_s = now - slot.held_at if slot is not None and slot.held_at else 0.0
-        self.estimates.record_service(max(service_s, held_s) + (self.round_trip_s or 0.0))
+        if slot is not None and slot.held_at:
+            service_s = max(service_s, now - slot.held_at) + (self.round_trip_s or 0.0)
+        self.estimates.record_service(service_s)
 
     def round_trip(self, seconds: float) -> None:
         self.round_trip_s = ewma(self.round_trip_s, seconds, ROUND_TRIP_WEIGHT)

@@ -148,9 +148,8 @@ class MemoryQueue:
     def _displace_overdue(self, queue: ModelQueue, band: int, now: float, reclaim: bool) -> None:
         """Less urgent requests (and borrowers', where it `reclaim`s a quota) this arrival pushed
         past their allowance are told at once."""
-        estimates = queue.estimates
-        throughput = estimates.throughput(queue.total_slots, now)
-        handovers_per_s = throughput.drain_rate_per_s / estimates.handover_cost
+        throughput = queue.estimates.throughput(queue.total_slots, now)
+        handovers_per_s = throughput.drain_rate_per_s / throughput.handover_cost
         fifo = self._ordering is Ordering.FIFO
         queue.displace_overdue(
             band, now, handovers_per_s, throughput.service_cv, in_arrival_order=fifo, reclaim=reclaim

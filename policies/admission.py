@@ -40,6 +40,7 @@ from policies.calibration import CalibrationConfig
 from policies.cost_ranks import room_limit
 from policies.handovers import PoolState, handovers_within_steps, wait_steps
 from policies.outcomes import Outcome
+from policies.request_kinds import service_of_kind
 from policies.retry_after import RetryAfterConfig, retry_after_s
 from policies.steps import Steps, finished, known
 from policies.wait import (
@@ -79,6 +80,8 @@ class AdmissionRequest:
     room_share: float = 1.0
     """The share of the queue's room beyond one hand-over it may fill, by its cost's rank
     (policies.cost_ranks)."""
+    kind: str = ""
+    """Its kind (policies.request_kinds), whose service times it sets aside time for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,19 +100,21 @@ class Reject:
     it fits (where a return schedule starts looking for room)."""
 
 
-def service_allowance_s(throughput: Throughput) -> float:
-    """The time to set aside for service: its mean. A request is started while its budget leaves
-    room for a typical service; setting aside a high quantile instead (mean + 2 deviations is three
-    means for exponential service times) refused work that a plain queue served in time, and the
-    queue's margin is what protects the deadline of work already admitted."""
-    return throughput.service_time_s
+def service_allowance_s(throughput: Throughput, kind: str = "") -> float:
+    """The time to set aside for service: its mean, its kind's where known (policies.request_kinds).
+    A request is started while its budget leaves room for a typical service; setting aside a high
+    quantile instead (mean + 2 deviations is three means for exponential service times) refused
+    work that a plain queue served in time, and the queue's margin is what protects the deadline of
+    work already admitted."""
+    own = service_of_kind(throughput.service_times_by_kind, kind)
+    return throughput.service_time_s if own is None else own.mean_s
 
 
 def allowed_wait_s(request: AdmissionRequest, throughput: Throughput) -> float:
     """The longest this request may wait for a slot; negative when even an idle pool is too slow."""
     allowed = request.max_queue_wait_s
     if request.budget_s is not None:
-        allowed = min(allowed, request.budget_s - service_allowance_s(throughput))
+        allowed = min(allowed, request.budget_s - service_allowance_s(throughput, request.kind))
     return allowed
 
 
@@ -199,10 +204,12 @@ def pool_state(
     # Urgent work takes hand-overs first, but noisy rate estimates must not take them all.
     most = (1 - MIN_DRAIN_SHARE) * slots / throughput.service_time_s
     urgent = urgent_rate_over(throughput, band, horizon_s) / throughput.handover_cost
+    by_kind = throughput.service_times_by_kind
     return PoolState(
         ages_s=tuple(max(0.0, now - started) for started in stats.started_at),
         free_slots=free,
         urgent_rate_per_s=min(urgent, most),
+        busy_service=tuple(service_of_kind(by_kind, kind) for kind in stats.started_kinds) if by_kind else (),
     )
 
 

@@ -75,6 +75,10 @@ class PoolState:
     """Slots free now: each hands over at once, then starts a fresh service."""
     urgent_rate_per_s: float = 0.0
     """More urgent work admitted per second, in hand-overs (Poisson); it takes hand-overs first."""
+    busy_service: tuple[ServiceTimes | None, ...] = ()
+    """Per busy slot, in `ages_s`'s order, the service times of its request's kind where they are
+    known (policies.request_kinds): its residual time is read from them. None, or missing: the
+    pool's. The slots' later services are the pool's: what comes next is of any kind."""
 
 
 LATTICE_CV = 0.5
@@ -188,6 +192,16 @@ def _bracket(reaches: Callable[[float], bool], anchor_s: float) -> Steps[tuple[f
     return None
 
 
+def _busy_residuals(state: PoolState, service: ServiceTimes) -> list[Residual]:
+    """Each busy slot's residual time: from its kind's service times where given, else the pool's."""
+    own = state.busy_service
+    residuals = []
+    for i, age in enumerate(state.ages_s):
+        times = own[i] if i < len(own) else None
+        residuals.append((service if times is None else times).residual(age))
+    return residuals
+
+
 class _Pool:
     """The slots of a pool against one service distribution, ready to be counted at several times."""
 
@@ -195,7 +209,7 @@ class _Pool:
         self.mean_s = max(service.mean_s, FIRST_EDGE_S)
         self.cv = service.cv
         self.lattice = self.cv < LATTICE_CV
-        self.busy = [service.residual(age) for age in state.ages_s]
+        self.busy = _busy_residuals(state, service)
         self.fresh = service.residual(0.0)
         self.free = max(state.free_slots, 0)
         self.slots = len(self.busy) + self.free

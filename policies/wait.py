@@ -39,6 +39,9 @@ class QueueStats:
     started_at: tuple[float, ...] = ()
     """When each slot in use was handed to its request, on the caller's clock (the ages of the
     work in flight, from which its residual times follow)."""
+    started_kinds: tuple[str, ...] = ()
+    """The kind of request (policies.request_kinds) each slot in use serves, in `started_at`'s
+    order ("" where not told); empty where the store does not keep them."""
     inflight_by_tenant: Mapping[str, float] = field(default_factory=dict, compare=False)
     """Work each tenant has in flight, where the store counts it (with quotas)."""
     free_by_band: tuple[int, ...] = ()
@@ -87,6 +90,8 @@ class Throughput:
     """Mean work a slot takes per hand-over (1 while every cost is 1)."""
     service_times: ServiceTimes | None = field(default=None, compare=False)
     """The measured distribution of service times (live: it goes on learning), where kept."""
+    service_times_by_kind: Mapping[str, ServiceTimes] = field(default_factory=dict, compare=False)
+    """The same per kind of request (policies.request_kinds), where kept."""
     sustained_rate_by_band: tuple[float, ...] | None = None
     """Admitted work per second per band as the slow estimate alone reads it (`admitted_rate_by_band`
     is the larger of it and the fast one): the level that holds beyond `fast_memory_s`. None: the

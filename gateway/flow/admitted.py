@@ -118,11 +118,12 @@ def _acquire(
     body_bytes: int,
     cost: float,
     batching: Batching | None,
+    kind: str,
 ) -> Awaitable[Lease | Refusal]:
     # The one call into the controller's queue protocol (returned, not awaited: no extra frame).
     flow = Flow(model, meta.band, meta.flow_tenant)
     return controller.acquire(
-        flow, cost, meta.budget_s, until_disconnect, on_grant, batching, body_bytes=body_bytes
+        flow, cost, meta.budget_s, until_disconnect, on_grant, batching, body_bytes=body_bytes, kind=kind
     )
 
 
@@ -130,8 +131,8 @@ class AdmittedCall:
     """One request holding (or waiting for) a backend slot. Use it once: `await call.run()`."""
 
     __slots__ = (
-        "_admission", "_batching", "_body_bytes", "_cost", "_ingress", "_meta", "_pool", "_released", "_slot",
-        "_work",
+        "_admission", "_batching", "_body_bytes", "_cost", "_ingress", "_kind", "_meta", "_pool", "_released",
+        "_slot", "_work",
     )  # fmt: skip
 
     def __init__(
@@ -145,14 +146,17 @@ class AdmittedCall:
         body_bytes: int = 0,
         cost: float = 1.0,
         batching: Batching | None = None,
+        kind: str = "",
     ) -> None:
         """`body_bytes`: the request's body, which this replica holds while the request is queued;
         `cost`: its work units (1, its batch items, or its tokens, as its model prices requests);
-        `batching`: what it may share a slot with (its work then serves a batch)."""
+        `batching`: what it may share a slot with (its work then serves a batch); `kind`: its kind
+        of request (policies.request_kinds), whose service times admission reads for it."""
         self._admission = admission
         self._batching = batching
         self._body_bytes = body_bytes
         self._cost = cost
+        self._kind = kind
         self._pool = pool
         self._meta = meta
         self._work = work
@@ -180,6 +184,7 @@ class AdmittedCall:
                     self._body_bytes,
                     self._cost,
                     self._batching,
+                    self._kind,
                 )
             except BaseException as error:
                 self._close()  # granted (perhaps started from the hook), then cancelled before it ran

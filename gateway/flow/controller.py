@@ -9,14 +9,12 @@ once.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Protocol
 
 from gateway.flow.batch_holds import BatchHolds
 from gateway.flow.calibration import Calibrations
@@ -24,9 +22,11 @@ from gateway.flow.predictions import Predictions
 from gateway.flow.queued_bytes import QueuedBytes
 from gateway.flow.quota_waits import QuotaWaits
 from gateway.flow.retry_spreads import ReturnSchedules
+from gateway.flow.signal_view import NoSignals, SignalView
 from gateway.flow.verdicts import Lease, Refusal
+from gateway.flow.waiting import wait_for_slot
 from gateway.flow.windows import WindowClock
-from gateway.queues.base import Batching, Flow, Full, Granted, Queued, RequestQueue, Slot, Ticket, Unavailable
+from gateway.queues.base import Batching, Flow, Full, Granted, Queued, RequestQueue, Slot, Unavailable
 from gateway.settings import PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.admission import (
@@ -34,38 +34,21 @@ from policies.admission import (
     AdmissionRequest,
     Reject,
     allowed_wait_s,
-    arriving_work,
     budget_hopeless,
     min_budget_s,
-    offer_limit,
     refuse,
 )
-from policies.cost_ranks import CostRanks, room_limit, room_share
+from policies.cost_ranks import CostRanks, room_share
 from policies.outcomes import Outcome
 from policies.queued_bytes import ByteLimits, bytes_excess_wait_s
 from policies.quotas import Quota
 from policies.retry_after import retry_after_s
-from policies.shedding import BacklogLimits, ClusterBacklog, first_shed_band, shed_excess_wait_s
-from policies.wait import QueueStats, Throughput
+from policies.shedding import BacklogLimits, first_shed_band, shed_excess_wait_s
+from policies.wait import QueueStats, Throughput, work_to_drain
 
 _DEFAULT_ADMISSION = AdmissionConfig()
 BUDGET_RULE = "X-Request-Timeout-Ms"
 """The rule a refusal names when the client's own budget was what could not be met."""
-
-
-class SignalView(Protocol):
-    """What the backends and the cluster report (see gateway.signals)."""
-
-    def external_waiting(self, model: str) -> float: ...
-    def backlog(self) -> ClusterBacklog | None: ...
-
-
-class _NoSignals:
-    def external_waiting(self, model: str) -> float:
-        return 0.0
-
-    def backlog(self) -> ClusterBacklog | None:
-        return None
 
 
 class AdmissionController:
@@ -89,7 +72,7 @@ class AdmissionController:
         self._store = store
         self._holds = BatchHolds(store, clock)
         self._queued_bytes = queued_bytes if queued_bytes is not None else QueuedBytes(ByteLimits(1 << 62))
-        self._signals = signals if signals is not None else _NoSignals()
+        self._signals = signals if signals is not None else NoSignals()
         self._backlog_limits = backlog_limits
         self._class_names = [p.name for p in priorities]
         self._max_wait_s = [p.max_wait_ms / 1000 for p in priorities]
@@ -119,6 +102,7 @@ class AdmissionController:
         on_grant: Callable[[Slot], None] | None = None,
         batching: Batching | None = None,
         body_bytes: int = 0,
+        kind: str = "",
     ) -> Lease | Refusal:
         """A slot for a request of `flow` that costs `cost` work units, or the reason it gets none.
 
@@ -127,12 +111,12 @@ class AdmissionController:
         `on_grant` runs inside the store's grant when a queued request gets its slot (see Ticket),
         and before anything else when it gets one at the offer.
         `body_bytes` (its body, held in this replica) counts against the queued-bytes bound until
-        it leaves the queue.
+        it leaves the queue. `kind`: the request's kind (policies.request_kinds), for its service time.
         """
         model, band = flow.model, flow.band
         arrived_at = self._clock()
         share = room_share(self._rank(model, band, cost), self._admission.room_for_costliest)
-        request = AdmissionRequest(band, self._max_wait_s[band], budget_s, cost, flow.tenant, share)
+        request = AdmissionRequest(band, self._max_wait_s[band], budget_s, cost, flow.tenant, share, kind)
         throughput = self._store.throughput(model, arrived_at)
         if budget_hopeless(request, throughput):  # first: no wait, for a window or else, helps it
             return self._hopeless(model, request, throughput)
@@ -147,11 +131,11 @@ class AdmissionController:
         if body_bytes and (excess := self._queued_bytes.hold(model, body_bytes)) > 0:
             # No room to queue its body; a slot free this moment it may still take (a limit of no
             # work ahead), since bodies count only while they wait.
-            now = await self._slot_now(flow, cost, arrived_at, batching, on_grant)
+            now = await self._slot_now(flow, request, arrived_at, batching, on_grant)
             return self._too_many_bytes(model, request, throughput, excess) if now is None else now
         try:
             return await self._queue(
-                flow, cost, request, throughput, external, arrived_at, until_disconnect, on_grant, batching
+                flow, request, throughput, external, arrived_at, until_disconnect, on_grant, batching
             )
         finally:
             if body_bytes:
@@ -160,7 +144,6 @@ class AdmissionController:
     async def _queue(
         self,
         flow: Flow,
-        cost: float,
         request: AdmissionRequest,
         throughput: Throughput,
         external: float,
@@ -170,21 +153,35 @@ class AdmissionController:
         batching: Batching | None,
     ) -> Lease | Refusal:
         """Offer the request to the store and, if it is queued, wait for its slot."""
-        model, band = flow.model, flow.band
+        model, band, cost = flow.model, flow.band, request.cost
         allowed_s = allowed_wait_s(request, throughput)
         stats = self._store.stats(model)
         confidence = self._calibrations.confidence(model, band)
         predictions = self._predictions_of(model)
-        limit = predictions.work_limit(request, stats, throughput, arrived_at, confidence)
-        limit = room_limit(limit, throughput.handover_cost, request.room_share)
-        limit = offer_limit(limit, external, arriving_work(request, stats, throughput))
+        limit = predictions.offered_limit(request, stats, throughput, external, arrived_at, confidence)
         # A held batch leaves while its most urgent member still has a service time to spare
         # beyond its allowed wait: a batch is served more slowly than one request.
         leave_by = arrived_at + allowed_s - throughput.service_time_s
         if batching is not None and batching.max_delay_s > 0:
             batching = self._holds.decide(flow, batching, cost, leave_by, stats.free_for(band))
-        offering = self._store.offer(flow, cost, allowed_s, limit, arrived_at, batching, on_grant)
+        offering = self._store.offer(
+            flow, cost, allowed_s, limit, arrived_at, batching, on_grant, request.kind
+        )
         offer = await (offering if batching is None else self._holds.offering(flow, batching, offering))
+        if isinstance(offer, Full) and not offer.at_cap and offer.stats != stats:
+            # The limit was read from a view the store has moved on from (a Redis replica's is the
+            # one its last script brought: between its own requests, seconds old). Read again from
+            # the view the refusal brought, and offer once more where that one admits.
+            fresh = offer.stats
+            limit = predictions.offered_limit(request, fresh, throughput, external, arrived_at, confidence)
+            if work_to_drain(fresh, band, throughput.handover_cost, flow.tenant, cost) <= limit:
+                stats = fresh
+                offering = self._store.offer(
+                    flow, cost, allowed_s, limit, arrived_at, batching, on_grant, request.kind
+                )
+                offer = await (
+                    offering if batching is None else self._holds.offering(flow, batching, offering)
+                )
         if isinstance(offer, Granted):
             return self._granted_now(offer.slot, flow, on_grant)
         if isinstance(offer, Full):
@@ -209,7 +206,7 @@ class AdmissionController:
         except BaseException:
             await self._store.withdraw(offer.ticket, Outcome.CLIENT_DISCONNECTED)
             raise
-        result = await self._wait(offer.ticket, allowed_s, until_disconnect)
+        result = await wait_for_slot(self._store, offer.ticket, allowed_s, until_disconnect)
         waited_s = self._clock() - arrived_at
         # A request displaced as overdue was admitted on a wait it would not have had: a miss, as
         # an expiry is, for the calibration of the admission margin.
@@ -236,13 +233,13 @@ class AdmissionController:
     async def _slot_now(
         self,
         flow: Flow,
-        cost: float,
+        request: AdmissionRequest,
         arrived_at: float,
         batching: Batching | None,
         on_grant: Callable[[Slot], None] | None,
     ) -> Lease | None:
         """A slot free this moment, or None: the offer's limit of no work ahead keeps it from queuing."""
-        offer = await self._store.offer(flow, cost, 0.0, 0.0, arrived_at, batching)
+        offer = await self._store.offer(flow, request.cost, 0.0, 0.0, arrived_at, batching, kind=request.kind)
         if isinstance(offer, Granted):
             return self._granted_now(offer.slot, flow, on_grant)
         if isinstance(offer, Queued):  # not for a limit of 0, unless a store rounds it differently
@@ -377,23 +374,3 @@ class AdmissionController:
     ) -> Refusal:
         self._metrics.observe_retry_after(model, self._class_names[band], retry_after_s)
         return Refusal(outcome, retry_after_s, rule=rule)
-
-    async def _wait(
-        self, ticket: Ticket, timeout_s: float, until_disconnect: Callable[[], Awaitable[object]]
-    ) -> Slot | Outcome:
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(max(0.0, timeout_s), ticket.interrupt, Outcome.DEADLINE_EXPIRED_IN_QUEUE)
-        watcher: asyncio.Future[object] | None = None
-        result: Slot | Outcome = Outcome.CLIENT_DISCONNECTED
-        try:
-            # Inside: the call's hook that starts the watch may raise, and the ticket must not stay.
-            watcher = asyncio.ensure_future(until_disconnect())
-            watcher.add_done_callback(lambda _: ticket.interrupt(Outcome.CLIENT_DISCONNECTED))
-            result = await ticket.wakeup
-            return result
-        finally:
-            timer.cancel()
-            if watcher is not None:
-                watcher.cancel()
-            if not isinstance(result, Slot):
-                await self._store.withdraw(ticket, result)

@@ -38,12 +38,15 @@ from policies.admission import (
     AdmissionConfig,
     AdmissionRequest,
     PoolWait,
+    arriving_work,
     confident_wait_steps,
     max_work,
+    offer_limit,
     residual_beyond_mean,
     work_limit,
     work_limit_steps,
 )
+from policies.cost_ranks import room_limit
 from policies.rounding import rounded_down
 from policies.wait import QueueStats, Throughput, work_to_drain
 
@@ -137,6 +140,22 @@ class Predictions:
         work = work_limit(rounded, stats, throughput, now, confidence, self._config)
         self._limits[key] = _Limit(now, slots, confidence, work)
         return work
+
+    def offered_limit(
+        self,
+        request: AdmissionRequest,
+        stats: QueueStats,
+        throughput: Throughput,
+        external: float,
+        now: float,
+        confidence: float,
+    ) -> float:
+        """The work limit a store checks the request's offer against: `work_limit`, less the room
+        its cost's rank keeps for others, the work the backends hold for others (`external`) and the
+        arrivals of its band's other flows ahead of its turn (policies.admission.offer_limit)."""
+        limit = self.work_limit(request, stats, throughput, now, confidence)
+        limit = room_limit(limit, throughput.handover_cost, request.room_share)
+        return offer_limit(limit, external, arriving_work(request, stats, throughput))
 
     def _read_stepwise(
         self,

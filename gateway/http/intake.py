@@ -29,6 +29,7 @@ from gateway.upstream.client import HeaderRules, upstream_request_headers
 from gateway.upstream.exchange import Forwarder, UpstreamRequest
 from policies.batching import BatchLimits
 from policies.outcomes import Outcome
+from policies.request_kinds import request_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,10 @@ class AdmittedEndpoint:
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         raise NotImplementedError
 
+    def route(self, scope: Scope) -> str:
+        """The route's short name, in the kind of its requests (policies.request_kinds)."""
+        raise NotImplementedError
+
     async def fail(
         self,
         send: Send,
@@ -95,12 +100,15 @@ class AdmittedEndpoint:
         batching: tuple[Part, BatchLimits] | None = None,
         observe: Callable[[bytes], None] | None = None,
         rewrite_stream: StreamRewrite | None = None,
+        stream: bool = False,
     ) -> Awaitable[None]:
         """The admitted call of a request that is read and checked and costs `cost` work units
         (returned to be awaited, so that the hot path has no extra frame); `batching`: its part
         in a batch and the model's batching, when it may share its slot; `observe`: shown its
-        successful answer, and `rewrite_stream`: passes its event stream on (gateway.http.relay)."""
+        successful answer, and `rewrite_stream`: passes its event stream on (gateway.http.relay);
+        `stream`: its answer streams (its kind of request, with its route and cost)."""
         intake = self.intake
+        kind = request_kind(self.route(scope), stream, cost)
         intake.admission.metrics.observe_cost(pool.name, cost)
         in_body = self.style is ErrorStyle.OPENAI
         request = partial(
@@ -114,12 +122,22 @@ class AdmittedEndpoint:
             batch_relay = BatchRelay(receive, send, self.style, member, drain, retry_s)
             shares = Batching(part.key, limits.max_batch_size, limits.max_delay_s, limits.preferred_sizes)
             call = AdmittedCall(
-                admission, pool, meta, member, batch_relay, body_bytes=len(body), cost=cost, batching=shares
+                admission,
+                pool,
+                meta,
+                member,
+                batch_relay,
+                body_bytes=len(body),
+                cost=cost,
+                batching=shares,
+                kind=kind,
             )
             return call.run()
         work = intake.forwarder.exchange(pool, request, meta.budget_s)
         relay = Relay(receive, send, self.style, work, drain, retry_s, observe, rewrite_stream)
-        return AdmittedCall(admission, pool, meta, work, relay, body_bytes=len(body), cost=cost).run()
+        return AdmittedCall(
+            admission, pool, meta, work, relay, body_bytes=len(body), cost=cost, kind=kind
+        ).run()
 
 
 # RFC 3986 path characters that need no escape (quote() keeps letters, digits and "_.-~" too).

@@ -32,6 +32,9 @@ class InferEndpoint(AdmittedEndpoint):
 
     style = ErrorStyle.KSERVE
 
+    def route(self, scope: Scope) -> str:
+        return "infer"
+
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         intake = self.intake
         # The key first: a caller without one must not learn which model names exist.

@@ -27,6 +27,10 @@ class OpenAIEndpoint(AdmittedEndpoint):
 
     style = ErrorStyle.OPENAI
 
+    def route(self, scope: Scope) -> str:
+        path: str = scope["path"]
+        return path.removeprefix("/v1/")
+
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         intake = self.intake
         meta = intake.classifier.classify(scope["headers"])
@@ -46,9 +50,9 @@ class OpenAIEndpoint(AdmittedEndpoint):
         if pool is None:
             await self.fail(send, Outcome.UNKNOWN_MODEL, priority=meta.priority, detail=repr(model))
             return
-        costs = pool.token_costs
+        costs, stream = pool.token_costs, payload.get("stream") is True
         if costs is None or scope["path"] == "/v1/embeddings":
-            admitted = self.admit(scope, receive, send, pool, meta, body)
+            admitted = self.admit(scope, receive, send, pool, meta, body, stream=stream)
         else:
             chars, choices = prompt_chars(payload), choices_of(payload)
             estimate = costs.estimate(chars, max_tokens_of(payload), meta.flow_tenant, choices)
@@ -59,7 +63,16 @@ class OpenAIEndpoint(AdmittedEndpoint):
             if (asked := asking_usage(body, payload)) is not None:
                 body, dropper = asked, UsageChunkDropper()
             admitted = self.admit(
-                scope, receive, send, pool, meta, body, estimate.cost, observe=learner, rewrite_stream=dropper
+                scope,
+                receive,
+                send,
+                pool,
+                meta,
+                body,
+                estimate.cost,
+                observe=learner,
+                rewrite_stream=dropper,
+                stream=stream,
             )
         del body, payload, parsed  # the exchange holds the body now, and gives it up once it is serialized
         await admitted

@@ -78,6 +78,8 @@ class Slot:
     released: bool = False
     lease: str = ""
     """The store's id for the slot, where it keeps one (Redis)."""
+    kind: str = ""
+    """The kind of request it serves (policies.request_kinds); "" for a batch of several."""
     held_at: float = 0.0
     """When this replica took it from a shared store, on the store's clock (0: not kept)."""
     charged: bool = False
@@ -110,6 +112,8 @@ class Ticket:
     """When its allowed wait runs out, on the local clock (policies.displacement)."""
     overdue: bool = False
     """Displaced because it could no longer get a slot in time (else: at the queue's cap)."""
+    kind: str = ""
+    """Its kind of request (policies.request_kinds), which the slot it is granted serves."""
     on_grant: Callable[[Slot], None] | None = field(default=None, repr=False)
     """Called inside the store's grant, before the waiter runs: it may start the request's
     exchange at once (the proxy writes it on an idle connection). It must not raise."""
@@ -230,6 +234,7 @@ class RequestQueue(Protocol):
         now: float,
         batching: Batching | None = None,
         on_grant: Callable[[Slot], None] | None = None,
+        kind: str = "",
     ) -> Offer:
         """Grant a free slot, queue, or refuse when the work to drain before it gets a slot
         exceeds `max_work`: the work queued ahead of it (its band and the more urgent ones) plus
@@ -240,6 +245,7 @@ class RequestQueue(Protocol):
         `allowed_wait_s` is how long the request may wait; the store orders its flow by its
         configured Ordering, on its own clock. A queued ticket carries `on_grant` from the start,
         so that it runs in its grant whenever that comes (a batch's members all join it there).
+        `kind`: the request's kind (policies.request_kinds), kept with the slot it is granted.
         """
         ...
 

@@ -23,6 +23,7 @@ from policies.estimators import (
     rate_jump,
     settled_rate,
 )
+from policies.request_kinds import MAX_KINDS
 from policies.reservations import slots_held_at_most
 from policies.service_times import FIRST_EDGE_S, ServiceTimes
 from policies.wait import Throughput, drain_rate_from_slots, pool_drain_rate_per_s
@@ -109,13 +110,16 @@ class PoolEstimates:
         self._service_samples = 0
         self.service_times = ServiceTimes(expected_service_s)
         """Their distribution: what admission reads the residual times of the work in flight from."""
+        self.service_times_by_kind: dict[str, ServiceTimes] = {}
+        """The same per kind of request (policies.request_kinds)."""
         settled = [ObservedRate(config.settled_window_s)] * bands
         self._rates = _Rates(
             [0.0] * bands, [0.0] * bands, [0.0] * bands, settled, ObservedRate(config.drain_window_s)
         )
         self._snapshot_key: tuple[int, bool, tuple[int, ...]] = (0, False, ())
 
-    def record_service(self, service_s: float) -> None:
+    def record_service(self, service_s: float, kind: str = "") -> None:
+        """Count a service time, of a request of `kind` ("": of no kind told, or a batch)."""
         weight = self._config.service_time_weight
         deviation = service_s - self.service_time_s
         self._service_variance = ewma(self._service_variance, deviation * deviation, weight)
@@ -123,7 +127,22 @@ class PoolEstimates:
         self.service_time_s = ewma(self.service_time_s, service_s, weight)
         self._service_samples += 1
         self.service_times.record(service_s)
+        if kind:
+            self._record_kind(service_s, kind)
         self._rates.snapshot = None
+
+    def _record_kind(self, service_s: float, kind: str) -> None:
+        by_kind = self.service_times_by_kind
+        times = by_kind.get(kind)
+        if times is None:
+            if len(by_kind) >= MAX_KINDS:
+                return
+            # Its own from the first sample: the prior weighs next to nothing, and a kind is read as
+            # the model's until it has KIND_TRUSTED_SAMPLES anyway.
+            times = by_kind[kind] = ServiceTimes(
+                service_s if service_s > 0 else FIRST_EDGE_S, prior_weight=1e-3
+            )
+        times.record(service_s)
 
     @property
     def handover_cost(self) -> float:
@@ -206,6 +225,7 @@ class PoolEstimates:
                 service_cv=self.service_cv,
                 handover_cost=rates.handover_cost,
                 service_times=self.service_times,
+                service_times_by_kind=self.service_times_by_kind,
                 sustained_rate_by_band=tuple(rates.admitted_slow),
                 fast_memory_s=self._fast_tau_s,
                 settled_rate_by_band=_settled(rates.settled),

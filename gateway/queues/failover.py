@@ -137,7 +137,7 @@ class FailoverQueue:
 
     def record_service(self, model: str, service_s: float, slot: Slot | None = None) -> None:
         self._redis.record_service(model, service_s, slot)
-        self._local.record_service(model, service_s)
+        self._local.record_service(model, service_s, slot)
 
     async def offer(
         self,
@@ -148,10 +148,12 @@ class FailoverQueue:
         now: float,
         batching: Batching | None = None,
         on_grant: Callable[[Slot], None] | None = None,
+        kind: str = "",
     ) -> Offer:
+        args = (flow, cost, allowed_wait_s, max_work, now, batching, on_grant, kind)
         if self.up:
             try:
-                return await self._redis.offer(flow, cost, allowed_wait_s, max_work, now, batching, on_grant)
+                return await self._redis.offer(*args)
             except RedisError as error:
                 self.redis_failed(error)
         if (rejoining := self._rejoining) is not None:
@@ -159,10 +161,10 @@ class FailoverQueue:
             # would run on capacity Redis is about to count as free.
             await rejoining.wait()
             if self.up:
-                return await self.offer(flow, cost, allowed_wait_s, max_work, now, batching, on_grant)
+                return await self.offer(*args)
         if not self._serving(flow.model):
             return Unavailable(retry_after_s=self._probe_interval_s)
-        return await self._local.offer(flow, cost, allowed_wait_s, max_work, now, batching, on_grant)
+        return await self._local.offer(*args)
 
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
         if not ticket.id:

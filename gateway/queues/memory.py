@@ -80,7 +80,7 @@ class MemoryQueue:
         return queue.estimates.throughput(queue.total_slots, now, queue.reserved)
 
     def record_service(self, model: str, service_s: float, slot: Slot | None = None) -> None:
-        self._models[model].estimates.record_service(service_s)
+        self._models[model].estimates.record_service(service_s, "" if slot is None else slot.kind)
 
     async def offer(
         self,
@@ -91,8 +91,9 @@ class MemoryQueue:
         now: float,
         batching: Batching | None = None,
         on_grant: Callable[[Slot], None] | None = None,
+        kind: str = "",
     ) -> Offer:
-        return self.offer_nowait(flow, cost, allowed_wait_s, max_work, now, batching, on_grant)
+        return self.offer_nowait(flow, cost, allowed_wait_s, max_work, now, batching, on_grant, kind)
 
     def offer_nowait(
         self,
@@ -103,6 +104,7 @@ class MemoryQueue:
         now: float,
         batching: Batching | None = None,
         on_grant: Callable[[Slot], None] | None = None,
+        kind: str = "",
     ) -> Offer:
         queue = self._models[flow.model]
         queue.estimates.observe(queue.counters, now)  # closes the counting interval before this one
@@ -120,7 +122,7 @@ class MemoryQueue:
         counters.admitted_work[flow.band] += cost
         held = batching is not None and batching.hold
         if immediate and not held and (index := pick_backend(queue.capacity)) is not None:
-            return Granted(queue.take(index, cost, flow))
+            return Granted(queue.take(index, cost, flow, kind=kind))
         leave_by = now + allowed_wait_s
         ticket = Ticket(
             flow,
@@ -128,6 +130,7 @@ class MemoryQueue:
             self._loop_factory().create_future(),
             batching=batching,
             leave_by=leave_by,
+            kind=kind,
             on_grant=on_grant,
         )
         queue.insert(ticket, self._rank(queue, ticket, leave_by), next(self._sequence))
@@ -298,7 +301,9 @@ class MemoryQueue:
             if not tickets:
                 continue
             cost = sum(t.cost for t in tickets)
-            slot = queue.take(index, cost, tickets[0].flow, tuple(tickets) if len(tickets) > 1 else ())
+            head = tickets[0]
+            batch = tuple(tickets) if len(tickets) > 1 else ()
+            slot = queue.take(index, cost, head.flow, batch, "" if batch else head.kind)
             for ticket in tickets:
                 ticket.grant(slot)
             granted += 1

@@ -165,6 +165,7 @@ class ModelQueue:
             inflight_by_tenant=self.inflight_by_tenant() if self.quotas else {},
             queued_work_by_band=tuple(b.work for b in self.bands),
             started_at=tuple(self.running.values()),
+            started_kinds=tuple(slot.kind for slot in self.running),
             fair_turns=tuple(b.turns(weight) for b in self.bands) if (weight := self.told_weights) else (),
         )
 
@@ -298,14 +299,15 @@ class ModelQueue:
             held[slot.band] += 1
         return held
 
-    def take(self, index: int, cost: float, flow: Flow, batch: tuple[Ticket, ...] = ()) -> Slot:
+    def take(
+        self, index: int, cost: float, flow: Flow, batch: tuple[Ticket, ...] = (), kind: str = ""
+    ) -> Slot:
         key = (flow.band, flow.tenant)
         self.counters.granted_by_flow[key] = self.counters.granted_by_flow.get(key, 0.0) + cost
-        band = flow.band
         capacity = self.capacity[index]
         capacity.inflight += 1
         capacity.backend.inflight += 1  # the gateway-wide count of slots held, for metrics
-        slot = Slot(self.pool.name, capacity.backend, cost, band=band, tenant=flow.tenant, batch=batch)
+        slot = Slot(self.pool.name, capacity.backend, cost, flow.band, flow.tenant, batch=batch, kind=kind)
         return self.running_since(slot)
 
     def running_since(self, slot: Slot) -> Slot:

@@ -27,6 +27,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from anyio.abc import TaskStatus
@@ -35,7 +36,6 @@ from redis.exceptions import RedisError
 
 from gateway.queues.background import Background
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
-from gateway.queues.estimates import PoolEstimates
 from gateway.queues.redis_codec import Displaced, Grant, OfferArgs, View, grants, ready_arg
 from gateway.queues.redis_grants import ModelState, listen
 from gateway.queues.redis_presence import Holding, Presence, ReplicaAbsent
@@ -99,14 +99,7 @@ class RedisQueue:
             self._run, replica_id, lease_ttl_s, expected_replicas, fallback_max_s, clock
         )
         self._models = {
-            pool.name: ModelState(
-                pool,
-                f"{{{key_prefix}:{pool.name}}}",
-                PoolEstimates(bands, pool.expected_service_s, estimation),
-                bands,
-                clock(),
-            )
-            for pool in pools
+            pool.name: ModelState.of(pool, key_prefix, bands, estimation, clock()) for pool in pools
         }
         self.supervisor = supervisor if supervisor is not None else Supervisor()
         """Runs the grant listeners and the upkeep loop; stopped with the store."""
@@ -180,6 +173,7 @@ class RedisQueue:
         now: float,
         batching: Batching | None = None,
         on_grant: Callable[[Slot], None] | None = None,
+        kind: str = "",
     ) -> Offer:
         state = self._models[flow.model]
         if (down := self._loop_down(flow.model)) is not None:
@@ -197,8 +191,9 @@ class RedisQueue:
         displacing = flow.band < self._bands - 1 or self._scripts.has_quotas  # a reclaiming owner may
         pool = self.throughput(flow.model, now) if displacing else None
         args = OfferArgs(
-            self._replica, flow, cost, max_work, handover, edf, weight, allowed_wait_s, self._ttl_s, pool
+            self._replica, flow, cost, max_work, handover, edf, weight, allowed_wait_s, self._ttl_s
         )
+        args = replace(args, displacing=pool, kind=kind)
         running = self._spawn(self._run("offer", state, args.fields(state.take_refused_locally(), batching)))
         try:
             reply = await asyncio.shield(running)
@@ -209,9 +204,9 @@ class RedisQueue:
             raise ReplicaAbsent(f"model {flow.model}: this replica's heartbeat lapsed")
         self._take_view(state, reply["view"])
         if reply["kind"] == "granted":
-            return Granted(state.hold(reply["lease"], reply["url"], cost, flow.band, self._clock()))
+            return Granted(state.hold(reply["lease"], reply["url"], cost, flow.band, self._clock(), kind))
         if reply["kind"] == "queued":
-            ticket = state.queued(flow, cost, reply["ticket"], batching, now + allowed_wait_s, on_grant)
+            ticket = state.queued(flow, cost, reply["ticket"], batching, now + allowed_wait_s, on_grant, kind)
             return Queued(ticket)
         return Full(state.view.stats, at_cap=bool(reply.get("cap")))
 

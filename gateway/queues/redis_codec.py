@@ -38,6 +38,8 @@ class OfferArgs:
     """The pool's measured speeds where this offer may push less urgent requests past their
     allowance (policies.displacement): the script checks them at the pool's hand-overs per second
     while busy (`drain`) and its service times' spread (`service_cv`); None: none to check."""
+    kind: str = ""
+    """The request's kind (policies.request_kinds), kept with its lease."""
 
     def fields(self, refused: list[float], batching: Batching | None) -> dict[str, Any]:
         """The script's arguments, with the work refused locally since the last script."""
@@ -107,6 +109,7 @@ class View:
             queued_work_by_band=tuple(float(w) for w in raw["w"]),
             # Grant times on Redis's clock, moved to the local one: the reply left Redis about now.
             started_at=tuple(seen_at - (redis_now - float(t)) for t in raw.get("st") or ()),
+            started_kinds=tuple(as_list(raw.get("sk"))),
             fair_turns=tuple(_fair_turns(band) for band in as_list(raw.get("ft"))),
         )
         counters = StoreCounters(
@@ -162,6 +165,8 @@ class Grant:
     url: str
     cost: float
     band: int
+    kind: str = ""
+    """The kind of request its slot serves ("" for a batch of several)."""
 
     @classmethod
     def parse(cls, raw: bytes | str) -> Grant:
@@ -169,7 +174,8 @@ class Grant:
 
     @classmethod
     def of(cls, fields: dict[str, Any]) -> Grant:
-        return cls(tuple(fields["t"]), fields["l"], fields["u"], float(fields["c"]), int(fields["b"]))
+        kind = fields.get("q") or ""
+        return cls(tuple(fields["t"]), fields["l"], fields["u"], float(fields["c"]), int(fields["b"]), kind)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 from gateway.queues.base import Batching, Flow, Slot, Ticket
 from gateway.queues.estimates import PoolEstimates
 from gateway.queues.redis_codec import Displaced, Grant, View, grants, message
+from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.estimators import ewma
 from policies.outcomes import Outcome
@@ -79,6 +80,14 @@ class ModelState:
         self._displaced_early: dict[str, bool] = {}
         """Tickets displaced before their offer's reply was read -> whether as overdue."""
 
+    @classmethod
+    def of(
+        cls, pool: ModelPool, key_prefix: str, bands: int, estimation: Estimation, now: float
+    ) -> ModelState:
+        """The state of `pool`'s model under `key_prefix` (its keys' hash tag)."""
+        estimates = PoolEstimates(bands, pool.expected_service_s, estimation)
+        return cls(pool, f"{{{key_prefix}:{pool.name}}}", estimates, bands, now)
+
     def throughput(self, now: float, reservations: tuple[int, ...]) -> Throughput:
         at = self.view.redis_now + (now - self.view.seen_at)  # the estimates run on Redis's clock
         return self.estimates.throughput(self.pool.total_slots, at, reservations)
@@ -91,7 +100,7 @@ class ModelState:
         hand-over, 3% of the work admitted at the edge of its allowance expired."""
         if slot is not None and slot.held_at:
             service_s = max(service_s, now - slot.held_at) + (self.round_trip_s or 0.0)
-        self.estimates.record_service(service_s)
+        self.estimates.record_service(service_s, "" if slot is None else slot.kind)
 
     def round_trip(self, seconds: float) -> None:
         self.round_trip_s = ewma(self.round_trip_s, seconds, ROUND_TRIP_WEIGHT)
@@ -112,10 +121,10 @@ class ModelState:
         work, self.refused_locally = self.refused_locally, [0.0] * len(self.refused_locally)
         return work
 
-    def hold(self, lease: str, url: str, cost: float, band: int, now: float = 0.0) -> Slot:
+    def hold(self, lease: str, url: str, cost: float, band: int, now: float = 0.0, kind: str = "") -> Slot:
         backend = self.backend(url)
         backend.inflight += 1  # this replica's share, for its metrics
-        slot = Slot(self.pool.name, backend, cost, band=band, lease=lease, held_at=now)
+        slot = Slot(self.pool.name, backend, cost, band=band, lease=lease, kind=kind, held_at=now)
         self.held[lease] = slot
         return slot
 
@@ -161,7 +170,7 @@ class ModelState:
 
     def deliver(self, grant: Grant, now: float) -> Slot | None:
         """Hand a grant's slot to its waiting tickets; the slot to give back when none takes it."""
-        pending = _Pending(self.hold(grant.lease, grant.url, grant.cost, grant.band, now), now)
+        pending = _Pending(self.hold(grant.lease, grant.url, grant.cost, grant.band, now, grant.kind), now)
         batch = len(grant.tickets) > 1
         for ticket_id in grant.tickets:
             ticket = self.waiting.pop(ticket_id, None)
@@ -192,11 +201,19 @@ class ModelState:
         batching: Batching | None,
         leave_by: float,
         on_grant: Callable[[Slot], None] | None = None,
+        kind: str = "",
     ) -> Ticket:
         """The ticket an offer queued (see `claim`)."""
         wakeup = asyncio.get_running_loop().create_future()
         ticket = Ticket(
-            flow, cost, wakeup, id=ticket_id, batching=batching, leave_by=leave_by, on_grant=on_grant
+            flow,
+            cost,
+            wakeup,
+            id=ticket_id,
+            batching=batching,
+            leave_by=leave_by,
+            kind=kind,
+            on_grant=on_grant,
         )
         self.claim(ticket)
         return ticket

@@ -109,7 +109,7 @@ async def test_the_widest_margin_the_settings_allow_still_admits_queues_and_sett
 
 
 class Backlog:
-    """The cluster's backlog as a test sets it (a gateway.flow.controller.SignalView)."""
+    """The cluster's backlog as a test sets it (a gateway.flow.signal_view.SignalView)."""
 
     def __init__(self) -> None:
         self.now: ClusterBacklog | None = None

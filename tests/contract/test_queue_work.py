@@ -497,3 +497,36 @@ async def test_at_its_cap_a_request_with_nothing_less_urgent_to_displace_is_refu
     assert isinstance(refused, Full) and refused.at_cap
     assert isinstance(await offer(sut, band=0), Full)  # nothing below high to displace either
     assert not any(t.wakeup.done() for t in queued)
+
+
+async def test_a_store_tells_the_kind_of_request_each_slot_in_use_serves(make_store):
+    # Admission reads each request in flight from its own kind's service times (policies.
+    # request_kinds): the store keeps the kind with the slot, granted at once or from the queue, and
+    # a batch of several serves no one kind.
+    sut = await make_store(slots=(3,))
+    flow = Flow(MODEL, 1)
+    now = time.monotonic()
+    first = await sut.store.offer(flow, 1.0, 30.0, UNLIMITED, now, kind="infer:1")
+    second = await sut.store.offer(flow, 1.0, 30.0, UNLIMITED, now, kind="chat/completions+stream:16")
+    assert isinstance(first, Granted) and isinstance(second, Granted)
+    assert sorted(sut.store.stats(MODEL).started_kinds) == ["chat/completions+stream:16", "infer:1"]
+    await take_the_slot(sut)  # a request of no kind told
+    queued = await sut.store.offer(flow, 1.0, 30.0, UNLIMITED, now, kind="infer:4")
+    assert isinstance(queued, Queued)
+    await release(sut, first.slot)
+    await eventually(lambda: queued.ticket.wakeup.done())
+    assert queued.ticket.wakeup.result().kind == "infer:4"
+    assert sorted(sut.store.stats(MODEL).started_kinds) == ["", "chat/completions+stream:16", "infer:4"]
+    await release(sut, second.slot)
+    batching = Batching("same-shape", 8.0)
+    await take_the_slot(sut)  # all three slots busy again
+    batch = [
+        await sut.store.offer(flow, 1.0, 30.0, UNLIMITED, now, batching, kind="infer:1") for _ in range(2)
+    ]
+    assert all(isinstance(b, Queued) for b in batch)
+    await release(sut, queued.ticket.wakeup.result())
+    await eventually(lambda: all(b.ticket.wakeup.done() for b in batch))
+    assert batch[0].ticket.wakeup.result().kind == ""
+    assert sorted(sut.store.stats(MODEL).started_kinds) == ["", "", ""]
+    sut.store.record_service(MODEL, 0.2, first.slot)
+    assert "infer:1" in sut.store.throughput(MODEL, now=time.monotonic()).service_times_by_kind

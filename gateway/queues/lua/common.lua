@@ -17,7 +17,8 @@
 --   <tag>:fweight:<band>    hash  tenant -> the weight its flow was last queued with
 --   <tag>:flows:<band>      zset  tenant -> its flow's head score (the band's flows with work)
 --   <tag>:tickets           hash  ticket id -> JSON {r: replica, b: band, t: tenant, c: cost,
---                                 e: leave-by time, k: batch key, m: batch cost limit}
+--                                 e: leave-by time, k: batch key, m: batch cost limit,
+--                                 q: its kind of request, policies.request_kinds}
 --   <tag>:queued            hash  "n<band>" -> tickets waiting, "w<band>" -> their work
 --   <tag>:slots             hash  backend url -> slots in use, over all replicas
 --   <tag>:ready             hash  backend url -> "1" when ready
@@ -27,6 +28,7 @@
 --   <tag>:lease_band        hash  lease id -> the band it was granted to
 --   <tag>:held_band         hash  band -> slots its leases hold (policies.reservations)
 --   <tag>:lease_tenant      hash  lease id -> JSON {t: tenant, c: cost}
+--   <tag>:lease_kind        hash  lease id -> the kind of request it serves, where told (policies.request_kinds)
 --   <tag>:tenant_held       hash  tenant -> work its leases hold (policies.quotas)
 --   <tag>:granted           hash  "<band>:<tenant>" -> work granted slots (the tenants' shares)
 --   <tag>:bound             hash  lease id -> the latest the request it covers could still run
@@ -288,8 +290,9 @@ local function count_granted(band, tenant, cost)
   redis.call('HINCRBYFLOAT', tag .. ':granted', band .. ':' .. tenant, cost)
 end
 
-local function grant_lease(url, replica, ttl, now, band, tenant, cost)
+local function grant_lease(url, replica, ttl, now, band, tenant, cost, kind)
   local lease = next_id()
+  if kind ~= nil and kind ~= '' then redis.call('HSET', tag .. ':lease_kind', lease, kind) end
   redis.call('HINCRBY', tag .. ':slots', url, 1)
   redis.call('HSET', tag .. ':lease_band', lease, band)
   redis.call('HINCRBY', tag .. ':held_band', band, 1)
@@ -332,6 +335,7 @@ local function free_lease(lease)
   end
   redis.call('HDEL', tag .. ':lease', lease)
   redis.call('HDEL', tag .. ':bound', lease)
+  redis.call('HDEL', tag .. ':lease_kind', lease)
   redis.call('HDEL', tag .. ':posted', lease)
   redis.call('ZREM', tag .. ':started', lease)
   redis.call('ZREM', tag .. ':leases', lease)
@@ -681,9 +685,12 @@ local function dispatch(nbands, backends, ttl, now, drain_sample, caller)
     if backend == nil then break end
     local ids, info, cost = take_next(nbands, backends)
     if ids == nil then break end
-    local lease = grant_lease(backend.url, info.r, ttl, now, info.b, info.t, cost)
+    -- A batch of several serves no one kind.
+    local kind = nil
+    if #ids == 1 then kind = info.q end
+    local lease = grant_lease(backend.url, info.r, ttl, now, info.b, info.t, cost, kind)
     count_granted(info.b, info.t, cost)
-    local grant = cjson.encode({t = ids, l = lease, u = backend.url, c = cost, b = info.b})
+    local grant = cjson.encode({t = ids, l = lease, u = backend.url, c = cost, b = info.b, q = kind})
     if info.r == caller then
       mine[#mine + 1] = grant
     else
@@ -724,12 +731,21 @@ local function count_refused_locally(nbands)
 end
 
 -- What admission, metrics and the estimators need (gateway/queues/redis_codec.View).
--- When each slot in use was handed over: the ages of the work in flight, for admission.
+-- When each slot in use was handed over, and the kind of request it serves ('' where not told): the
+-- ages of the work in flight, and which service times to read their residuals from, for admission.
 local function started_times()
   local started = redis.call('ZRANGE', tag .. ':started', 0, -1, 'WITHSCORES')
-  local times = {}
-  for i = 2, #started, 2 do times[#times + 1] = started[i] end
-  return times
+  local times, leases, kinds = {}, {}, {}
+  for i = 2, #started, 2 do
+    times[#times + 1] = started[i]
+    leases[#leases + 1] = started[i - 1]
+  end
+  if #leases > 0 then
+    for i, kind in ipairs(redis.call('HMGET', tag .. ':lease_kind', unpack(leases))) do
+      kinds[i] = kind or ''
+    end
+  end
+  return times, kinds
 end
 
 -- A fair-queued band's state (policies.fairness.FairTurns) while flows wait in it, else 0; sent
@@ -746,6 +762,7 @@ end
 
 local function view(nbands, backends, now)
   local n, w, off, adm, ft = {}, {}, {}, {}, {}
+  local started, kinds = started_times()
   for band = 0, nbands - 1 do
     n[#n + 1] = tonumber(redis.call('HGET', tag .. ':queued', 'n' .. band) or '0')
     w[#w + 1] = tonumber(redis.call('HGET', tag .. ':queued', 'w' .. band) or '0')
@@ -758,7 +775,7 @@ local function view(nbands, backends, now)
     ft = ft,
     dw = stat('drained_work'), ds = stat('drained_s'),
     da = redis.call('HGET', tag .. ':stats', 'drained_at') or '',
-    h = stat('handovers'), hw = stat('handed_work'), st = started_times(),
+    h = stat('handovers'), hw = stat('handed_work'), st = started, sk = kinds,
     g = redis.call('HGETALL', tag .. ':granted'),
     th = redis.call('HGETALL', tag .. ':tenant_held'),
   }

@@ -2,7 +2,7 @@
 -- A: replica, band, tenant, cost, max_work, handover (the replica's estimate of the work a
 --    hand-over takes), bands, edf, weight (the tenant's, in fair queuing), allowed_s, ttl, refused,
 --    backends, bound_s, reserved, quotas, batch ({key, max, hold?} or absent), drain, overdue_sigmas and
---    overdue_checked (absent: no displacement of overdue work), now (tests).
+--    overdue_checked (absent: no displacement of overdue work), kind (the request's, or ''), now (tests).
 -- The check (gateway/queues/base.RequestQueue.offer): refuse when the work queued ahead of it in
 -- its band (up to its flow's turn) and the more urgent ones, plus the room it takes (its cost
 -- behind queued work, else one hand-over), exceeds max_work (none with a slot free and nothing
@@ -40,7 +40,7 @@ local held = A.batch ~= nil and A.batch.hold == true
 if immediate and not held then
   local backend = pick_backend(A.backends)
   if backend ~= nil then
-    local lease = grant_lease(backend.url, A.replica, A.ttl, now, A.band, A.tenant, A.cost)
+    local lease = grant_lease(backend.url, A.replica, A.ttl, now, A.band, A.tenant, A.cost, A.kind)
     count_granted(A.band, A.tenant, A.cost)
     return cjson.encode({kind = 'granted', lease = lease, url = backend.url, view = view(nbands, A.backends, now)})
   end
@@ -49,6 +49,7 @@ local id = next_id()
 local score
 if A.edf then score = now + A.allowed_s else score = fair_start(A.band, A.tenant, A.cost, A.weight) end
 local info = {r = A.replica, b = A.band, t = A.tenant, c = A.cost, e = fmt(now + A.allowed_s)}
+if A.kind ~= nil and A.kind ~= '' then info.q = A.kind end
 if A.batch then
   info.k = A.batch.key
   info.m = A.batch.max

@@ -3,6 +3,7 @@ low, right and too high, and against HAProxy with `maxconn` tuned by hand.
 
     python -m loadtests.continuous                 # 1x and 2x capacity, every target (~10 min)
     python -m loadtests.continuous --quick         # a smoke run, about two minutes
+    python -m loadtests.continuous --deadline-ms 3500 --loads 1.5   # clients with deadlines
 
 The engine is the simulator's continuous mode: 64 sequences at most, a 10 ms step alone that
 doubles with 64 running, 10 ms of prefill per 1,000 prompt tokens, a KV cache of 80,000 tokens.
@@ -15,8 +16,13 @@ stream starts within it and ends complete; goodput counts good requests and thei
 of arrivals. Every gateway target prices requests in tokens (`cost: tokens`) and lets a request wait
 for the engine at most MAX_WAIT_MS; HAProxy queues as long (`timeout queue`).
 
+With `--deadline-ms`, each request carries that budget (`X-Request-Timeout-Ms`) and is good when
+its stream ends complete within it; `auto` then takes its default objectives, as a user who
+configures none would (issue 37: it has to find the engine's knee from what the clients ask).
+
 Targets:
-- auto: `max_concurrency: auto` (TTFT objective 1 s inside the engine, scraped every 250 ms);
+- auto: `max_concurrency: auto` (TTFT objective 1 s inside the engine, scraped every 250 ms; its
+  defaults with `--deadline-ms`);
 - fixed-16, fixed-64, fixed-256: a hand-set max_concurrency (too low, the engine's own, too high);
 - haproxy: maxconn 64 (the engine's max-num-seqs), a queue timeout of MAX_WAIT_MS.
 
@@ -74,6 +80,8 @@ class Result:
     status: int | None
     ttft_s: float | None = None
     complete: bool = False
+    end_s: float | None = None
+    """When the stream ended complete, from its scheduled send."""
 
 
 def schedule(rate_rps: float, duration_s: float, seed: int) -> list[Chat]:
@@ -102,8 +110,11 @@ def body_of(chat: Chat) -> bytes:
     return json.dumps(request).encode()
 
 
-async def send_all(url: str, chats: list[Chat]) -> list[Result]:
+async def send_all(url: str, chats: list[Chat], deadline_ms: float | None = None) -> list[Result]:
     results: list[Result] = []
+    headers = {"Content-Type": "application/json"}
+    if deadline_ms is not None:
+        headers["X-Request-Timeout-Ms"] = str(round(deadline_ms))
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         started = time.monotonic()
@@ -117,7 +128,7 @@ async def send_all(url: str, chats: list[Chat]) -> list[Result]:
                 async with session.post(
                     url + "/v1/chat/completions",
                     data=body_of(chat),
-                    headers={"Content-Type": "application/json"},
+                    headers=headers,
                     timeout=timeout,
                 ) as reply:
                     result.status = reply.status
@@ -129,6 +140,7 @@ async def send_all(url: str, chats: list[Chat]) -> list[Result]:
                             result.ttft_s = time.monotonic() - scheduled
                         if line.strip() == b"data: [DONE]":
                             result.complete = True
+                            result.end_s = time.monotonic() - scheduled
             except (aiohttp.ClientError, TimeoutError):
                 pass  # counted as failed: no answer, or a stream cut short
 
@@ -142,7 +154,9 @@ async def send_all(url: str, chats: list[Chat]) -> list[Result]:
     return results
 
 
-def start_target(target: str, log_dir: Path, sim: Sim, python: str) -> tuple[str, Any]:
+def start_target(
+    target: str, log_dir: Path, sim: Sim, python: str, defaults: bool = False
+) -> tuple[str, Any]:
     if target == "haproxy":
         proxy = HAProxy(log_dir, sim.url, slots=MAX_NUM_SEQS, queue_timeout_ms=MAX_WAIT_MS)
         return proxy.url, proxy
@@ -153,14 +167,9 @@ def start_target(target: str, log_dir: Path, sim: Sim, python: str) -> tuple[str
     backend = model["backends"][0]
     backend.update({"kind": "vllm", "metrics_url": sim.metrics_url})
     if target == "auto":
-        backend.update(
-            {
-                "max_concurrency": "auto",
-                "min_concurrency": 4,
-                "max_concurrency_cap": 256,
-                "ttft_objective_ms": 1000,
-            }
-        )
+        backend.update({"max_concurrency": "auto", "min_concurrency": 4, "max_concurrency_cap": 256})
+        if not defaults:
+            backend["ttft_objective_ms"] = 1000
         config["signals"] = {"scrape_interval_ms": 250}
     else:
         backend["max_concurrency"] = int(target.removeprefix("fixed-"))
@@ -171,12 +180,18 @@ def start_target(target: str, log_dir: Path, sim: Sim, python: str) -> tuple[str
 
 
 def run_one(
-    target: str, load: float, duration_s: float, seed: int, log_dir: Path, python: str
+    target: str,
+    load: float,
+    duration_s: float,
+    seed: int,
+    log_dir: Path,
+    python: str,
+    deadline_ms: float | None = None,
 ) -> dict[str, Any]:
     sim = Sim(log_dir, extra_args=ENGINE_ARGS)
     server: Any = None
     try:
-        url, server = start_target(target, log_dir, sim, python)
+        url, server = start_target(target, log_dir, sim, python, defaults=deadline_ms is not None)
         chats = schedule(load * CAPACITY_RPS, duration_s, seed)
         peak = {"sequences": 0}
 
@@ -189,7 +204,7 @@ def run_one(
 
             watcher = asyncio.ensure_future(watch())
             try:
-                return await send_all(url, chats)
+                return await send_all(url, chats, deadline_ms)
             finally:
                 watcher.cancel()
 
@@ -202,7 +217,9 @@ def run_one(
         if server is not None:
             server.stop()
         sim.stop()
-    return summary(target, load, duration_s, results, peak["sequences"], engine["preemptions"], limit)
+    return summary(
+        target, load, duration_s, results, peak["sequences"], engine["preemptions"], limit, deadline_ms
+    )
 
 
 def summary(
@@ -213,9 +230,13 @@ def summary(
     peak_sequences: int,
     preemptions: int,
     limit: float | None,
+    deadline_ms: float | None = None,
 ) -> dict[str, Any]:
     objective_s = TTFT_OBJECTIVE_MS / 1000
-    good = [r for r in results if r.complete and r.ttft_s is not None and r.ttft_s <= objective_s]
+    if deadline_ms is None:
+        good = [r for r in results if r.complete and r.ttft_s is not None and r.ttft_s <= objective_s]
+    else:
+        good = [r for r in results if r.end_s is not None and r.end_s <= deadline_ms / 1000]
     answered = [r.ttft_s * 1000 for r in results if r.ttft_s is not None]
     refused = [r for r in results if r.status is not None and r.status != 200]
     long = [r for r in results if r.chat.output_tokens >= LONG_TOKENS]
@@ -274,6 +295,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="10 s per run: a smoke run")
     parser.add_argument(
+        "--deadline-ms", type=float, help="clients' budget; good = complete within it, auto on its defaults"
+    )
+    parser.add_argument(
         "--gateway-python", default=sys.executable, help="the interpreter that runs the gateway"
     )
     args = parser.parse_args()
@@ -287,11 +311,12 @@ def main() -> None:
         "duration_s": duration_s,
         "capacity_rps": CAPACITY_RPS,
         "ttft_objective_ms": TTFT_OBJECTIVE_MS,
+        "deadline_ms": args.deadline_ms,
         "results": [],
     }
 
     def one(target: str, load: float) -> dict[str, Any]:
-        return run_one(target, load, duration_s, args.seed, log_dir, args.gateway_python)
+        return run_one(target, load, duration_s, args.seed, log_dir, args.gateway_python, args.deadline_ms)
 
     run_matrix(report, out, [float(x) for x in args.loads.split(",")], targets, one, table)
     print(f"saved {out} (server logs in {log_dir})")

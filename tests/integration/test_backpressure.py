@@ -111,12 +111,14 @@ async def test_retry_after_does_not_climb_from_burst_to_burst_across_lulls(start
     sim = start_sim(slots=2, base_ms=100)
     classes = [{"name": "high", "max_wait_ms": 340}, {"name": "low", "max_wait_ms": 340}]
     config = gateway_config([(sim.url, 2)], priorities=classes, expected_service_ms=100)
-    gateway = start_gateway({**config, "retry_after": {"jitter": 0.0}})
+    # Arrival rates that remember 0.6 s, not the default 2 s, so that the lulls can be short.
+    estimation = {"rate_window_s": 0.6}
+    gateway = start_gateway({**config, "retry_after": {"jitter": 0.0}, "estimation": estimation})
     advice: list[int] = []
     async with session() as http:
         for burst in range(4):
             if burst:
-                await asyncio.sleep(3.0)  # the lull itself is the scenario (longer than the rates remember)
+                await asyncio.sleep(1.0)  # the lull itself is the scenario (longer than the rates remember)
             results = await asyncio.gather(*(infer(http, gateway) for _ in range(30)))
             refused = sorted(int(h["retry-after-ms"]) for status, h, _ in results if status == 429)
             advice.append(refused[len(refused) // 2])

@@ -68,7 +68,7 @@ def build_runtime(
     signals = SignalBoard(
         pool_list, settings.signals, settings.kueue, metrics, supervisor=supervisor, clock=clock
     )
-    auto_limits = AutoLimits(settings.models, store, settings.signals.scrape_interval_ms / 1000)
+    auto_limits = AutoLimits(settings.models, store, settings.signals.scrape_interval_ms / 1000, clock)
     if auto_limits.any:
         signals.on_engine_sample = auto_limits.on_sample
     queued_bytes = QueuedBytes(settings.queued_byte_limits())

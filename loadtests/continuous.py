@@ -9,7 +9,7 @@ The engine is the simulator's continuous mode: 64 sequences at most, a 10 ms ste
 doubles with 64 running, 10 ms of prefill per 1,000 prompt tokens, a KV cache of 80,000 tokens.
 Chat requests (streamed) have prompts of 50-2,000 tokens and ask for 10-500 output tokens
 (`ignore_eos`, so they make exactly that many); the open-loop Poisson arrivals (seeded) are the
-same for every target, each in front of a fresh engine, at `--loads` x CAPACITY_RPS.
+same for every target, each in front of a fresh engine, at `--loads` x its capacity (`capacity_rps`).
 
 The objective is a first token within TTFT_OBJECTIVE_MS of arrival. A request is good when its
 stream starts within it and ends complete; goodput counts good requests and their tokens per second
@@ -21,8 +21,8 @@ its stream ends complete within it; `auto` then takes its default objectives, as
 configures none would (issue 37: it has to find the engine's knee from what the clients ask).
 
 Targets:
-- auto: `max_concurrency: auto` (TTFT objective 1 s inside the engine, scraped every 250 ms; its
-  defaults with `--deadline-ms`);
+- auto: `max_concurrency: auto` (TTFT objective 1 s inside the engine, scraped every 250 ms, from
+  4 to 256; with `--deadline-ms`, `max_concurrency: auto` and nothing else, every default);
 - fixed-16, fixed-64, fixed-256: a hand-set max_concurrency (too low, the engine's own, too high);
 - haproxy: maxconn 64 (the engine's max-num-seqs), a queue timeout of MAX_WAIT_MS.
 
@@ -58,9 +58,17 @@ ENGINE_ARGS = (
     "--engine", "continuous", "--max-num-seqs", str(MAX_NUM_SEQS), "--step-ms", "10",
     "--step-growth", "1", "--prefill-ms-per-1k", "10", "--kv-tokens", "80000",
 )  # fmt: skip
-CAPACITY_RPS = 10.0
-"""About what the engine serves: 64 x (1 / 20 ms steps) = 3,200 tokens/s over 255 tokens a request,
-less the prefills."""
+OUTPUT_TOKENS = (10, 500)
+"""Each request's output tokens, drawn uniformly (`--output-tokens`)."""
+
+
+def capacity_rps(output_tokens: tuple[int, int]) -> float:
+    """About what the engine serves: 64 x (1 / 20 ms steps) = 3,200 tokens/s over the mean output
+    (255 tokens a request by default: 12.5/s), less a fifth for the prefills."""
+    mean_output = sum(output_tokens) / 2
+    return round(0.8 * MAX_NUM_SEQS / (0.020 * mean_output), 1)
+
+
 TTFT_OBJECTIVE_MS = 2000
 MAX_WAIT_MS = 1500
 LONG_TOKENS = 250
@@ -84,11 +92,13 @@ class Result:
     """When the stream ended complete, from its scheduled send."""
 
 
-def schedule(rate_rps: float, duration_s: float, seed: int) -> list[Chat]:
+def schedule(
+    rate_rps: float, duration_s: float, seed: int, output_tokens: tuple[int, int] = OUTPUT_TOKENS
+) -> list[Chat]:
     rng = random.Random(seed)
     chats, now = [], 0.0
     while (now := now + rng.expovariate(rate_rps)) < duration_s:
-        chats.append(Chat(now, rng.randint(50, 2000), rng.randint(10, 500)))
+        chats.append(Chat(now, rng.randint(50, 2000), rng.randint(*output_tokens)))
     return chats
 
 
@@ -155,7 +165,12 @@ async def send_all(url: str, chats: list[Chat], deadline_ms: float | None = None
 
 
 def start_target(
-    target: str, log_dir: Path, sim: Sim, python: str, defaults: bool = False
+    target: str,
+    log_dir: Path,
+    sim: Sim,
+    python: str,
+    defaults: bool = False,
+    output_tokens: tuple[int, int] = OUTPUT_TOKENS,
 ) -> tuple[str, Any]:
     if target == "haproxy":
         proxy = HAProxy(log_dir, sim.url, slots=MAX_NUM_SEQS, queue_timeout_ms=MAX_WAIT_MS)
@@ -163,13 +178,19 @@ def start_target(
     classes = [{"name": "standard", "max_wait_ms": MAX_WAIT_MS}]
     config = gateway_config([(sim.url, 1)], priorities=classes, default_priority="standard")
     model = config["models"][0]
-    model.update({"cost": "tokens", "expected_service_ms": 5000})
+    # What a user would set: the mean output at the engine's full-load step (20 ms a token).
+    # (A new user, `defaults`, leaves it unset.)
+    expected_service_ms = round(20 * sum(output_tokens) / 2, -2)
+    model.update({"cost": "tokens", "expected_service_ms": expected_service_ms})
+    if defaults:
+        del model["expected_service_ms"]
     backend = model["backends"][0]
     backend.update({"kind": "vllm", "metrics_url": sim.metrics_url})
-    if target == "auto":
+    if target == "auto" and defaults:
+        backend["max_concurrency"] = "auto"  # and nothing else, as a new user writes it
+    elif target == "auto":
         backend.update({"max_concurrency": "auto", "min_concurrency": 4, "max_concurrency_cap": 256})
-        if not defaults:
-            backend["ttft_objective_ms"] = 1000
+        backend["ttft_objective_ms"] = 1000
         config["signals"] = {"scrape_interval_ms": 250}
     else:
         backend["max_concurrency"] = int(target.removeprefix("fixed-"))
@@ -187,12 +208,15 @@ def run_one(
     log_dir: Path,
     python: str,
     deadline_ms: float | None = None,
+    output_tokens: tuple[int, int] = OUTPUT_TOKENS,
 ) -> dict[str, Any]:
     sim = Sim(log_dir, extra_args=ENGINE_ARGS)
     server: Any = None
     try:
-        url, server = start_target(target, log_dir, sim, python, defaults=deadline_ms is not None)
-        chats = schedule(load * CAPACITY_RPS, duration_s, seed)
+        url, server = start_target(
+            target, log_dir, sim, python, defaults=deadline_ms is not None, output_tokens=output_tokens
+        )
+        chats = schedule(load * capacity_rps(output_tokens), duration_s, seed, output_tokens)
         peak = {"sequences": 0}
 
         async def watched() -> list[Result]:
@@ -290,7 +314,10 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--targets", default=",".join(TARGETS), help=", ".join(TARGETS))
-    parser.add_argument("--loads", default="1,2", help="x CAPACITY_RPS, comma-separated")
+    parser.add_argument("--loads", default="1,2", help="x the engine's capacity, comma-separated")
+    parser.add_argument(
+        "--output-tokens", default="10-500", help="each request's output tokens, drawn from LOW-HIGH"
+    )
     parser.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per run")
     parser.add_argument("--seed", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="10 s per run: a smoke run")
@@ -301,22 +328,28 @@ def main() -> None:
         "--gateway-python", default=sys.executable, help="the interpreter that runs the gateway"
     )
     args = parser.parse_args()
-    targets = chosen_targets(parser, args.targets, TARGETS)
+    fixed = tuple(t for t in args.targets.split(",") if t.removeprefix("fixed-").isdigit())  # any fixed-N
+    targets = chosen_targets(parser, args.targets, (*TARGETS, *fixed))
     duration_s = 10.0 if args.quick else args.duration
+    low, high = (int(x) for x in args.output_tokens.split("-"))
+    output_tokens = (low, high)
     log_dir = Path(tempfile.mkdtemp(prefix="continuous-"))
     out = results_path("continuous")
     report: dict[str, Any] = {
         "machine": f"{os.cpu_count()} cores",
         "seed": args.seed,
         "duration_s": duration_s,
-        "capacity_rps": CAPACITY_RPS,
+        "capacity_rps": capacity_rps(output_tokens),
+        "output_tokens": output_tokens,
         "ttft_objective_ms": TTFT_OBJECTIVE_MS,
         "deadline_ms": args.deadline_ms,
         "results": [],
     }
 
     def one(target: str, load: float) -> dict[str, Any]:
-        return run_one(target, load, duration_s, args.seed, log_dir, args.gateway_python, args.deadline_ms)
+        return run_one(
+            target, load, duration_s, args.seed, log_dir, args.gateway_python, args.deadline_ms, output_tokens
+        )
 
     run_matrix(report, out, [float(x) for x in args.loads.split(",")], targets, one, table)
     print(f"saved {out} (server logs in {log_dir})")

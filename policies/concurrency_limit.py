@@ -5,17 +5,25 @@ run, and past its own limits (max-num-seqs, the KV cache) it queues or preempts 
 gateway's admission no longer sees the wait. The control law, fed one `EngineSample` per scrape
 of the engine's metrics:
 
-- Congestion is the engine queueing inside, preempting, or its first-token or inter-token latency
-  above its objective. Queueing inside is `waiting` above zero for `waiting_scrapes` scrapes in a
-  row, unless the requests it started meanwhile waited no longer than `queue_steps` inter-token
-  latencies (a request that arrives between two steps waits for the next: no congestion).
+- Congestion is the engine queueing inside, preempting, the clients' deadlines missed on it, or its
+  first-token or inter-token latency above an objective the operator set. The clients' objective
+  is their deadlines: of the requests that carried one and ended on the engine, no more than
+  `late_objective` (half) may end past it. Half, not a small share, because some requests are
+  longer than their budgets at any limit, and they must not pull it to the floor; the limit comes
+  down when the engine runs most of its requests too slowly for what their clients asked.
+  Queueing inside is `waiting` above zero for `waiting_scrapes` scrapes in a row, unless the
+  requests it started meanwhile waited no longer than `queue_steps` inter-token latencies (a
+  request that arrives between two steps waits for the next: no congestion).
 - On congestion the limit comes down at once: by half the queue inside (the engine said how many
   it could not run; half, because its queue drains only as its sequences finish, and the next
   scrapes still see what the last limit sent), or in proportion to the latency over its
-  objective; at least by `min_decrease` for latency or preemption. The limit it comes down to is
+  objective, or to the requests in time against the share the objective asks; at least by
+  `min_decrease` for latency, deadlines or preemption. The limit it comes down to is
   the ceiling after a cut by the queue (the engine runs that much), the limit it had after one by
-  latency.
-- While anything waits inside, the limit never rises.
+  latency or deadlines.
+- While anything waits inside, the limit never rises, but for one request waiting for the next
+  step (with steps of a quarter second, a scrape catches the request just sent more often than
+  not: it held the limit far below the engine's knee).
 - Without congestion, and only while the limit binds (the gateway has work queued for the engine,
   or uses every slot: `demand`), the limit goes up: by half the distance to the ceiling, or by
   `slow_start` times while no ceiling is known; at the ceiling, after `probe_every` calm scrapes,
@@ -43,6 +51,8 @@ class LimitConfig:
     max_limit: float = 1024.0
     ttft_objective_s: float | None = None
     itl_objective_s: float | None = None
+    late_objective: float = 0.5
+    """The share of the requests with deadlines that may end on the engine past them."""
     waiting_scrapes: int = 2
     queue_steps: float = 2.0
     slow_start: float = 1.5
@@ -70,6 +80,9 @@ class EngineSample:
     """Work done per second over the interval (generated tokens, or completions)."""
     queue_s: float | None = None
     """Mean time the requests the engine started in the interval waited inside it (None: unknown)."""
+    late_share: float | None = None
+    """Of the requests with a deadline that ended on the engine lately (enough of them to tell), the
+    share that ended past it (None: too few since the last share told)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +126,9 @@ def next_limit(
         limit = _clamp(limit, config)
         return LimitState(limit, ceiling=limit if by_queue else state.limit, cause=cause)
     state = replace(state, waiting_streak=streak)
-    if not demand or sample.waiting > 0:
+    # One request between its send and the next step is what a scrape catches of any engine that
+    # is not full; more, or a longer wait, is a queue.
+    if not demand or (sample.waiting > 0 and not between_steps) or sample.waiting > 1:
         return replace(state, calm=0, rose_from=None)
     if state.rose_from is not None and sample.throughput is not None:
         before_limit, before, waited = state.rose_from
@@ -145,6 +160,11 @@ def _congestion_cut(
         cuts.append((floor, False, f"{sample.preempted:g} preempted"))
     if streak >= config.waiting_scrapes:
         cuts.append((limit - max(1.0, sample.waiting / 2), True, f"{sample.waiting:g} waiting inside"))
+    late = sample.late_share
+    if late is not None and late > config.late_objective:
+        in_time = (1 - late) / (1 - config.late_objective) if config.late_objective < 1 else 0.0
+        cause = f"{late:.0%} of the deadlines missed"
+        cuts.append((min(floor, limit * max(0.5, in_time)), False, cause))
     objectives = (
         ("first-token latency", sample.ttft_s, config.ttft_objective_s),
         ("inter-token latency", sample.itl_s, config.itl_objective_s),

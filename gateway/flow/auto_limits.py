@@ -6,12 +6,18 @@ slots in the stores at once (`backends_changed` dispatches into new ones; a lowe
 requests in flight finish and grants no more until they are under it). On the Redis store one
 replica leads each backend's limit and the others take it (`RequestQueue.share_limit`), so the
 replicas run on one limit. While a backend's metrics are stale no sample comes: its limit holds.
+
+Each sample also carries the clients' objective: the share of the requests with deadlines that
+ended on the backend past them, over the last DEADLINE_ENDINGS or more of them (this replica's:
+on Redis the leading replica's requests decide).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from gateway.queues.base import RequestQueue
 from gateway.settings import Model
@@ -22,11 +28,24 @@ log = logging.getLogger("gateway.limits")
 
 # A leader that missed this many scrapes in a row hands the lead to whoever asks next.
 LEAD_SCRAPES = 3
+TURNED_AWAY = 0.05
+"""The share of the arriving work refused that says the limit binds though nothing is queued: under
+overload admission refuses at the door, and the queue is empty between hand-overs (at its floor a
+limit saw no demand half the time, and stayed there)."""
+DEADLINE_ENDINGS = 8
+"""Requests with deadlines that tell a share of them missed: fewer say nothing yet."""
 
 
 class AutoLimits:
-    def __init__(self, models: Iterable[Model], store: RequestQueue, scrape_interval_s: float) -> None:
+    def __init__(
+        self,
+        models: Iterable[Model],
+        store: RequestQueue,
+        scrape_interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._store = store
+        self._clock = clock
         self._lead_s = LEAD_SCRAPES * scrape_interval_s
         self._configs: dict[tuple[str, str], LimitConfig] = {}
         """(model, configured URL) -> the law's configuration, for the auto backends."""
@@ -41,6 +60,8 @@ class AutoLimits:
                         itl_objective_s=itl_s,
                     )
         self._states: dict[tuple[str, str], LimitState] = {}
+        self._deadlines_told: dict[tuple[str, str], tuple[int, int]] = {}
+        """(model, backend URL) -> its (kept, missed) deadlines when a late share was last told."""
 
     @property
     def any(self) -> bool:
@@ -52,8 +73,11 @@ class AutoLimits:
             return
         key = (pool.name, backend.url)
         state = self._states.get(key) or start(config)
+        late_share = self._late_share(key, backend)
+        if late_share is not None:
+            sample = replace(sample, late_share=late_share)
         stats = self._store.stats(pool.name)
-        demand = any(stats.queued_by_band) or stats.free_slots <= 0
+        demand = any(stats.queued_by_band) or stats.free_slots <= 0 or self._turning_away(pool.name)
         proposed = next_limit(state, sample, demand, config)
         try:
             leads, slots = await self._store.share_limit(pool.name, backend.url, proposed.slots, self._lead_s)
@@ -72,3 +96,19 @@ class AutoLimits:
             )  # fmt: skip
             backend.max_concurrency = slots
             self._store.backends_changed(pool.name)
+
+    def _turning_away(self, model: str) -> bool:
+        """Whether admission refuses more than TURNED_AWAY of the work that arrives for `model`."""
+        throughput = self._store.throughput(model, self._clock())
+        offered = sum(throughput.offered_rate_by_band)
+        return offered > 0 and sum(throughput.admitted_rate_by_band) < (1 - TURNED_AWAY) * offered
+
+    def _late_share(self, key: tuple[str, str], backend: BackendState) -> float | None:
+        """The share of deadlines missed on `backend` since the last share told, once enough ended."""
+        kept, missed = backend.deadlines_kept, backend.deadlines_missed
+        kept_before, missed_before = self._deadlines_told.get(key, (0, 0))
+        ended = (kept - kept_before) + (missed - missed_before)
+        if ended < DEADLINE_ENDINGS:
+            return None
+        self._deadlines_told[key] = (kept, missed)
+        return (missed - missed_before) / ended

@@ -106,11 +106,10 @@ class Backend(Frozen):
     max_concurrency_cap: int = Field(1024, ge=1, le=100_000)
     """auto: the limit never goes above this."""
     ttft_objective_ms: PositiveMs | None = None
-    """auto: the engine's mean time to first token must stay within this (vLLM; default 2000
-    for kind vllm, none otherwise)."""
+    """auto: the engine's mean time to first token must stay within this (vLLM; none by default:
+    the clients' deadlines are the objective)."""
     itl_objective_ms: PositiveMs | None = None
-    """auto: the engine's mean inter-token latency must stay within this (vLLM; default 200 for
-    kind vllm, none otherwise)."""
+    """auto: the engine's mean inter-token latency must stay within this (vLLM; none by default)."""
     metrics_url: str | None = None
     """Triton's or vLLM's /metrics: its queue counts into admission and dispatch."""
     served_model: str | None = None
@@ -168,10 +167,10 @@ class Backend(Frozen):
 
     @property
     def latency_objectives_s(self) -> tuple[float | None, float | None]:
-        """(first token, inter-token) objectives of an auto limit, defaults by kind filled in."""
-        vllm = self.kind == "vllm"
-        ttft = self.ttft_objective_ms if self.ttft_objective_ms is not None else 2000.0 if vllm else None
-        itl = self.itl_objective_ms if self.itl_objective_ms is not None else 200.0 if vllm else None
+        """(first token, inter-token) objectives of an auto limit, where the operator set them. None by
+        default: the clients' deadlines are the objective (policies.concurrency_limit), and a fixed
+        latency stricter than they ask would hold the limit below the engine's knee."""
+        ttft, itl = self.ttft_objective_ms, self.itl_objective_ms
         return (None if ttft is None else ttft / 1000, None if itl is None else itl / 1000)
 
     @property

@@ -56,6 +56,10 @@ class BackendState:
     """Its exchanges sent and not yet ended, and the answer bytes they brought (counted)."""
     forward_priority: ForwardPriority | None = None
     """How it is told each request's class (gateway.upstream.priority)."""
+    deadlines_kept: int = 0
+    deadlines_missed: int = 0
+    """Requests with a deadline that it ended within it, and past it: the clients' objective for
+    `max_concurrency: auto` (gateway.flow.auto_limits)."""
 
     @property
     def max_concurrency(self) -> int:

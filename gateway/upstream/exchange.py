@@ -239,6 +239,8 @@ class UpstreamExchange:
                 verdict = verdict_of(ending(reply), reply.status)
                 if verdict is not None:
                     forwarder.on_verdict(self._pool, backend, verdict)
+            if self._budget_at is not None:
+                _count_deadline(backend, reply, forwarder.clock() <= self._budget_at)
             if reply.complete:
                 forwarder.observe_upstream_s(self._pool.name, self.elapsed_s)
                 if reply.status < 400:
@@ -278,6 +280,18 @@ class UpstreamExchange:
             request = self._request = self._build_request()
             self._build_request = None  # it holds the body, which the wire is to hold alone
         return request
+
+
+def _count_deadline(backend: BackendState, reply: Reply, in_time: bool) -> None:
+    """Count a request with a deadline as kept or missed on its backend; one that ended otherwise
+    (its client left, the backend failed) says nothing of the deadlines the backend keeps."""
+    if reply.complete and reply.status < 400:
+        if in_time:
+            backend.deadlines_kept += 1
+        else:
+            backend.deadlines_missed += 1
+    elif isinstance(reply.given_up, TimeoutError) and not isinstance(reply.given_up, BackendStalled):
+        backend.deadlines_missed += 1  # cut at the deadline, still running
 
 
 def ending(reply: Reply) -> Ending:

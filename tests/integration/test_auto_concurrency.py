@@ -1,11 +1,14 @@
 """`max_concurrency: auto` in front of the continuous simulator: the gateway finds the engine's
-limit from its vLLM metrics, follows it when the engine slows, never goes above the cap, and
-replicas on one Redis run on one limit."""
+limit from its vLLM metrics, with every default under open-loop overload from clients with
+deadlines, follows it when the engine slows, never goes above the cap, and replicas on one Redis
+run on one limit."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
+import time
 
 import aiohttp
 import pytest
@@ -90,6 +93,57 @@ async def test_the_limit_rises_to_what_the_engine_runs_and_stays_under_the_cap(s
     stats = sim.stats()
     assert stats["peak_inflight"] <= 12  # the cap, whatever the controller does
     assert set(load.statuses) == {200}
+
+
+async def test_with_every_default_it_climbs_to_the_knee_under_overload_from_clients_with_deadlines(
+    start_sim, start_gateway
+):
+    # A big model: 120 ms a step alone, 240 ms with its 16 sequences running. Its clients give each
+    # request 8 s, which it keeps at 16; a fixed inter-token objective of 200 ms (the old default)
+    # held the limit at 11, 0.8x the goodput. Chat requests of 4-12 tokens arrive at 1.5x what it
+    # serves at 16 (16 / (8 tokens x 240 ms) = 8.3 a second).
+    max_num_seqs, step_s, tokens, deadline_ms = 16, 0.120, (4, 12), 8000
+    engine_args = (
+        "--engine", "continuous", "--max-num-seqs", str(max_num_seqs), "--step-ms", str(step_s * 1000),
+        "--step-growth", "1",
+    )  # fmt: skip
+    sim = start_sim(extra_args=engine_args)
+    config = gateway_config([(sim.url, 1)])
+    backend = config["models"][0]["backends"][0]
+    backend.update({"kind": "vllm", "max_concurrency": "auto", "metrics_url": sim.metrics_url})
+    gateway = start_gateway(config)
+    capacity_rps = max_num_seqs / (sum(tokens) / 2 * 2 * step_s)
+    rng = random.Random(7)
+    good: list[float] = []  # when each request that ended within its deadline ended
+    limits: list[float] = []
+
+    async def chat(http: aiohttp.ClientSession) -> None:
+        body = {"model": "sim", "prompt": "x", "max_tokens": rng.randint(*tokens), "ignore_eos": True}
+        sent = time.monotonic()
+        headers = {"X-Request-Timeout-Ms": str(deadline_ms)}
+        async with http.post(gateway.url + "/v1/completions", json=body, headers=headers) as reply:
+            await reply.read()
+        if reply.status == 200 and time.monotonic() - sent <= deadline_ms / 1000:
+            good.append(time.monotonic())
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        started, sends = time.monotonic(), []
+        due, until = 0.0, 18.0
+        while (due := due + rng.expovariate(1.5 * capacity_rps)) < until:  # bounded: 18 s of arrivals
+            await asyncio.sleep(max(0.0, started + due - time.monotonic()))
+            sends.append(asyncio.ensure_future(chat(http)))
+            if not limits or time.monotonic() - started >= len(limits):
+                limits.append(limit_of(gateway, sim))  # one reading a second
+        await asyncio.gather(*sends)
+    # Slow start from 1 on the default 1 s scrapes, each rise judged before the next: at the knee
+    # within 10 s, then near it (a rise past it is taken back as the engine's queue shows).
+    reached = next((i for i, limit in enumerate(limits) if limit >= max_num_seqs - 1), None)
+    assert reached is not None and reached <= 10, limits
+    assert min(limits[reached:]) >= max_num_seqs - 2, limits
+    assert max(limits[-6:]) <= 1.5 * max_num_seqs, limits
+    steady = [at for at in good if started + 10 <= at <= started + until]
+    assert len(steady) / (until - 10) >= 0.8 * capacity_rps, (len(steady), capacity_rps, limits)
+    assert sim.stats()["peak_inflight"] <= 2 * max_num_seqs  # the engine queues, never the gateway's fault
 
 
 async def test_when_the_engine_slows_down_the_limit_follows_its_latency_objective(start_sim, start_gateway):

@@ -25,6 +25,9 @@ class EngineModel:
     slowdown: float = 1.0
     output_tokens: int = 200
     others: int = 0
+    deadline_s: float | None = None
+    """The clients' deadline, with outputs drawn evenly from `outputs` (what late_share reports)."""
+    outputs: tuple[int, int] = (50, 150)
 
     def step(self, running: int) -> float:
         crowd = (running - 1) / (self.max_num_seqs - 1)
@@ -37,12 +40,17 @@ class EngineModel:
         itl = self.step(running)
         service = self.output_tokens * itl
         queue_s = waiting / running * service if waiting else itl / 2
+        late = None
+        if self.deadline_s is not None:  # a request of T tokens ends at T x itl: late past the deadline
+            low, high = self.outputs
+            late = min(1.0, max(0.0, (high - self.deadline_s / itl) / (high - low)))
         return EngineSample(
             waiting=waiting,
             itl_s=itl,
             ttft_s=queue_s + itl,
             throughput=running / itl * limit / sent,  # our share of what it makes
             queue_s=queue_s,
+            late_share=late,
         )
 
 
@@ -84,6 +92,28 @@ def test_it_finds_the_largest_limit_within_the_inter_token_latency_objective():
     mean, spread = steady(limits[-60:])
     assert mean == pytest.approx(best, rel=0.1)
     assert spread <= 0.1
+
+
+def test_deadlines_the_engine_keeps_let_the_limit_climb_past_any_latency_a_default_would_set():
+    # A big model: 150 ms a step alone, 300 ms with 64 running (a default of 200 ms held it at 22).
+    # Its clients give each request 30 s, which it keeps for them all at 64.
+    engine = EngineModel(step_s=0.150, deadline_s=30.0)
+    limits = run(engine, LimitConfig(min_limit=1), 60)
+    mean, spread = steady(limits[-30:])
+    assert mean == pytest.approx(64, rel=0.1) and spread <= 0.1
+    assert limits.index(next(x for x in limits if x >= 58)) <= 12
+
+
+def test_when_most_requests_would_miss_their_deadlines_the_limit_comes_down_to_where_most_do_not():
+    # Steps of 20 ms that grow to 80 ms at 64 running; 50-150 tokens in 6 s. At 64 a request of
+    # more than 75 tokens ends late (75% of them); at 43 (60 ms steps) those of more than 100: half.
+    engine = EngineModel(growth=3.0, deadline_s=6.0)
+    limits = run(engine, LimitConfig(min_limit=1), 120)
+    mean, spread = steady(limits[-60:])
+    assert 34 <= mean <= 45 and spread <= 0.25
+    lowered = next_limit(LimitState(64.0), engine.sample(64), True, LimitConfig())
+    assert lowered.limit == pytest.approx(64 * 0.5)  # (1 - 0.75) / 0.5 of it, at most halved
+    assert lowered.cause == "75% of the deadlines missed" and lowered.ceiling == 64.0
 
 
 def test_when_the_engine_slows_down_it_moves_to_the_new_best_within_a_few_scrapes():
@@ -134,6 +164,8 @@ def test_a_request_waiting_for_the_next_step_is_no_congestion():
     state = LimitState(30.0, ceiling=40.0, waiting_streak=5)
     between_steps = EngineSample(waiting=3, itl_s=0.02, queue_s=0.015, throughput=100.0)
     assert next_limit(state, between_steps, True, config).limit == 30  # no cut; no rise either
+    just_sent = EngineSample(waiting=1, itl_s=0.25, queue_s=0.1, throughput=100.0)
+    assert next_limit(state, just_sent, True, config).limit == 35  # one waiting for the next step
     queued = EngineSample(waiting=3, itl_s=0.02, queue_s=0.5, throughput=100.0)
     assert next_limit(state, queued, True, config).limit == 30 - 1.5  # half the queue inside
 
@@ -183,6 +215,7 @@ samples = st.one_of(
         itl_s=st.one_of(st.none(), st.floats(0, 10)),
         throughput=st.one_of(st.none(), st.floats(0, 1e6)),
         queue_s=st.one_of(st.none(), st.floats(0, 100)),
+        late_share=st.one_of(st.none(), st.floats(0, 1)),
     ),
 )
 

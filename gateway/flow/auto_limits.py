@@ -77,7 +77,14 @@ class AutoLimits:
         if late_share is not None:
             sample = replace(sample, late_share=late_share)
         stats = self._store.stats(pool.name)
-        demand = any(stats.queued_by_band) or stats.free_slots <= 0 or self._turning_away(pool.name)
+        # Turned-away work binds the limit only while it is in use: admission may refuse for reasons
+        # of its own (a long wait predicted) with slots to spare, and the limit must not climb then.
+        nearly_full = stats.free_slots <= max(1, backend.known_slots // 10)
+        demand = (
+            any(stats.queued_by_band)
+            or stats.free_slots <= 0
+            or (nearly_full and self._turning_away(pool.name))
+        )
         proposed = next_limit(state, sample, demand, config)
         try:
             leads, slots = await self._store.share_limit(pool.name, backend.url, proposed.slots, self._lead_s)

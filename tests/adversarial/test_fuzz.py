@@ -671,7 +671,7 @@ def keyed_target(module_launcher, sim):
 # No shrinking: a failing try waits out `eventually`, and a minute would not shrink far; the
 # falsifying batch is printed as it was drawn.
 FUZZ = settings(
-    max_examples=120,
+    max_examples=80,
     deadline=None,
     database=None,
     phases=[Phase.explicit, Phase.generate],

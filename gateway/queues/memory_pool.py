@@ -20,6 +20,7 @@ from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots
+from policies.dispatch import Head, QuotaState, next_flow
 from policies.displacement import (
     OVERDUE_CHECKED,
     Queued,
@@ -30,7 +31,7 @@ from policies.displacement import (
 )
 from policies.fairness import FairTurns, tags, virtual_time_after, work_ahead_in_turn
 from policies.outcomes import Outcome
-from policies.quotas import Quota, may_start, owner_waiting, under_quota
+from policies.quotas import Quota, under_quota
 from policies.reservations import usable_by_band, usable_free_slots
 from policies.wait import QueueStats
 
@@ -189,11 +190,16 @@ class ModelQueue:
 
     def may_start(self, tenant: str, cost: float) -> bool:
         """Whether the tenant's quota, or what it may borrow, lets a request of `cost` start now."""
+        quotas = self.quota_state()
+        every_head = (head for band in range(len(self.bands)) for head in self.heads(band))
+        return quotas is None or quotas.allows(tenant, cost, every_head)
+
+    def quota_state(self) -> QuotaState | None:
+        """What dispatch reads of the quotas now; None without quotas."""
         if not self.quotas:
-            return True
+            return None
         inflight = self.inflight_by_tenant()
-        per_slot, waiting = self.estimates.handover_cost, self._owner_waiting(inflight)
-        return may_start(tenant, cost, inflight, self.quotas, self.total_slots, per_slot, waiting)
+        return QuotaState(self.quotas, inflight, self.total_slots, self.estimates.handover_cost)
 
     def inflight_by_tenant(self) -> dict[str, float]:
         inflight: dict[str, float] = {}
@@ -201,16 +207,13 @@ class ModelQueue:
             inflight[slot.tenant] = inflight.get(slot.tenant, 0.0) + slot.cost
         return inflight
 
-    def _owner_waiting(self, inflight: dict[str, float]) -> bool:
-        """Whether a tenant whose queued head would run within its quota waits (then no new
-        borrowing starts: the slots that free go back to their owners)."""
-        heads = (
-            (tenant, heap[0][2].cost)
-            for band in self.bands
-            for tenant, heap in band.flows.items()
-            if tenant in self.quotas and self._clean_head(heap)
-        )
-        return owner_waiting(heads, inflight, self.quotas)
+    def heads(self, band: int) -> list[Head]:
+        """The live head of each of `band`'s flows (withdrawn tickets dropped on the way)."""
+        return [
+            Head(heap[0][0], heap[0][1], tenant, heap[0][2].cost)
+            for tenant, heap in self.bands[band].flows.items()
+            if self._clean_head(heap)
+        ]
 
     def room_for(self, band: int, cost: float) -> bool:
         """Whether `cost` more work of `band` fits under the model's queue cap, displacing (429
@@ -349,31 +352,28 @@ class ModelQueue:
         return True
 
     def pop_next(self) -> list[Ticket]:
-        """The next tickets to get a slot, removed from the queue: the head of the flow with the
-        lowest head score in the most urgent band with work, and the batch it leads, if any."""
-        for index, band in enumerate(self.bands):
-            if band.count == 0:
-                continue
-            if self.reserved and self.usable(index) <= 0:
-                return []  # kept for a more urgent class, and so from every less urgent one
-            ready = [tenant for tenant, heap in band.flows.items() if self._clean_head(heap)]
-            if self.quotas:  # the first flow by head score whose tenant may start now
-                ready.sort(key=lambda tenant: band.flows[tenant][0][:2])
-                ready = [t for t in ready if self.may_start(t, band.flows[t][0][2].cost)][:1]
-                if not ready:
-                    continue  # held back by quotas: a less urgent band may take the slot
-            tenant = min(ready, key=lambda tenant: band.flows[tenant][0][:2])
-            heap = band.flows[tenant]
-            rank, _, leader = heapq.heappop(heap)
-            band.virtual_time = virtual_time_after(band.virtual_time, rank)
-            self.remove(leader)
-            taken = [leader]
-            if leader.batching is not None:
-                taken += self._batch_behind(heap, leader.batching, leader.cost)
-            if not heap:
-                del band.flows[tenant]
-            return taken
-        return []
+        """The next tickets to get a slot, removed from the queue: the head policies.dispatch picks
+        (most urgent band, lowest head score, quotas and reservations), and the batch it leads."""
+        found = next_flow(
+            [band.count for band in self.bands],
+            self.heads,
+            self.usable if self.reserved else None,
+            self.quota_state(),
+        )
+        if found is None:
+            return []
+        index, head = found
+        band = self.bands[index]
+        heap = band.flows[head.tenant]
+        rank, _, leader = heapq.heappop(heap)
+        band.virtual_time = virtual_time_after(band.virtual_time, rank)
+        self.remove(leader)
+        taken = [leader]
+        if leader.batching is not None:
+            taken += self._batch_behind(heap, leader.batching, leader.cost)
+        if not heap:
+            del band.flows[head.tenant]
+        return taken
 
     def _batch_behind(self, heap: list[_HeapEntry], batching: Batching, cost: float) -> list[Ticket]:
         followers: list[Ticket] = []

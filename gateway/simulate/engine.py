@@ -7,18 +7,16 @@ It decides nothing itself; the gateway's policies do, called where the memory st
   untagged, as the store grants it.
 - Otherwise it is tagged by `policies.fairness.tags` and queued in its tenant's flow, a heap on
   (start tag, arrival number) as in the memory store.
-- A slot that frees goes to the band `policies.dispatch.next_band` picks from the live count of
-  each band (strict priority), unless a more urgent class's reservation keeps it from that band,
-  and so from every less urgent one; within the band, to the flow whose head has the lowest key,
-  and the band's virtual time moves by `policies.fairness.virtual_time_after`.
+- A slot that frees goes where `policies.dispatch.next_flow` sends it, the memory store's own
+  decision (strict priority between bands, reservations, the lowest flow head, quotas), and the
+  band's virtual time moves by `policies.fairness.virtual_time_after`.
 - With `Admission` and a class `max_wait_s`, `policies.admission.decide` refuses at arrival, and a
   queued request leaves the queue when its allowance (`allowed_wait_s`) runs out; it stays in its
   heap until it reaches the top (lazy deletion, as in the memory store) but no longer counts.
   Without them the queue is unbounded, as queueing theory assumes.
-- With tenant quotas, a request starts only when `policies.quotas.may_start` lets it (no new
-  borrowing while an owner under its quota waits): the slot goes to the most urgent band with a
-  flow whose head may start, to the lowest such head, as the memory store's pop_next picks. A
-  capped quota's wait (`policies.quotas.quota_wait_s`) past the allowance is refused at arrival.
+- With tenant quotas, an arrival starts at once only when `policies.quotas.may_start` lets it (no
+  new borrowing while an owner under its quota waits), and a capped quota's wait
+  (`policies.quotas.quota_wait_s`) past the allowance is refused at arrival.
 
 Events at the same instant run completions first, then expiries, then arrivals. A slot is held for
 the request's `service_s`. Requests numbered `warmup` and later are measured; hand-overs are
@@ -33,14 +31,15 @@ import math
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
-from gateway.simulate.flows import Entry, Flow, lowest_head, new_flow, queued_heads, startable_head
+from gateway.simulate.flows import Entry, Flow, band_heads, every_head, new_flow
 from gateway.simulate.quota_book import QuotaBook
 from gateway.simulate.tally import Run
 from gateway.simulate.workload import Arrival
 from policies.admission import AdmissionConfig, AdmissionRequest, Reject, allowed_wait_s, decide
-from policies.dispatch import next_band
+from policies.dispatch import next_flow
 from policies.fairness import FairTurns, tags, virtual_time_after
 from policies.quotas import Quota
 from policies.reservations import usable_by_band, usable_free_slots
@@ -240,7 +239,7 @@ def simulate(
             if (
                 usable
                 and (not queued or not any(depth[: band + 1]))
-                and (book is None or book.may_start(tenant, cost, queued_heads(active, gone)))
+                and (book is None or book.state().allows(tenant, cost, every_head(active, gone)))
             ):
                 granted = (0.0, index, now, cost, service, flow, measured)  # untagged, as the store
             else:
@@ -260,22 +259,18 @@ def simulate(
         # Hand slots over: to the arrival granted at once, or, while slots are free, to the queue.
         while granted is not None or (free and queued):
             if granted is None:
-                if book is not None:
-                    found = startable_head(active, depth, gone, book, free, held, reserved)
-                    if found is None:
-                        break  # held back by quotas or kept by a reservation
-                    band, flow = found
-                else:
-                    chosen = next_band(depth)
-                    assert chosen is not None
-                    band = chosen
-                    if reserved and usable_free_slots(band, free, held, reserved) <= 0:
-                        break  # kept for a more urgent class, and so from every less urgent one
-                    band_flows = active[band]
-                    if len(band_flows) == 1 and not gone:
-                        flow = next(iter(band_flows.values()))
-                    else:
-                        flow = lowest_head(band_flows, gone)
+                found = next_flow(
+                    depth,
+                    lambda band: band_heads(active[band], gone),
+                    partial(usable_free_slots, free_slots=free, held_by_band=held, reserved_by_band=reserved)
+                    if reserved
+                    else None,
+                    book.state() if book is not None else None,
+                )
+                if found is None:
+                    break  # held back by quotas or kept by a reservation
+                band, head = found
+                flow = active[band][head.tenant]
                 start, seq, at, cost, service, _, measured = pop(flow.heap)
                 flow.queued = flow.queued - cost if flow.heap else 0.0
                 if not flow.heap:

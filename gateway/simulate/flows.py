@@ -1,5 +1,5 @@
 """The simulator's queued flows: one heap per (band, tenant) on (start tag, arrival number), as in
-the memory store, and how a free slot picks among them."""
+the memory store, and the heads policies.dispatch picks among."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.simulate.quota_book import QuotaBook
 from gateway.simulate.tally import FlowTally
-from policies.reservations import usable_free_slots
+from policies.dispatch import Head
 
 # A queued request: (start tag, arrival number, arrived at, cost, service_s, its flow, measured).
 # A plain tuple: the heap orders it by its first two fields, which never tie.
@@ -38,9 +37,9 @@ def new_flow(flows: dict[str, Flow], band: int, tenant: str, weights: Mapping[st
     return flow
 
 
-def lowest_head(band_flows: dict[str, Flow], gone: set[int]) -> Flow:
-    """The flow whose live head has the lowest (start tag, arrival number)."""
-    return min(live_flows(band_flows, gone), key=lambda flow: flow.heap[0][:2])
+def band_heads(band_flows: dict[str, Flow], gone: set[int]) -> list[Head]:
+    """The live head of each of the band's flows, as policies.dispatch reads them."""
+    return [Head(f.heap[0][0], f.heap[0][1], f.tenant, f.heap[0][3]) for f in live_flows(band_flows, gone)]
 
 
 def live_flows(band_flows: dict[str, Flow], gone: set[int]) -> list[Flow]:
@@ -58,30 +57,6 @@ def live_flows(band_flows: dict[str, Flow], gone: set[int]) -> list[Flow]:
     return live
 
 
-def queued_heads(active: list[dict[str, Flow]], gone: set[int]) -> list[tuple[str, float]]:
-    """(tenant, cost) of every queued flow's live head."""
-    return [(flow.tenant, flow.heap[0][3]) for band_flows in active for flow in live_flows(band_flows, gone)]
-
-
-def startable_head(
-    active: list[dict[str, Flow]],
-    depth: list[int],
-    gone: set[int],
-    book: QuotaBook,
-    free: int,
-    held: list[int],
-    reserved: list[int],
-) -> tuple[int, Flow] | None:
-    """The band and flow a free slot goes to under quotas: in the most urgent band with a flow
-    whose head may start now, the lowest such head; None when quotas hold back every head or a
-    more urgent class's reservation keeps the slot."""
-    heads = queued_heads(active, gone)
-    for band, band_flows in enumerate(active):
-        if not depth[band]:
-            continue
-        if reserved and usable_free_slots(band, free, held, reserved) <= 0:
-            return None  # kept for a more urgent class, and so from every less urgent one
-        for flow in sorted(live_flows(band_flows, gone), key=lambda flow: flow.heap[0][:2]):
-            if book.may_start(flow.tenant, flow.heap[0][3], heads):
-                return band, flow
-    return None
+def every_head(active: list[dict[str, Flow]], gone: set[int]) -> list[Head]:
+    """The live head of every queued flow."""
+    return [head for band_flows in active for head in band_heads(band_flows, gone)]

@@ -3,9 +3,10 @@ where the memory store reads its running slots (gateway/queues/memory_pool.py)."
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
-from policies.quotas import Quota, may_start, owner_waiting, quota_wait_s
+from policies.dispatch import QuotaState
+from policies.quotas import Quota, quota_wait_s
 
 
 class QuotaBook:
@@ -14,11 +15,9 @@ class QuotaBook:
         self.capacity = capacity
         self.inflight: dict[str, float] = {}
 
-    def may_start(self, tenant: str, cost: float, queued_heads: Iterable[tuple[str, float]]) -> bool:
-        """Whether a request of `tenant` and `cost` may take a slot now, given the (tenant, cost)
-        of every queued flow's head (an owner among them under its quota stops new borrowing)."""
-        waiting = owner_waiting(queued_heads, self.inflight, self.quotas)
-        return may_start(tenant, cost, self.inflight, self.quotas, self.capacity, 1.0, waiting)
+    def state(self) -> QuotaState:
+        """What dispatch reads of the quotas now (a slot takes one unit of work here)."""
+        return QuotaState(self.quotas, self.inflight, self.capacity)
 
     def wait_s(self, tenant: str, cost: float, queued_ahead: float, service_time_s: float) -> float:
         """The wait the tenant's own capped quota gives a request (policies.quotas.quota_wait_s)."""

@@ -5,7 +5,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies.balancing import free_slots, pick_backend
-from policies.dispatch import next_band
 from policies.estimators import ObservedRate, blend_rate, coefficient_of_variation, ewma, rate_jump
 from policies.outcomes import Outcome, answered
 
@@ -16,22 +15,6 @@ class Slots:
     max_concurrency: int
     ready: bool = True
     external_waiting: float = 0.0
-
-
-@pytest.mark.parametrize(
-    ("depths", "band"), [((0, 0, 0), None), ((0, 3, 1), 1), ((2, 0, 9), 0), ((0, 0, 1), 2), ((), None)]
-)
-def test_next_band_is_the_most_urgent_non_empty(depths, band):
-    assert next_band(depths) == band
-
-
-@given(st.lists(st.integers(0, 5), max_size=6))
-def test_next_band_never_skips_waiting_work(depths):
-    band = next_band(depths)
-    if band is None:
-        assert all(d == 0 for d in depths)
-    else:
-        assert depths[band] > 0 and all(d == 0 for d in depths[:band])
 
 
 @pytest.mark.parametrize(

@@ -24,12 +24,13 @@ of the engine's metrics:
 - While anything waits inside, the limit never rises, but for one request waiting for the next
   step (with steps of a quarter second, a scrape catches the request just sent more often than
   not: it held the limit far below the engine's knee).
-- Without congestion, and only while the limit binds (the gateway has work queued for the engine,
-  or uses every slot: `demand`), the limit goes up: by half the distance to the ceiling, or by
-  `slow_start` times while no ceiling is known; at the ceiling, after `probe_every` calm scrapes,
-  by a probe that doubles with each calm window (1, 2, 4, ... at most a quarter of the limit) and
-  is back to one after congestion, with the ceiling: a steady load sees the limit still, probing
-  by one, and capacity that came back is found again in a few windows.
+- Without congestion, and only while the limit binds (`limit_binds`: the gateway has work queued
+  for the engine, uses every slot, or turns work away with the slots all but used), it goes up:
+  by half the distance to the ceiling, or by `slow_start` times while no ceiling is known; at the
+  ceiling, after `probe_every` calm scrapes, by a probe that doubles with each calm window (1, 2,
+  4, ... at most a quarter of the limit) and is back to one after congestion, with the ceiling: a
+  steady load sees the limit still, probing by one, and capacity that came back is found again in
+  a few windows.
   A rise of `judged_rise` or more that brought no more throughput (`min_gain`) within
   `judge_scrapes` scrapes ends the climb there: the engine is full though it does not say so
   (smaller rises drown in the noise). The limit holds while a rise is being judged: the scrape
@@ -104,6 +105,25 @@ class LimitState:
     @property
     def slots(self) -> int:
         return max(1, math.floor(self.limit))
+
+
+TURNED_AWAY = 0.05
+"""The share of the arriving work refused that says the limit binds though nothing is queued: under
+overload admission refuses at the door, and the queue is empty between hand-overs (at its floor a
+limit saw no demand half the time, and stayed there)."""
+
+
+def limit_binds(queued: bool, free_slots: int, slots: int, offered_rate: float, admitted_rate: float) -> bool:
+    """Whether the limit of `slots` holds work back (the demand `next_limit` climbs on): work is
+    queued for the engine, no slot is free, or admission turns away more than TURNED_AWAY of the
+    work offered while at most a tenth of the slots (at least one) are free. Turned-away work binds
+    only while the slots are all but used: admission may refuse for reasons of its own (a long
+    wait predicted) with slots to spare, and the limit must not climb then (a run climbed to 115
+    on an engine whose knee is 16)."""
+    if queued or free_slots <= 0:
+        return True
+    nearly_full = free_slots <= max(1, slots // 10)
+    return nearly_full and offered_rate > 0 and admitted_rate < (1 - TURNED_AWAY) * offered_rate
 
 
 def start(config: LimitConfig) -> LimitState:

@@ -22,16 +22,12 @@ from dataclasses import replace
 from gateway.queues.base import RequestQueue
 from gateway.settings import Model
 from gateway.upstream.backends import BackendState, ModelPool
-from policies.concurrency_limit import EngineSample, LimitConfig, LimitState, next_limit, start
+from policies.concurrency_limit import EngineSample, LimitConfig, LimitState, limit_binds, next_limit, start
 
 log = logging.getLogger("gateway.limits")
 
 # A leader that missed this many scrapes in a row hands the lead to whoever asks next.
 LEAD_SCRAPES = 3
-TURNED_AWAY = 0.05
-"""The share of the arriving work refused that says the limit binds though nothing is queued: under
-overload admission refuses at the door, and the queue is empty between hand-overs (at its floor a
-limit saw no demand half the time, and stayed there)."""
 DEADLINE_ENDINGS = 8
 """Requests with deadlines that tell a share of them missed: fewer say nothing yet."""
 
@@ -77,13 +73,13 @@ class AutoLimits:
         if late_share is not None:
             sample = replace(sample, late_share=late_share)
         stats = self._store.stats(pool.name)
-        # Turned-away work binds the limit only while it is in use: admission may refuse for reasons
-        # of its own (a long wait predicted) with slots to spare, and the limit must not climb then.
-        nearly_full = stats.free_slots <= max(1, backend.known_slots // 10)
-        demand = (
-            any(stats.queued_by_band)
-            or stats.free_slots <= 0
-            or (nearly_full and self._turning_away(pool.name))
+        throughput = self._store.throughput(pool.name, self._clock())
+        demand = limit_binds(
+            any(stats.queued_by_band),
+            stats.free_slots,
+            backend.known_slots,
+            sum(throughput.offered_rate_by_band),
+            sum(throughput.admitted_rate_by_band),
         )
         proposed = next_limit(state, sample, demand, config)
         try:
@@ -103,12 +99,6 @@ class AutoLimits:
             )  # fmt: skip
             backend.max_concurrency = slots
             self._store.backends_changed(pool.name)
-
-    def _turning_away(self, model: str) -> bool:
-        """Whether admission refuses more than TURNED_AWAY of the work that arrives for `model`."""
-        throughput = self._store.throughput(model, self._clock())
-        offered = sum(throughput.offered_rate_by_band)
-        return offered > 0 and sum(throughput.admitted_rate_by_band) < (1 - TURNED_AWAY) * offered
 
     def _late_share(self, key: tuple[str, str], backend: BackendState) -> float | None:
         """The share of deadlines missed on `backend` since the last share told, once enough ended."""

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.concurrency_limit import EngineSample, LimitConfig, LimitState, next_limit, start
+from policies.concurrency_limit import EngineSample, LimitConfig, LimitState, limit_binds, next_limit, start
 
 
 @dataclass
@@ -228,3 +228,21 @@ def test_the_limit_stays_within_its_bounds_whatever_the_engine_says(steps, low, 
         state = next_limit(state, sample, demand, config)
         assert low <= state.limit <= high
         assert state.slots >= 1
+
+
+@pytest.mark.parametrize(
+    ("queued", "free", "slots", "offered", "admitted", "binds"),
+    [
+        (True, 5, 16, 0.0, 0.0, True),  # work queued for the engine
+        (False, 0, 16, 0.0, 0.0, True),  # every slot used
+        (False, 1, 16, 10.0, 6.0, True),  # refusing 40% at the door, one slot free between hand-overs
+        (False, 8, 16, 10.0, 6.0, False),  # refusing with half the slots free: not the limit's doing
+        (False, 1, 16, 10.0, 9.6, False),  # refusing 4%: noise
+        (False, 1, 16, 0.0, 0.0, False),  # idle
+        (False, 6, 64, 10.0, 1.0, True),  # a tenth of 64 free still counts as all but used
+    ],
+)
+def test_the_limit_binds_on_queued_work_a_full_pool_or_turned_away_work_with_slots_all_but_used(
+    queued, free, slots, offered, admitted, binds
+):
+    assert limit_binds(queued, free, slots, offered, admitted) is binds

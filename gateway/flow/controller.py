@@ -156,7 +156,7 @@ class AdmissionController:
         model, band, cost = flow.model, flow.band, request.cost
         allowed_s = allowed_wait_s(request, throughput)
         stats = self._store.stats(model)
-        confidence = self._calibrations.confidence(model, band)
+        confidence = self._calibrations.confidence(model, band, flow.tenant)
         predictions = self._predictions_of(model)
         limit = predictions.offered_limit(request, stats, throughput, external, arrived_at, confidence)
         # A held batch leaves while its most urgent member still has a service time to spare
@@ -212,7 +212,7 @@ class AdmissionController:
         # an expiry is, for the calibration of the admission margin.
         overdue = result is Outcome.DISPLACED and offer.ticket.overdue
         if isinstance(result, Slot) or result is Outcome.DEADLINE_EXPIRED_IN_QUEUE or overdue:
-            self._calibrations.settled(model, band, expired=not isinstance(result, Slot))
+            self._calibrations.settled(model, band, flow.tenant, expired=not isinstance(result, Slot))
         if isinstance(result, Slot):
             self._metrics.observe_queue_wait(model, self._class_names[band], waited_s)
             if batching is None:
@@ -330,7 +330,7 @@ class AdmissionController:
         reason: Outcome | None = None,
     ) -> Reject:
         """The refusal, with Retry-After the time its return is booked for (see ReturnSchedules)."""
-        confidence = self._calibrations.confidence(model, request.band)
+        confidence = self._calibrations.confidence(model, request.band, request.tenant or "")
         read = self._predictions_of(model).pool_wait(request.band, stats, flow, self._clock(), confidence)
         reject = refuse(request, stats, flow, self._jitter(), self._admission, reason=reason, pool_wait=read)
         return replace(reject, retry_after_s=self._book_return(model, request, reject.excess_wait_s, flow))

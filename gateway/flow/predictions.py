@@ -5,20 +5,21 @@ than the rest of a request's admission, so it is not done for every request:
 - with a slot free and nothing queued ahead the request is granted at once, and the limit it
   carries (which binds only where the store's state has moved on since, another replica's request
   queued meanwhile) is the drain rate's normal approximation;
-- otherwise a limit is reused for the same band, class wait and budget (each rounded down to a
-  1/64 step of its binary order, which can only tighten it) while the pool holds as many busy and
-  free slots as when it was read, for a sixteenth of the allowed wait (10 ms at least, `reuse_s`
-  at most): the requests in flight have aged by little against the time that matters;
-- a limit that has aged past that, or whose confidence fell (below), is read again a step per
-  turn of the event loop (policies.admission.work_limit_steps: a busy slot per turn where service
-  is clock-like, a few turns otherwise), and serves until the new reading lands: under overload
-  the readings come tens of times a second, and one whole would hold every request behind it for
-  up to a millisecond or two. A limit twice as old, read with other slot counts or at a lower
-  confidence than the current one (looser), is read at once, and so is a pool at light load;
-- the calibrated confidence moves a little with every queued request that leaves the queue (under
-  overload hundreds of times a second), so it is read on a grid: its miss probability rounded down
-  to an eighth of a binary order (about 9%), which can only tighten it, and a limit is reused
-  while the rounded confidence stays the same;
+- otherwise a limit is reused for the same band, class wait, budget and confidence (the wait and
+  budget each rounded down to a 1/64 step of its binary order, which can only tighten it) while the
+  pool holds as many busy and free slots as when it was read, for a sixteenth of the allowed wait
+  (10 ms at least, `reuse_s` at most): the requests in flight have aged by little against the time
+  that matters;
+- a limit that has aged past that is read again a step per turn of the event loop
+  (policies.admission.work_limit_steps: a busy slot per turn where service is clock-like, a few
+  turns otherwise), and serves until the new reading lands: under overload the readings come tens
+  of times a second, and one whole would hold every request behind it for up to a millisecond or
+  two. A limit twice as old, or read with other slot counts, is read at once, and so is a pool at
+  light load;
+- the calibrated confidence (one per flow) moves a little with every queued request of the flow
+  that leaves the queue (under overload hundreds of times a second), so it is read on a grid: its
+  miss probability rounded down to an eighth of a binary order (about 9%), which can only tighten
+  it; a limit read at another point of the grid is another limit, read at once;
 - the predicted wait, exported beside the actual one, is computed for at most one admitted request
   per band every `sample_s`, a reading of the pool per turn of the event loop;
 - a refusal's wait from the state of the pool (where service times vary more than exponential
@@ -96,7 +97,7 @@ class Predictions:
         self._reuse_s = reuse_s
         self._sample_s = sample_s
         self._run_steps = run_steps
-        self._limits: dict[tuple[int, float, float | None], _Limit] = {}
+        self._limits: dict[tuple[int, float, float | None, float], _Limit] = {}
         self._sampled_at = [-math.inf] * bands
         self._pool_waits: list[_HeldWait | None] = [None] * bands
         self._wait_asked_at: list[float | None] = [None] * bands
@@ -118,16 +119,16 @@ class Predictions:
             return max_work(request, throughput, self._config, NormalDist().inv_cdf(confidence))
         budget_s = None if request.budget_s is None else rounded_down(request.budget_s)
         max_wait_s = rounded_down(request.max_queue_wait_s)
-        key = (request.band, max_wait_s, budget_s)
+        # Per confidence: each flow is calibrated on its own (gateway/flow/calibration.py).
+        key = (request.band, max_wait_s, budget_s, confidence)
         slots = (len(stats.started_at), free)
         limit = self._limits.get(key)
         reuse_s = min(self._reuse_s, max(0.01, REUSE_SHARE * max_wait_s))
         if limit is not None and limit.slots == slots:
             age_s = now - limit.read_at
-            if age_s <= reuse_s and limit.confidence == confidence:
+            if age_s <= reuse_s:
                 return limit.work
-            # Read at a lower confidence, the held limit is looser than one read now: not served.
-            if age_s <= 2 * reuse_s and confidence <= limit.confidence:
+            if age_s <= 2 * reuse_s:
                 if not limit.refreshing:
                     limit.refreshing = True
                     rounded = replace(request, max_queue_wait_s=max_wait_s, budget_s=budget_s)
@@ -159,7 +160,7 @@ class Predictions:
 
     def _read_stepwise(
         self,
-        key: tuple[int, float, float | None],
+        key: tuple[int, float, float | None, float],
         held: _Limit,
         request: AdmissionRequest,
         stats: QueueStats,

@@ -65,6 +65,7 @@ class _Rates:
     settled: list[ObservedRate]
     drain: ObservedRate
     handover_cost: float = 1.0
+    handovers_seen: float = 0.0
     last: StoreCounters | None = None
     last_at: float | None = None
     drained_at: float = float("-inf")
@@ -200,10 +201,15 @@ class PoolEstimates:
             ):
                 by_flow[flow] = blend_rate(by_flow.get(flow, 0.0), granted, elapsed_s, tau_s)
         handovers = counter_increase(last.handovers, counters.handovers)
-        if handovers > 0:
+        if handovers > 0 and self._config.handover_cost_weight > 0:
+            # A plain mean of the hand-overs seen until the memory is full, an EWMA remembering
+            # about 1 / weight hand-overs after: the prior of 1 goes with the first hand-over.
             per_handover = counter_increase(last.handed_work, counters.handed_work) / handovers
-            weight = 1 - (1 - self._config.handover_cost_weight) ** handovers
-            rates.handover_cost = ewma(rates.handover_cost, per_handover, weight)
+            remembered = min(rates.handovers_seen, 1 / self._config.handover_cost_weight)
+            rates.handover_cost = ewma(
+                rates.handover_cost, per_handover, handovers / (remembered + handovers)
+            )
+            rates.handovers_seen += handovers
         rates.last, rates.last_at = _copy(counters), now
         rates.snapshot = None
 

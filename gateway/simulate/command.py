@@ -22,7 +22,8 @@ from typing import Any
 
 from gateway.arguments import count, number
 from gateway.planning.trace import TraceError
-from gateway.simulate.engine import Admission, Band, Progress, Setup, simulate
+from gateway.simulate.admitting import Admission
+from gateway.simulate.engine import Band, Progress, Setup, simulate
 from gateway.simulate.report import render, summarize, summary_json
 from gateway.simulate.workload import (
     SERVICE_KINDS,
@@ -167,9 +168,7 @@ def run(args: argparse.Namespace) -> int:
     setup = Setup(args.slots, bands, weights, args.warmup, args.until_s, admission, quotas)
     show = args.progress if args.progress is not None else total >= PROGRESS_FROM
     every = max(1, total // 10)
-    result = simulate(
-        arrivals, setup, seed=args.seed, progress=_progress(total) if show else None, progress_every=every
-    )
+    result = simulate(arrivals, setup, progress=_progress(total) if show else None, progress_every=every)
     summary = summarize(result, [c.name for c in classes], weights, args.slots)
     print(json.dumps(summary_json(summary), indent=2) if args.json else render(summary))
     return 0
@@ -188,7 +187,7 @@ def _workload(
     tenants: tuple[TenantOption, ...],
     service: ServiceModel,
 ) -> tuple[Iterable[Arrival], int, Admission | None]:
-    """The arrivals, how many, and what admission reads (None when no class bounds its wait)."""
+    """The arrivals, how many, and admission's settings (None when no class bounds its wait)."""
     rng = random.Random(args.seed)
     limited = any(c.max_wait_ms is not None for c in classes)
     if args.trace is not None:
@@ -197,17 +196,9 @@ def _workload(
         trace = read_trace(args.trace, [c.name for c in classes], service, rng)
         if not limited:
             return trace, len(trace), None
-        span_s = max(trace[-1].at_s - trace[0].at_s, service.mean_s)
-        by_tenant: list[dict[str, float]] = [{} for _ in classes]
-        for a in trace:
-            by_tenant[a.band][a.tenant] = by_tenant[a.band].get(a.tenant, 0.0) + a.cost / span_s
-        offered = tuple(sum(rates.values()) for rates in by_tenant)
-        services = [a.service_s for a in trace]
-        mean_s = statistics.fmean(services)
-        cv = statistics.pstdev(services) / mean_s if mean_s > 0 else 0.0
-        cost = statistics.fmean(a.cost for a in trace)
-        known = Admission.known(args.slots, max(mean_s, 1e-9), cv, offered, cost, tuple(by_tenant))
-        return trace, len(trace), known
+        # The operator's expected service time: the trace's mean, as one would configure it.
+        admission = Admission(max(statistics.fmean(a.service_s for a in trace), 1e-9))
+        return trace, len(trace), admission
     if args.rate is None:
         raise SimulateInputError("give --rate (Poisson arrivals per second) or --trace FILE")
     shares = [c.share for c in classes]
@@ -219,14 +210,8 @@ def _workload(
         return arrivals, args.requests, None
     tenant_share = sum(t.share for t in tenants)
     cost = sum(t.share * t.cost for t in tenants) / tenant_share
-    offered = tuple(args.rate * share / sum(shares) * cost for share in shares)
-    rates = tuple(
-        {t.name: args.rate * share / sum(shares) * t.share / tenant_share * t.cost for t in tenants}
-        for share in shares
-    )
-    mean_s = service.mean_s * (cost if service.per_cost else 1.0)
-    known = Admission.known(args.slots, mean_s, service.cv, offered, cost, rates)
-    return arrivals, args.requests, known
+    admission = Admission(service.mean_s * (cost if service.per_cost else 1.0))
+    return arrivals, args.requests, admission
 
 
 def _progress(total: int) -> Progress:

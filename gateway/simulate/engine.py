@@ -10,8 +10,8 @@ It decides nothing itself; the gateway's policies do, called where the memory st
 - A slot that frees goes where `policies.dispatch.next_flow` sends it, the memory store's own
   decision (strict priority between bands, reservations, the lowest flow head, quotas), and the
   band's virtual time moves by `policies.fairness.virtual_time_after`.
-- With `Admission` and a class `max_wait_s`, `policies.admission.decide` refuses at arrival, and a
-  queued request leaves the queue when its allowance (`allowed_wait_s`) runs out; it stays in its
+- With `Admission` and a class `max_wait_s`, the gateway's admission (gateway/simulate/admitting.py)
+  refuses at arrival, and a queued request leaves the queue when its allowance runs out; it stays in its
   heap until it reaches the top (lazy deletion, as in the memory store) but no longer counts.
   Without them the queue is unbounded, as queueing theory assumes.
 - With tenant quotas, an arrival starts at once only when `policies.quotas.may_start` lets it (no
@@ -28,22 +28,22 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
 
+from gateway.simulate.admitting import Admission, Admitting
 from gateway.simulate.flows import Entry, Flow, band_heads, every_head, new_flow
 from gateway.simulate.quota_book import QuotaBook
 from gateway.simulate.tally import Run
 from gateway.simulate.workload import Arrival
-from policies.admission import AdmissionConfig, AdmissionRequest, Reject, allowed_wait_s, decide
+from policies.admission import AdmissionRequest
 from policies.dispatch import next_flow
 from policies.fairness import FairTurns, tags, virtual_time_after
 from policies.quotas import Quota
 from policies.reservations import usable_by_band, usable_free_slots
-from policies.wait import QueueStats, Throughput, drain_rate_from_slots
+from policies.wait import QueueStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,41 +57,6 @@ class Band:
     with admission it is the request's budget."""
     reserved_slots: int = 0
     """Slots less urgent classes never hold (policies.reservations)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """What admission reads: the pool's speeds (known exactly here, measured in the gateway)."""
-
-    throughput: Throughput
-    config: AdmissionConfig = field(default_factory=AdmissionConfig)
-
-    @classmethod
-    def known(
-        cls,
-        slots: int,
-        service_mean_s: float,
-        service_cv: float,
-        offered_work_per_s: tuple[float, ...],
-        handover_cost: float = 1.0,
-        tenant_work_per_s: tuple[Mapping[str, float], ...] = (),
-    ) -> Admission:
-        """The speeds a perfectly measured pool shows: the service times' mean and cv, the drain of
-        `slots`, and every band admitted at its offered rate (an upper bound when some are refused);
-        `tenant_work_per_s`, per band, each tenant flow's offered work per second, the rate at which
-        the gateway sees it granted slots (the same for a flow served whole; for one refused in
-        part, an upper bound, which matters only up to its turn)."""
-        throughput = Throughput(
-            service_time_s=service_mean_s,
-            drain_rate_per_s=drain_rate_from_slots(slots, service_mean_s, handover_cost),
-            admitted_rate_by_band=offered_work_per_s,
-            offered_rate_by_band=offered_work_per_s,
-            service_spread_s=service_cv * service_mean_s,
-            service_cv=service_cv,
-            handover_cost=handover_cost,
-            tenant_rate_by_band=tenant_work_per_s,
-        )
-        return cls(throughput)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,13 +105,12 @@ def simulate(
     arrivals: Iterable[Arrival],
     setup: Setup,
     *,
-    seed: int = 0,
     on_handover: Observer | None = None,
     progress: Progress | None = None,
     progress_every: int = 0,
 ) -> Run:
     """Run `arrivals` (in time order) through the pool of `setup`; `progress(n)` is called after
-    every `progress_every` arrivals; `seed` draws admission's Retry-After jitter."""
+    every `progress_every` arrivals."""
     nbands = len(setup.bands)
     warmup, weights = setup.warmup, setup.weights
     until = math.inf if setup.until_s is None else setup.until_s
@@ -155,14 +119,16 @@ def simulate(
     reserved = (
         [band.reserved_slots for band in setup.bands] if any(b.reserved_slots for b in setup.bands) else []
     )
-    jitter = random.Random(seed).random
+    admitting = None
+    if setup.admission is not None:
+        admitting = Admitting(setup.admission, nbands, setup.slots, tuple(reserved))
     book = QuotaBook(setup.quotas, setup.slots) if setup.quotas else None
     report_at = progress_every if progress is not None and progress_every > 0 else -1
 
     free = setup.slots
     held = [0] * nbands  # slots in use per band, which reservations bound
-    done: list[tuple[float, int, float, str]] = []  # (finish time, band, cost, tenant) of the slots in use
-    depth = [0] * nbands  # live requests per band: what next_band reads
+    done: list[tuple[float, int, float, str, float]] = []  # (finish, band, cost, tenant, start) of each slot
+    depth = [0] * nbands  # live requests per band: what next_flow reads
     work = [0.0] * nbands
     known: list[dict[str, Flow]] = [{} for _ in range(nbands)]
     active: list[dict[str, Flow]] = [{} for _ in range(nbands)]  # the flows with a heap to pop
@@ -180,14 +146,18 @@ def simulate(
     index = 0
     while True:
         granted: Entry | None = None
+        released = 0  # a slot freed: its hand-over is the first (the memory store's drain sample)
         next_at = upcoming[0]
         next_done = done[0][0] if done else inf
         next_expiry = expiries[0][0] if expiries else inf
         if next_done <= next_at and next_done <= next_expiry:
             if next_done > until or not done:  # not done: nothing is left at all
                 break
-            now, band, cost, tenant = pop(done)
+            now, band, cost, tenant, started = pop(done)
             free += 1
+            released = 1
+            if admitting is not None:
+                admitting.ended(started, now - started)
             held[band] -= 1
             if book is not None:
                 book.finish(tenant, cost)
@@ -203,8 +173,12 @@ def simulate(
                 depth[flow.band] -= 1
                 work[flow.band] = work[flow.band] - expired[3] if depth[flow.band] else 0.0
                 queued -= 1
+                if not queued and admitting is not None:
+                    admitting.queue_emptied()
                 if expired[6]:
                     flow.tally.expired += 1
+                assert admitting is not None  # only admitted requests expire
+                admitting.settled(flow.band, flow.tenant, expired=True)
         else:
             if next_at > until or upcoming is _NO_MORE:
                 break
@@ -223,22 +197,36 @@ def simulate(
             if measured:
                 flow.tally.arrived += 1
             usable = usable_free_slots(band, free, held, reserved) if reserved else free
+            stats = None
+            if queued or limited[band]:
+                started_at = admitting.started_at if admitting is not None else []
+                stats = _stats(flow, free, held, reserved, depth, work, vtime, started_at)
             expire_at = inf
+            if admitting is not None:
+                admitting.arrived(band, cost, now)
             if limited[band]:
-                expire_at = _admitted_until(now, flow, cost, setup, depth, free, held, work, vtime, jitter)
+                assert admitting is not None and stats is not None
+                rules = setup.bands[band]
+                assert rules.max_wait_s is not None
+                request = AdmissionRequest(band, rules.max_wait_s, rules.deadline_s, cost, tenant)
+                expire_at = admitting.admitted_until(request, stats, now)
                 if book is not None and expire_at >= now:
-                    assert setup.admission is not None
                     ahead = sum(flows[tenant].queued for flows in known[: band + 1] if tenant in flows)
-                    service_s = setup.admission.throughput.service_time_s
+                    service_s = admitting.throughput(now).service_time_s
                     if book.wait_s(tenant, cost, ahead, service_s) > expire_at - now:
                         expire_at = -inf  # its capped quota keeps it waiting past its allowance
                 if expire_at < now:
                     if measured:
                         flow.tally.refused += 1
                     continue
+            if admitting is not None:
+                admitting.admitted(band, cost)
+            # As the memory store: at once with a usable slot free and no work ahead in its turn.
+            slack = admitting.estimates.handover_cost if admitting is not None else 1.0
+            ahead = stats.work_ahead(band, tenant, slack) if stats is not None and queued else 0.0
             if (
                 usable
-                and (not queued or not any(depth[: band + 1]))
+                and ahead == 0
                 and (book is None or book.state().allows(tenant, cost, every_head(active, gone)))
             ):
                 granted = (0.0, index, now, cost, service, flow, measured)  # untagged, as the store
@@ -278,15 +266,22 @@ def simulate(
                 depth[band] -= 1
                 work[band] = work[band] - cost if depth[band] else 0.0  # no float residue when empty
                 queued -= 1
-                if waiting:
-                    waiting.pop(seq, None)
+                if not queued and admitting is not None:
+                    admitting.queue_emptied()
+                if waiting and waiting.pop(seq, None) is not None:
+                    assert admitting is not None
+                    admitting.settled(band, flow.tenant, expired=False)
                 vtime[band] = virtual_time_after(vtime[band], start)
+                from_queue = True
             else:
                 _, seq, at, cost, service, flow, measured = granted
-                band, granted = flow.band, None
+                band, granted, from_queue = flow.band, None, False
             free -= 1
             held[band] += 1
-            push(done, (now + service, band, cost, flow.tenant))
+            push(done, (now + service, band, cost, flow.tenant, now))
+            if admitting is not None:
+                admitting.handed_over(now, band, flow.tenant, cost, from_queue, released, queued > 0)
+                released += 1 if released and from_queue else 0
             if book is not None:
                 book.start(flow.tenant, cost)
             tally = flow.tally
@@ -308,37 +303,26 @@ def simulate(
     return Run(tallies, index, min(measured_from, end), last_arrival, end, queued)
 
 
-def _admitted_until(
-    now: float,
+def _stats(
     flow: Flow,
-    cost: float,
-    setup: Setup,
-    depth: list[int],
     free: int,
     held: list[int],
+    reserved: list[int],
+    depth: list[int],
     work: list[float],
     vtime: list[float],
-    jitter: Callable[[], float],
-) -> float:
-    """When an arrival of `flow` admitted now must leave the queue; -inf when admission refuses it.
-    It waits for its flow's turn in its band (QueueStats.fair_turns), as the stores count it."""
-    assert setup.admission is not None
-    band = flow.band
-    rules = setup.bands[band]
-    assert rules.max_wait_s is not None
-    throughput, config = setup.admission.throughput, setup.admission.config
-    request = AdmissionRequest(band, rules.max_wait_s, rules.deadline_s, cost, flow.tenant)
-    reserved = [b.reserved_slots for b in setup.bands]
-    stats = QueueStats(
+    started_at: list[float],
+) -> QueueStats:
+    """The pool as the stores tell it to admission for an arrival of `flow`: it waits for its
+    flow's turn in its band (QueueStats.fair_turns)."""
+    return QueueStats(
         queued_by_band=tuple(depth),
         free_slots=free,
         queued_work_by_band=tuple(work),
-        free_by_band=usable_by_band(free, held, reserved) if any(reserved) else (),
-        fair_turns=_turns(flow, vtime[band], len(depth)) if depth[band] else (),
+        free_by_band=usable_by_band(free, held, reserved) if reserved else (),
+        fair_turns=_turns(flow, vtime[flow.band], len(depth)) if depth[flow.band] else (),
+        started_at=tuple(started_at),
     )
-    if isinstance(decide(request, stats, throughput, jitter(), config), Reject):
-        return -math.inf
-    return now + allowed_wait_s(request, throughput)
 
 
 def _turns(flow: Flow, virtual_time: float, nbands: int) -> tuple[FairTurns | None, ...]:

@@ -9,7 +9,7 @@ from gateway.flow.auto_limits import AutoLimits
 from gateway.settings import parse_settings
 from gateway.upstream.backends import ModelPool
 from policies.concurrency_limit import EngineSample
-from policies.wait import QueueStats
+from policies.wait import QueueStats, Throughput
 
 pytestmark = pytest.mark.anyio
 URL = "http://127.0.0.1:9000"
@@ -23,6 +23,9 @@ class SharingStore:
 
     def stats(self, model: str) -> QueueStats:
         return QueueStats((3,), 0)  # work queued, no slot free: the limit binds
+
+    def throughput(self, model: str, now: float) -> Throughput:
+        return Throughput(0.1, 10.0, (10.0,), (10.0,))  # nothing turned away
 
     async def share_limit(self, model: str, url: str, slots: int, lead_s: float) -> tuple[bool, int]:
         if self.leader_slots is None:

@@ -1,7 +1,6 @@
 """Where a free slot goes (policies.dispatch.next_flow): the one decision the memory store and the
 simulator both hand slots over by."""
 
-
 from hypothesis import given
 from hypothesis import strategies as st
 

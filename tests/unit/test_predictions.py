@@ -181,11 +181,11 @@ def test_a_limit_is_reused_while_the_calibrated_confidence_moves_within_its_grid
     predictions.work_limit(REQUEST, stats, flow, 0.001, 0.9771)  # a settled request moved it
     assert len(calls) == 1
     assert not readings.pending
-    # A step of the grid up: the held limit is looser than one read now, so it is read at once.
+    # Another step of the grid (a flow calibrated tighter): another limit, read at once.
     predictions.work_limit(REQUEST, stats, flow, 0.002, 0.9900)
     assert len(calls) == 2
     assert not readings.pending
-    # A step down: the held limit is tighter, and serves while it is read again.
+    # Back at the first step (a flow calibrated looser): its own limit, still fresh, serves.
     predictions.work_limit(REQUEST, stats, flow, 0.003, 0.9770)
     assert len(calls) == 2
-    assert len(readings.pending) == 1
+    assert not readings.pending

@@ -9,7 +9,8 @@ from its first second on. The work handed over, not finished, is what fair queui
 import bisect
 import random
 
-from gateway.simulate.engine import Admission, Band, Handover, Setup, simulate
+from gateway.simulate.admitting import Admission
+from gateway.simulate.engine import Band, Handover, Setup, simulate
 from gateway.simulate.workload import ServiceModel, TenantMix, merged, poisson_arrivals
 
 SLOTS = 4
@@ -135,7 +136,7 @@ def test_with_admission_a_light_tenant_is_admitted_on_its_turn_while_a_heavy_one
     # 4 slots of 1 s, a 5 s queue wait: the heavy tenant at 8/s keeps about 20 of its requests
     # queued and is refused the rest; the light one at 0.5/s is a request or so from its turn.
     heavy, light = flood("heavy", 5, seconds=200.0), flood("light", 6, rate=0.5, seconds=200.0)
-    admission = Admission.known(SLOTS, 1.0, 0.0, (8.5,))
+    admission = Admission(1.0)
     setup = Setup(SLOTS, bands=(Band(max_wait_s=5.0, deadline_s=6.0),), admission=admission, until_s=200)
     run = simulate(list(merged(heavy, light)), setup)
     heavy_tally, light_tally = run.tallies[(0, "heavy")], run.tallies[(0, "light")]

@@ -12,7 +12,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.simulate.engine import Admission, Band, Handover, Setup, simulate
+from gateway.simulate.admitting import Admission
+from gateway.simulate.engine import Band, Handover, Setup, simulate
 from gateway.simulate.workload import ServiceModel, TenantMix, merged, poisson_arrivals
 from policies.quotas import Quota, borrowed
 
@@ -78,7 +79,7 @@ def test_a_capped_quota_refuses_at_arrival_what_it_would_keep_past_the_allowance
     fixed = ServiceModel("fixed", 0.1, 0.0)
     arrivals = flood("a", 4, rate=30, seconds=60, service=fixed)
     bands = (Band(max_wait_s=1.0),)
-    admission = Admission.known(SLOTS, 0.1, 0.0, (30.0,))
+    admission = Admission(0.1)
     capped = {"a": Quota(1, 0)}
     run = simulate(arrivals, Setup(SLOTS, bands, quotas=capped, until_s=60, admission=admission))
     tally = run.tallies[(0, "a")]

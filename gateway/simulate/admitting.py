@@ -1,0 +1,118 @@
+"""Admission in the simulator: the gateway's own, on simulated time.
+
+An arrival of a class with a `max_wait_s` is admitted as the gateway admits it: the limit comes
+from gateway/flow/predictions.py (policies.admission.work_limit reading the pool: how long each
+slot in use has run, and the service times measured as they end), and the store's check is
+policies.wait.work_before_grant against it, as gateway/queues/memory.py makes it. The speeds it
+reads are measured as the gateway measures them: the memory store's counters (offered, admitted,
+handed over, drained while backlogged) fed to gateway/queues/estimates.py, from the operator's
+expected service time on. The confidence asked of each flow is the gateway's own
+(gateway/flow/calibration.py), steered by the same outcomes: an admitted request that queued is
+served, or expires in the queue. Readings run whole at once: simulated time does not move while they run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.flow.calibration import Calibrations
+from gateway.flow.predictions import Predictions
+from gateway.queues.estimates import PoolEstimates, StoreCounters
+from gateway.settings import Estimation
+from policies.admission import AdmissionConfig, AdmissionRequest, allowed_wait_s
+from policies.steps import Steps, finished
+from policies.wait import QueueStats, Throughput, work_before_grant
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Admission on: what the gateway is told before it has measured anything, and its settings."""
+
+    expected_service_s: float
+    """The operator's `expected_service_ms`: the prior of the measured service times."""
+    config: AdmissionConfig = field(default_factory=AdmissionConfig)
+    estimation: Estimation = field(default_factory=Estimation)
+
+
+MODEL = "simulated"
+
+
+def _at_once(steps: Steps[float], on_value: Callable[[float], None]) -> None:
+    on_value(finished(steps))
+
+
+class Admitting:
+    """One simulated pool's admission state: its counters and estimates, its readings, the slots
+    in use with when each was handed over, and each band's confidence."""
+
+    def __init__(self, admission: Admission, bands: int, slots: int, reserved: tuple[int, ...]) -> None:
+        self.config = admission.config
+        self.slots, self.reserved = slots, reserved
+        self.estimates = PoolEstimates(bands, admission.expected_service_s, admission.estimation)
+        self.counters = StoreCounters.empty(bands)
+        self._predictions = Predictions(bands, admission.config, run_steps=_at_once)
+        names = [str(band) for band in range(bands)]
+        self.calibrations = Calibrations(names, self.config.calibration, self.config.safety_sigmas)
+        self.started_at: list[float] = []
+        """When each slot in use was handed over."""
+        self.backlogged_handover_at: float | None = None
+        """As the memory store's ModelQueue: set after a hand-over of a freed slot that left
+        requests waiting, so that the gap to the next one is a sample of the drain rate."""
+
+    def throughput(self, now: float) -> Throughput:
+        return self.estimates.throughput(self.slots, now, self.reserved)
+
+    def arrived(self, band: int, cost: float, now: float) -> None:
+        """Count an arrival's work as offered (the memory store's offer_nowait)."""
+        self.estimates.observe(self.counters, now)  # closes the counting interval before this one
+        self.counters.offered_work[band] += cost
+
+    def admitted_until(self, request: AdmissionRequest, stats: QueueStats, now: float) -> float:
+        """When `request`, arriving at `now` to a pool in `stats`, must leave the queue if it is
+        admitted; -inf when admission refuses it."""
+        throughput, band = self.throughput(now), request.band
+        confidence = self.calibrations.confidence(MODEL, band, request.tenant or "")
+        limit = self._predictions.offered_limit(request, stats, throughput, 0.0, now, confidence)
+        handover = throughput.handover_cost
+        ahead = stats.work_ahead(band, request.tenant, handover) if any(stats.queued_by_band) else 0.0
+        if limit < 0 or work_before_grant(ahead, stats.free_for(band), handover, request.cost) > limit:
+            return -math.inf
+        return now + allowed_wait_s(request, throughput)
+
+    def admitted(self, band: int, cost: float) -> None:
+        """Count an admitted arrival's work."""
+        self.counters.admitted_work[band] += cost
+
+    def handed_over(
+        self, now: float, band: int, tenant: str, cost: float, queued: bool, released: int, backlog: bool
+    ) -> None:
+        """A slot handed over at `now`: to a request that `queued` (else granted on arrival), the
+        `released`th hand-over (from 1) since a slot freed (0: not on a freed slot's account), with
+        requests still waiting after it (`backlog`). Counted as MemoryQueue._dispatch counts: only
+        the freed slot's own hand-over is a sample of the drain rate."""
+        self.started_at.append(now)
+        counters = self.counters
+        key = (band, tenant)
+        counters.granted_by_flow[key] = counters.granted_by_flow.get(key, 0.0) + cost
+        if not queued:
+            return
+        counters.handovers += 1
+        counters.handed_work += cost
+        if released == 1 and self.backlogged_handover_at is not None:
+            counters.drained_work += cost
+            counters.drained_s += now - self.backlogged_handover_at
+            counters.drained_at = now
+        self.backlogged_handover_at = now if (released and backlog) else None
+
+    def queue_emptied(self) -> None:
+        self.backlogged_handover_at = None
+
+    def ended(self, started_at: float, service_s: float) -> None:
+        self.started_at.remove(started_at)
+        self.estimates.record_service(service_s)
+
+    def settled(self, band: int, tenant: str, expired: bool) -> None:
+        """An admitted request of the flow that queued left the queue: `expired`, or with its slot."""
+        self.calibrations.settled(MODEL, band, tenant, expired)

@@ -17,9 +17,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import anyio
-import tritonclient.http.aio as triton
 from anyio.abc import TaskStatus
-from tritonclient.utils import InferenceServerException
 
 from gateway.upstream.backends import BackendState, ModelPool
 
@@ -77,6 +75,9 @@ class TritonDiscovery:
             await self.discover_all()
 
     async def _discover(self, pool: ModelPool, backend: BackendState) -> None:
+        # tritonclient imports numpy (80 ms): only a gateway with Triton backends pays for it.
+        from tritonclient.utils import InferenceServerException
+
         try:
             async with asyncio.timeout(self._timeout_s):  # not wait_for: it can drop a cancellation
                 model = await self._read(backend)
@@ -102,6 +103,8 @@ class TritonDiscovery:
             self._on_change(pool.name)
 
     async def _read(self, backend: BackendState) -> TritonModel:
+        import tritonclient.http.aio as triton
+
         parts = urlsplit(backend.url)
         client = triton.InferenceServerClient(
             parts.netloc, ssl=parts.scheme == "https", conn_timeout=self._timeout_s

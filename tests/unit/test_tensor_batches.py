@@ -14,9 +14,10 @@ import pytest
 import tritonclient.http as triton
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tritonclient.utils import triton_to_np_dtype
 
 from gateway.sim.tensors import infer_response, parse_infer
-from gateway.tensors.batch import SplitError, merged, part_of, split
+from gateway.tensors.batch import FIXED_SIZE, SplitError, merged, part_of, split
 
 PATH = "/v2/models/sim/infer"
 DTYPES = {"FP32": np.float32, "INT64": np.int64, "FP16": np.float16, "BOOL": np.bool_, "BYTES": np.object_}
@@ -242,3 +243,8 @@ def test_merge_then_split_of_the_identity_gives_back_each_members_tensors(
         got = decoded(*answer)["OUTPUT0"]
         np.testing.assert_array_equal(got, decoded(*answer_alone(*body))["OUTPUT0"])
         assert got.shape == array.shape
+
+
+def test_the_datatype_sizes_are_tritonclients():
+    for name, size in FIXED_SIZE.items():
+        assert np.dtype(triton_to_np_dtype(name)).itemsize == size, name

@@ -98,6 +98,7 @@ class AutoLimits:
                 pool.name, backend.url, backend.known_slots, slots, cause,
             )  # fmt: skip
             backend.max_concurrency = slots
+            backend.limit_moved_at = self._clock()
             self._store.backends_changed(pool.name)
 
     def _late_share(self, key: tuple[str, str], backend: BackendState) -> float | None:

@@ -14,6 +14,10 @@ It decides nothing itself; the gateway's policies do, called where the memory st
   refuses at arrival, and a queued request leaves the queue when its allowance runs out; it stays in its
   heap until it reaches the top (lazy deletion, as in the memory store) but no longer counts.
   Without them the queue is unbounded, as queueing theory assumes.
+- A request queued behind which less urgent work waits displaces, as the memory store does
+  (policies.displacement), the newest of that work that can no longer get a slot in time: told at
+  once (`displaced`) rather than left to expire. (An owner reclaiming its quota does not displace
+  borrowers here.)
 - With tenant quotas, an arrival starts at once only when `policies.quotas.may_start` lets it (no
   new borrowing while an owner under its quota waits), and a capped quota's wait
   (`policies.quotas.quota_wait_s`) past the allowance is refused at arrival.
@@ -35,6 +39,7 @@ from typing import NamedTuple
 
 from gateway.simulate.admitting import Admission, Admitting
 from gateway.simulate.flows import Entry, Flow, band_heads, every_head, new_flow
+from gateway.simulate.leaving import displace_overdue, leave_queue
 from gateway.simulate.quota_book import QuotaBook
 from gateway.simulate.tally import Run
 from gateway.simulate.workload import Arrival
@@ -165,20 +170,13 @@ def simulate(
             if next_expiry > until:
                 break
             now, seq = pop(expiries)
-            expired = waiting.pop(seq, None)
-            if expired is not None:
-                gone.add(seq)
-                flow = expired[5]
-                flow.queued -= expired[3]
-                depth[flow.band] -= 1
-                work[flow.band] = work[flow.band] - expired[3] if depth[flow.band] else 0.0
-                queued -= 1
-                if not queued and admitting is not None:
-                    admitting.queue_emptied()
-                if expired[6]:
-                    flow.tally.expired += 1
+            if seq in waiting:
                 assert admitting is not None  # only admitted requests expire
-                admitting.settled(flow.band, flow.tenant, expired=True)
+                flow = leave_queue(seq, waiting, gone, depth, work, admitting)
+                queued -= 1
+                if waiting[seq][6]:
+                    flow.tally.expired += 1
+                del waiting[seq]
         else:
             if next_at > until or upcoming is _NO_MORE:
                 break
@@ -243,7 +241,11 @@ def simulate(
                 queued += 1
                 if expire_at < inf:
                     waiting[index] = entry
+                    flow.live[index] = expire_at
                     push(expiries, (expire_at, index))
+                    if any(depth[band + 1 :]):
+                        assert admitting is not None
+                        queued -= displace_overdue(band, now, known, waiting, gone, depth, work, admitting)
         # Hand slots over: to the arrival granted at once, or, while slots are free, to the queue.
         while granted is not None or (free and queued):
             if granted is None:
@@ -270,6 +272,7 @@ def simulate(
                     admitting.queue_emptied()
                 if waiting and waiting.pop(seq, None) is not None:
                     assert admitting is not None
+                    del flow.live[seq]
                     admitting.settled(band, flow.tenant, expired=False)
                 vtime[band] = virtual_time_after(vtime[band], start)
                 from_queue = True

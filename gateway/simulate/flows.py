@@ -28,6 +28,9 @@ class Flow:
     queued: float = 0.0
     """Its live queued work (expired requests still in the heap do not count)."""
     heap: list[Entry] = field(default_factory=list)
+    live: dict[int, float] = field(default_factory=dict)
+    """Its queued requests that can leave before their turn (expire, or be displaced): arrival
+    number -> leave-by time, in arrival order (the newest are where displacement looks)."""
     siblings: dict[str, Flow] = field(default_factory=dict)
     """Its band's flows, itself included (tenant -> flow)."""
 

@@ -42,6 +42,7 @@ class FlowSummary:
     served: int
     refused: int
     expired: int
+    displaced: int
     on_time: int
     waits: Waits | None
     goodput_per_s: float
@@ -139,6 +140,7 @@ def _row(
         served=sum(t.served for t in tallies),
         refused=sum(t.refused for t in tallies),
         expired=sum(t.expired for t in tallies),
+        displaced=sum(t.displaced for t in tallies),
         on_time=on_time,
         waits=waits_of(waits),
         goodput_per_s=on_time / window_s if window_s > 0 else 0.0,
@@ -149,7 +151,7 @@ def _row(
 
 
 _HEADER = (
-    "class", "tenant", "weight", "arrived", "served", "refused", "expired",
+    "class", "tenant", "weight", "arrived", "served", "refused", "expired", "displaced",
     "mean ms", "p50 ms", "p95 ms", "p99 ms", "goodput/s", "on time", "work share", "weight share",
 )  # fmt: skip
 
@@ -196,6 +198,7 @@ def _cells(row: FlowSummary) -> list[str]:
         str(row.served),
         str(row.refused),
         str(row.expired),
+        str(row.displaced),
         *times,
         f"{row.goodput_per_s:.2f}",
         on_time,
@@ -221,6 +224,7 @@ def summary_json(summary: Summary) -> dict[str, Any]:
                 "served": row.served,
                 "refused": row.refused,
                 "expired": row.expired,
+                "displaced": row.displaced,
                 "on_time": row.on_time,
                 "wait_s": None
                 if row.waits is None

@@ -14,6 +14,8 @@ class FlowTally:
     arrived: int = 0
     refused: int = 0
     expired: int = 0
+    displaced: int = 0
+    """Queued, then told at once that a more urgent arrival pushed it past its allowance."""
     late: int = 0
     """Served, but done after the band's deadline."""
     handed_work: float = 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from gateway.settings import Backend, Batching, ForwardPriority, Model
@@ -59,7 +60,11 @@ class BackendState:
     deadlines_kept: int = 0
     deadlines_missed: int = 0
     """Requests with a deadline that it ended within it, and past it: the clients' objective for
-    `max_concurrency: auto` (gateway.flow.auto_limits)."""
+    `max_concurrency: auto` (gateway.flow.auto_limits). Only those sent since `limit_moved_at`."""
+    limit_moved_at: float = -math.inf
+    """When `max_concurrency: auto` last moved its limit: a request sent before ends at the pace of
+    the old limit, and its deadline tells nothing of the new one (counted, the deadlines missed
+    after an overshoot went on cutting for seconds after the limit was back below the knee)."""
 
     @property
     def max_concurrency(self) -> int:

@@ -239,7 +239,7 @@ class UpstreamExchange:
                 verdict = verdict_of(ending(reply), reply.status)
                 if verdict is not None:
                     forwarder.on_verdict(self._pool, backend, verdict)
-            if self._budget_at is not None:
+            if self._budget_at is not None and self.started_at >= backend.limit_moved_at:
                 _count_deadline(backend, reply, forwarder.clock() <= self._budget_at)
             if reply.complete:
                 forwarder.observe_upstream_s(self._pool.name, self.elapsed_s)

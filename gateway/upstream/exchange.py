@@ -239,8 +239,8 @@ class UpstreamExchange:
                 verdict = verdict_of(ending(reply), reply.status)
                 if verdict is not None:
                     forwarder.on_verdict(self._pool, backend, verdict)
-            if self._budget_at is not None and self.started_at >= backend.limit_moved_at:
-                _count_deadline(backend, reply, forwarder.clock() <= self._budget_at)
+            if self._budget_at is not None:
+                count_deadline(backend, reply, forwarder.clock() <= self._budget_at, self.started_at)
             if reply.complete:
                 forwarder.observe_upstream_s(self._pool.name, self.elapsed_s)
                 if reply.status < 400:
@@ -282,9 +282,12 @@ class UpstreamExchange:
         return request
 
 
-def _count_deadline(backend: BackendState, reply: Reply, in_time: bool) -> None:
-    """Count a request with a deadline as kept or missed on its backend; one that ended otherwise
-    (its client left, the backend failed) says nothing of the deadlines the backend keeps."""
+def count_deadline(backend: BackendState, reply: Reply, in_time: bool, sent_at: float) -> None:
+    """Count a request with a deadline, sent at `sent_at`, as kept or missed on its backend; one
+    that ended otherwise (its client left, the backend failed) says nothing of the deadlines the
+    backend keeps, nor does one sent before its limit last moved (BackendState.limit_moved_at)."""
+    if sent_at < backend.limit_moved_at:
+        return
     if reply.complete and reply.status < 400:
         if in_time:
             backend.deadlines_kept += 1

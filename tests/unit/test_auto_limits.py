@@ -53,10 +53,12 @@ async def test_a_follower_takes_the_leaders_limit_and_probes_above_it_once_it_le
     pool = ModelPool.from_settings(model)
     backend = pool.backends[0]
     store = SharingStore()
-    limits = AutoLimits([model], store, scrape_interval_s=0.25)
+    now = [5.0]
+    limits = AutoLimits([model], store, scrape_interval_s=0.25, clock=lambda: now[0])
     assert backend.max_concurrency == 1  # min_concurrency, until a sample comes
     await limits.on_sample(pool, backend, CALM)
     assert backend.max_concurrency == 20 and store.changed == ["m"]
+    assert backend.limit_moved_at == 5.0  # deadlines of requests sent before tell of the old limit
     store.leader_slots = None  # the leader went away: this replica leads now
     for _ in range(4):
         await limits.on_sample(pool, backend, CALM)

@@ -146,6 +146,7 @@ def simulate(
     last_arrival = now = 0.0
     push, pop, inf = heapq.heappush, heapq.heappop, math.inf
 
+    heads_of = partial(band_heads, active, gone)  # each band's live flow heads (policies.dispatch)
     stream = iter(arrivals)
     upcoming = next(stream, _NO_MORE)
     index = 0
@@ -196,7 +197,7 @@ def simulate(
                 flow.tally.arrived += 1
             usable = usable_free_slots(band, free, held, reserved) if reserved else free
             stats = None
-            if queued or limited[band]:
+            if limited[band] or (queued and usable):  # a slot free: whether it starts at once
                 started_at = admitting.started_at if admitting is not None else []
                 stats = _stats(flow, free, held, reserved, depth, work, vtime, started_at)
             expire_at = inf
@@ -221,7 +222,7 @@ def simulate(
                 admitting.admitted(band, cost)
             # As the memory store: at once with a usable slot free and no work ahead in its turn.
             slack = admitting.estimates.handover_cost if admitting is not None else 1.0
-            ahead = stats.work_ahead(band, tenant, slack) if stats is not None and queued else 0.0
+            ahead = stats.work_ahead(band, tenant, slack) if stats is not None and queued and usable else 0.0
             if (
                 usable
                 and ahead == 0
@@ -251,7 +252,7 @@ def simulate(
             if granted is None:
                 found = next_flow(
                     depth,
-                    lambda band: band_heads(active[band], gone),
+                    heads_of,
                     partial(usable_free_slots, free_slots=free, held_by_band=held, reserved_by_band=reserved)
                     if reserved
                     else None,

@@ -40,26 +40,27 @@ def new_flow(flows: dict[str, Flow], band: int, tenant: str, weights: Mapping[st
     return flow
 
 
-def band_heads(band_flows: dict[str, Flow], gone: set[int]) -> list[Head]:
-    """The live head of each of the band's flows, as policies.dispatch reads them."""
-    return [Head(f.heap[0][0], f.heap[0][1], f.tenant, f.heap[0][3]) for f in live_flows(band_flows, gone)]
-
-
-def live_flows(band_flows: dict[str, Flow], gone: set[int]) -> list[Flow]:
-    """The band's flows with a live head; expired heads are dropped on the way, and flows left
-    empty taken off the band's active ones."""
-    live = []
-    for tenant, flow in list(band_flows.items()):
+def band_heads(active: list[dict[str, Flow]], gone: set[int], band: int) -> list[Head]:
+    """The live head of each of the band's flows, as policies.dispatch reads them; heads that left
+    the queue are dropped on the way, and flows left empty taken off the band's active ones. (On
+    every hand-over: one pass, no copy of the band's flows unless one empties.)"""
+    band_flows = active[band]
+    heads: list[Head] = []
+    emptied: list[str] = []
+    for tenant, flow in band_flows.items():
         heap = flow.heap
         while heap and heap[0][1] in gone:
             gone.discard(heapq.heappop(heap)[1])
         if heap:
-            live.append(flow)
+            top = heap[0]
+            heads.append(Head(top[0], top[1], tenant, top[3]))
         else:
-            del band_flows[tenant]
-    return live
+            emptied.append(tenant)
+    for tenant in emptied:
+        del band_flows[tenant]
+    return heads
 
 
 def every_head(active: list[dict[str, Flow]], gone: set[int]) -> list[Head]:
     """The live head of every queued flow."""
-    return [head for band_flows in active for head in band_heads(band_flows, gone)]
+    return [head for band in range(len(active)) for head in band_heads(active, gone, band)]

@@ -17,8 +17,7 @@ from dataclasses import replace
 from functools import partial
 
 from gateway.flow.batch_holds import BatchHolds
-from gateway.flow.calibration import Calibrations
-from gateway.flow.predictions import Predictions
+from gateway.flow.model_admission import ModelAdmission
 from gateway.flow.queued_bytes import QueuedBytes
 from gateway.flow.quota_waits import QuotaWaits
 from gateway.flow.retry_spreads import ReturnSchedules
@@ -38,7 +37,6 @@ from policies.admission import (
     min_budget_s,
     refuse,
 )
-from policies.cost_ranks import CostRanks, room_share
 from policies.outcomes import Outcome
 from policies.queued_bytes import ByteLimits, bytes_excess_wait_s
 from policies.quotas import Quota
@@ -80,18 +78,13 @@ class AdmissionController:
         self._admission = admission
         self._clock = clock
         self._jitter = jitter
-        self._returns: dict[str, ReturnSchedules] = {}
-        self._predictions: dict[str, Predictions] = {}
-        self._cost_ranks: dict[tuple[str, int], CostRanks] = {}
+        self._models: dict[str, ModelAdmission] = {}
         self._rates_seen_s = rates_seen_s
         """How far back the arrival-rate estimates remember (settings.estimation.rate_window_s)."""
         self._settled_seen_s = settled_seen_s
         """And the settled-times rate (settings.estimation.settled_window_s)."""
         self._windows = windows if windows is not None and windows.restricts else None
         self._quota_waits = QuotaWaits(quotas or {})
-        self._calibrations = Calibrations(
-            self._class_names, admission.calibration, admission.safety_sigmas, metrics
-        )
 
     async def acquire(
         self,
@@ -115,7 +108,7 @@ class AdmissionController:
         """
         model, band = flow.model, flow.band
         arrived_at = self._clock()
-        share = room_share(self._rank(model, band, cost), self._admission.room_for_costliest)
+        share = self._admission_of(model).room_share(band, cost)
         request = AdmissionRequest(band, self._max_wait_s[band], budget_s, cost, flow.tenant, share, kind)
         throughput = self._store.throughput(model, arrived_at)
         if budget_hopeless(request, throughput):  # first: no wait, for a window or else, helps it
@@ -156,9 +149,8 @@ class AdmissionController:
         model, band, cost = flow.model, flow.band, request.cost
         allowed_s = allowed_wait_s(request, throughput)
         stats = self._store.stats(model)
-        confidence = self._calibrations.confidence(model, band, flow.tenant)
-        predictions = self._predictions_of(model)
-        limit = predictions.offered_limit(request, stats, throughput, external, arrived_at, confidence)
+        admission = self._admission_of(model)
+        limit = admission.limit(request, stats, throughput, external, arrived_at)
         # A held batch leaves while its most urgent member still has a service time to spare
         # beyond its allowed wait: a batch is served more slowly than one request.
         leave_by = arrived_at + allowed_s - throughput.service_time_s
@@ -173,7 +165,7 @@ class AdmissionController:
             # one its last script brought: between its own requests, seconds old). Read again from
             # the view the refusal brought, and offer once more where that one admits.
             fresh = offer.stats
-            limit = predictions.offered_limit(request, fresh, throughput, external, arrived_at, confidence)
+            limit = admission.limit(request, fresh, throughput, external, arrived_at)
             if work_to_drain(fresh, band, throughput.handover_cost, flow.tenant, cost) <= limit:
                 stats = fresh
                 offering = self._store.offer(
@@ -202,7 +194,8 @@ class AdmissionController:
                 self._holds.held(offer.ticket, batching, leave_by)
             self._metrics.count_admitted_into_queue(model, class_name)
             observe = partial(self._metrics.observe_predicted_wait, model, class_name)
-            predictions.sample_wait(band, stats, throughput, arrived_at, confidence, observe)
+            confidence = admission.confidence(band, flow.tenant)
+            admission.predictions.sample_wait(band, stats, throughput, arrived_at, confidence, observe)
         except BaseException:
             await self._store.withdraw(offer.ticket, Outcome.CLIENT_DISCONNECTED)
             raise
@@ -212,7 +205,8 @@ class AdmissionController:
         # an expiry is, for the calibration of the admission margin.
         overdue = result is Outcome.DISPLACED and offer.ticket.overdue
         if isinstance(result, Slot) or result is Outcome.DEADLINE_EXPIRED_IN_QUEUE or overdue:
-            self._calibrations.settled(model, band, flow.tenant, expired=not isinstance(result, Slot))
+            confidence = admission.settled(band, flow.tenant, expired=not isinstance(result, Slot))
+            self._metrics.set_confidence(model, self._class_names[band], confidence)
         if isinstance(result, Slot):
             self._metrics.observe_queue_wait(model, self._class_names[band], waited_s)
             if batching is None:
@@ -330,37 +324,23 @@ class AdmissionController:
         reason: Outcome | None = None,
     ) -> Reject:
         """The refusal, with Retry-After the time its return is booked for (see ReturnSchedules)."""
-        confidence = self._calibrations.confidence(model, request.band, request.tenant or "")
-        read = self._predictions_of(model).pool_wait(request.band, stats, flow, self._clock(), confidence)
-        reject = refuse(request, stats, flow, self._jitter(), self._admission, reason=reason, pool_wait=read)
-        return replace(reject, retry_after_s=self._book_return(model, request, reject.excess_wait_s, flow))
+        return self._admission_of(model).advise(request, stats, flow, self._clock(), reason=reason)
 
-    def _rank(self, model: str, band: int, cost: float) -> float:
-        """`cost`'s rank among the costs recently offered to the model's band, which it joins."""
-        ranks = self._cost_ranks.get((model, band))
-        if ranks is None:
-            ranks = self._cost_ranks[model, band] = CostRanks()
-        rank = ranks.rank(cost)
-        ranks.add(cost)
-        return rank
-
-    def _predictions_of(self, model: str) -> Predictions:
-        predictions = self._predictions.get(model)
-        if predictions is None:
-            predictions = self._predictions[model] = Predictions(len(self._class_names), self._admission)
-        return predictions
+    def _admission_of(self, model: str) -> ModelAdmission:
+        admission = self._models.get(model)
+        if admission is None:
+            returns = ReturnSchedules(
+                len(self._class_names), self._admission.retry, self._rates_seen_s, self._settled_seen_s
+            ).shared_as(model, self._store.shared_returns)
+            admission = self._models[model] = ModelAdmission(
+                len(self._class_names), self._admission, returns, self._jitter
+            )
+        return admission
 
     def _book_return(
         self, model: str, request: AdmissionRequest, excess_s: float, flow: Throughput, drains: bool = True
     ) -> float:
-        schedules = self._returns.get(model)
-        if schedules is None:
-            bands = len(self._class_names)
-            schedules = self._returns[model] = ReturnSchedules(
-                bands, self._admission.retry, self._rates_seen_s, self._settled_seen_s
-            ).shared_as(model, self._store.shared_returns)
-        now, jitter_u = self._clock(), self._jitter()
-        return schedules.advise(request.band, request.cost, excess_s, flow, now, jitter_u, drains=drains)
+        return self._admission_of(model).book_return(request, excess_s, flow, self._clock(), drains)
 
     def _bound(self, request: AdmissionRequest, outcome: Outcome, allowed_s: float) -> str:
         """Which limit refused the request: its budget (less the service time), or its class's

@@ -17,8 +17,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.flow.calibration import Calibrations
-from gateway.flow.predictions import Predictions
+from gateway.flow.model_admission import ModelAdmission
+from gateway.flow.retry_spreads import ReturnSchedules
 from gateway.queues.estimates import PoolEstimates, StoreCounters
 from gateway.settings import Estimation
 from policies.admission import AdmissionConfig, AdmissionRequest, allowed_wait_s
@@ -36,9 +36,6 @@ class Admission:
     estimation: Estimation = field(default_factory=Estimation)
 
 
-MODEL = "simulated"
-
-
 def _at_once(steps: Steps[float], on_value: Callable[[float], None]) -> None:
     on_value(finished(steps))
 
@@ -47,14 +44,21 @@ class Admitting:
     """One simulated pool's admission state: its counters and estimates, its readings, the slots
     in use with when each was handed over, and each band's confidence."""
 
-    def __init__(self, admission: Admission, bands: int, slots: int, reserved: tuple[int, ...]) -> None:
-        self.config = admission.config
+    def __init__(
+        self,
+        admission: Admission,
+        bands: int,
+        slots: int,
+        reserved: tuple[int, ...],
+        jitter: Callable[[], float],
+    ) -> None:
         self.slots, self.reserved = slots, reserved
-        self.estimates = PoolEstimates(bands, admission.expected_service_s, admission.estimation)
+        estimation = admission.estimation
+        self.estimates = PoolEstimates(bands, admission.expected_service_s, estimation)
         self.counters = StoreCounters.empty(bands)
-        self._predictions = Predictions(bands, admission.config, run_steps=_at_once)
-        names = [str(band) for band in range(bands)]
-        self.calibrations = Calibrations(names, self.config.calibration, self.config.safety_sigmas)
+        config = admission.config
+        returns = ReturnSchedules(bands, config.retry, estimation.rate_window_s, estimation.settled_window_s)
+        self.model = ModelAdmission(bands, config, returns, jitter, run_steps=_at_once)
         self.started_at: list[float] = []
         """When each slot in use was handed over."""
         self.backlogged_handover_at: float | None = None
@@ -69,12 +73,18 @@ class Admitting:
         self.estimates.observe(self.counters, now)  # closes the counting interval before this one
         self.counters.offered_work[band] += cost
 
+    def request(
+        self, band: int, max_wait_s: float, deadline_s: float | None, cost: float, tenant: str
+    ) -> AdmissionRequest:
+        """An arrival as the controller puts it to admission, its share of the room by its cost's rank."""
+        share = self.model.room_share(band, cost)
+        return AdmissionRequest(band, max_wait_s, deadline_s, cost, tenant, share)
+
     def admitted_until(self, request: AdmissionRequest, stats: QueueStats, now: float) -> float:
         """When `request`, arriving at `now` to a pool in `stats`, must leave the queue if it is
         admitted; -inf when admission refuses it."""
         throughput, band = self.throughput(now), request.band
-        confidence = self.calibrations.confidence(MODEL, band, request.tenant or "")
-        limit = self._predictions.offered_limit(request, stats, throughput, 0.0, now, confidence)
+        limit = self.model.limit(request, stats, throughput, 0.0, now)
         handover = throughput.handover_cost
         ahead = stats.work_ahead(band, request.tenant, handover) if any(stats.queued_by_band) else 0.0
         if limit < 0 or work_before_grant(ahead, stats.free_for(band), handover, request.cost) > limit:
@@ -113,6 +123,10 @@ class Admitting:
         self.started_at.remove(started_at)
         self.estimates.record_service(service_s)
 
+    def advise(self, request: AdmissionRequest, stats: QueueStats, now: float) -> float:
+        """The Retry-After a refused request is told, its return booked (ModelAdmission.advise)."""
+        return self.model.advise(request, stats, self.throughput(now), now).retry_after_s
+
     def settled(self, band: int, tenant: str, expired: bool) -> None:
         """An admitted request of the flow that queued left the queue: `expired`, or with its slot."""
-        self.calibrations.settled(MODEL, band, tenant, expired)
+        self.model.settled(band, tenant, expired)

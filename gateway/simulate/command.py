@@ -168,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     setup = Setup(args.slots, bands, weights, args.warmup, args.until_s, admission, quotas)
     show = args.progress if args.progress is not None else total >= PROGRESS_FROM
     every = max(1, total // 10)
-    result = simulate(arrivals, setup, progress=_progress(total) if show else None, progress_every=every)
+    progress = _progress(total) if show else None
+    result = simulate(arrivals, setup, seed=args.seed, progress=progress, progress_every=every)
     summary = summarize(result, [c.name for c in classes], weights, args.slots)
     print(json.dumps(summary_json(summary), indent=2) if args.json else render(summary))
     return 0

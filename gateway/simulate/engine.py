@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -43,7 +44,6 @@ from gateway.simulate.leaving import displace_overdue, leave_queue
 from gateway.simulate.quota_book import QuotaBook
 from gateway.simulate.tally import Run
 from gateway.simulate.workload import Arrival
-from policies.admission import AdmissionRequest
 from policies.dispatch import next_flow
 from policies.fairness import FairTurns, tags, virtual_time_after
 from policies.quotas import Quota
@@ -110,12 +110,13 @@ def simulate(
     arrivals: Iterable[Arrival],
     setup: Setup,
     *,
+    seed: int = 0,
     on_handover: Observer | None = None,
     progress: Progress | None = None,
     progress_every: int = 0,
 ) -> Run:
     """Run `arrivals` (in time order) through the pool of `setup`; `progress(n)` is called after
-    every `progress_every` arrivals."""
+    every `progress_every` arrivals; `seed` draws the jitter of Retry-After."""
     nbands = len(setup.bands)
     warmup, weights = setup.warmup, setup.weights
     until = math.inf if setup.until_s is None else setup.until_s
@@ -126,7 +127,8 @@ def simulate(
     )
     admitting = None
     if setup.admission is not None:
-        admitting = Admitting(setup.admission, nbands, setup.slots, tuple(reserved))
+        jitter = random.Random(seed).random
+        admitting = Admitting(setup.admission, nbands, setup.slots, tuple(reserved), jitter)
     book = QuotaBook(setup.quotas, setup.slots) if setup.quotas else None
     report_at = progress_every if progress is not None and progress_every > 0 else -1
 
@@ -207,8 +209,10 @@ def simulate(
                 assert admitting is not None and stats is not None
                 rules = setup.bands[band]
                 assert rules.max_wait_s is not None
-                request = AdmissionRequest(band, rules.max_wait_s, rules.deadline_s, cost, tenant)
+                request = admitting.request(band, rules.max_wait_s, rules.deadline_s, cost, tenant)
                 expire_at = admitting.admitted_until(request, stats, now)
+                # Refused by admission, it is told when to come back (its return booked).
+                advice = admitting.advise(request, stats, now) if expire_at < now else None
                 if book is not None and expire_at >= now:
                     ahead = sum(flows[tenant].queued for flows in known[: band + 1] if tenant in flows)
                     service_s = admitting.throughput(now).service_time_s
@@ -217,6 +221,8 @@ def simulate(
                 if expire_at < now:
                     if measured:
                         flow.tally.refused += 1
+                        if advice is not None:
+                            flow.tally.retry_after_s.append(advice)
                     continue
             if admitting is not None:
                 admitting.admitted(band, cost)

@@ -45,6 +45,8 @@ class FlowSummary:
     displaced: int
     on_time: int
     waits: Waits | None
+    retry_after: Waits | None
+    """The Retry-After told those refused at arrival."""
     goodput_per_s: float
     handed_work: float
     work_share: float
@@ -143,6 +145,7 @@ def _row(
         displaced=sum(t.displaced for t in tallies),
         on_time=on_time,
         waits=waits_of(waits),
+        retry_after=waits_of([r for t in tallies for r in t.retry_after_s]),
         goodput_per_s=on_time / window_s if window_s > 0 else 0.0,
         handed_work=handed,
         work_share=handed / band_work if band_work else 0.0,
@@ -152,7 +155,8 @@ def _row(
 
 _HEADER = (
     "class", "tenant", "weight", "arrived", "served", "refused", "expired", "displaced",
-    "mean ms", "p50 ms", "p95 ms", "p99 ms", "goodput/s", "on time", "work share", "weight share",
+    "mean ms", "p50 ms", "p95 ms", "p99 ms", "retry-after p50 ms",
+    "goodput/s", "on time", "work share", "weight share",
 )  # fmt: skip
 
 
@@ -200,6 +204,7 @@ def _cells(row: FlowSummary) -> list[str]:
         str(row.expired),
         str(row.displaced),
         *times,
+        "-" if row.retry_after is None else f"{1000 * row.retry_after.p50_s:.0f}",
         f"{row.goodput_per_s:.2f}",
         on_time,
         f"{row.work_share:.1%}",
@@ -226,14 +231,8 @@ def summary_json(summary: Summary) -> dict[str, Any]:
                 "expired": row.expired,
                 "displaced": row.displaced,
                 "on_time": row.on_time,
-                "wait_s": None
-                if row.waits is None
-                else {
-                    "mean": row.waits.mean_s,
-                    "p50": row.waits.p50_s,
-                    "p95": row.waits.p95_s,
-                    "p99": row.waits.p99_s,
-                },
+                "wait_s": _percentiles(row.waits),
+                "retry_after_s": _percentiles(row.retry_after),
                 "goodput_per_s": row.goodput_per_s,
                 "handed_work": row.handed_work,
                 "work_share": row.work_share,
@@ -246,3 +245,9 @@ def summary_json(summary: Summary) -> dict[str, Any]:
             for t in summary.tenants
         ],
     }
+
+
+def _percentiles(waits: Waits | None) -> dict[str, float] | None:
+    if waits is None:
+        return None
+    return {"mean": waits.mean_s, "p50": waits.p50_s, "p95": waits.p95_s, "p99": waits.p99_s}

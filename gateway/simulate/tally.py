@@ -27,6 +27,8 @@ class FlowTally:
     service_squares_s2: float = 0.0
     """Their sum of squared service times (with `service_s`, the served workload's moments)."""
     waits_s: array[float] = field(default_factory=lambda: array("d"))
+    retry_after_s: array[float] = field(default_factory=lambda: array("d"))
+    """The Retry-After told the measured requests admission refused at arrival."""
     """Queue waits of the measured requests served, in hand-over order."""
 
     @property

@@ -113,7 +113,7 @@ async def test_the_controller_tells_a_refusal_the_pools_wait_once_it_is_read():
     assert isinstance(first, Refusal) and first.retry_after_s is not None
     await eventually(
         lambda: (
-            controller._predictions_of("m").pool_wait(
+            controller._admission_of("m").predictions.pool_wait(
                 0, store.stats("m"), store.throughput("m", NOW), NOW, 0.977
             )
             is not None

@@ -107,7 +107,12 @@ class MemoryQueue:
         kind: str = "",
     ) -> Offer:
         queue = self._models[flow.model]
+        per_slot = queue.estimates.handover_cost
         queue.estimates.observe(queue.counters, now)  # closes the counting interval before this one
+        if queue.quotas and queue.live and queue.estimates.handover_cost != per_slot:
+            # What borrowers may hold is counted in slots of the work a hand-over takes: it moved,
+            # and a head the quotas held back may start now, whatever becomes of this offer.
+            self._dispatch(queue, now=None)
         counters = queue.counters
         counters.offered_work[flow.band] += cost
         handover = queue.estimates.handover_cost

@@ -79,6 +79,9 @@ class Setup:
     admission: Admission | None = None
     quotas: Mapping[str, Quota] = field(default_factory=dict)
     """Tenant -> its quota of work in flight (policies.quotas); none: nothing is held back."""
+    advise: bool = True
+    """Tell each request admission refuses its Retry-After, booking its return as the gateway does
+    (under overload that costs about as much as the rest of the simulation; nothing else reads it)."""
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -130,6 +133,7 @@ def simulate(
         jitter = random.Random(seed).random
         admitting = Admitting(setup.admission, nbands, setup.slots, tuple(reserved), jitter)
     book = QuotaBook(setup.quotas, setup.slots) if setup.quotas else None
+    advises = setup.advise
     report_at = progress_every if progress is not None and progress_every > 0 else -1
 
     free = setup.slots
@@ -149,6 +153,10 @@ def simulate(
     push, pop, inf = heapq.heappush, heapq.heappop, math.inf
 
     heads_of = partial(band_heads, active, gone)  # each band's live flow heads (policies.dispatch)
+
+    def per_slot() -> float:
+        return admitting.estimates.handover_cost if admitting is not None else 1.0
+
     stream = iter(arrivals)
     upcoming = next(stream, _NO_MORE)
     index = 0
@@ -212,7 +220,7 @@ def simulate(
                 request = admitting.request(band, rules.max_wait_s, rules.deadline_s, cost, tenant)
                 expire_at = admitting.admitted_until(request, stats, now)
                 # Refused by admission, it is told when to come back (its return booked).
-                advice = admitting.advise(request, stats, now) if expire_at < now else None
+                advice = admitting.advise(request, stats, now) if expire_at < now and advises else None
                 if book is not None and expire_at >= now:
                     ahead = sum(flows[tenant].queued for flows in known[: band + 1] if tenant in flows)
                     service_s = admitting.throughput(now).service_time_s
@@ -232,7 +240,7 @@ def simulate(
             if (
                 usable
                 and ahead == 0
-                and (book is None or book.state().allows(tenant, cost, every_head(active, gone)))
+                and (book is None or book.state(per_slot()).allows(tenant, cost, every_head(active, gone)))
             ):
                 granted = (0.0, index, now, cost, service, flow, measured)  # untagged, as the store
             else:
@@ -262,7 +270,7 @@ def simulate(
                     partial(usable_free_slots, free_slots=free, held_by_band=held, reserved_by_band=reserved)
                     if reserved
                     else None,
-                    book.state() if book is not None else None,
+                    book.state(per_slot()) if book is not None else None,
                 )
                 if found is None:
                     break  # held back by quotas or kept by a reservation

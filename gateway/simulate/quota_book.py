@@ -15,9 +15,10 @@ class QuotaBook:
         self.capacity = capacity
         self.inflight: dict[str, float] = {}
 
-    def state(self) -> QuotaState:
-        """What dispatch reads of the quotas now (a slot takes one unit of work here)."""
-        return QuotaState(self.quotas, self.inflight, self.capacity)
+    def state(self, work_per_slot: float) -> QuotaState:
+        """What dispatch reads of the quotas now, a slot taking `work_per_slot` (the memory store's
+        measured work per hand-over)."""
+        return QuotaState(self.quotas, self.inflight, self.capacity, work_per_slot)
 
     def wait_s(self, tenant: str, cost: float, queued_ahead: float, service_time_s: float) -> float:
         """The wait the tenant's own capped quota gives a request (policies.quotas.quota_wait_s)."""

@@ -7,19 +7,18 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import TypedDict
-
-from redis.asyncio import BlockingConnectionPool, Redis
+from typing import TYPE_CHECKING, TypedDict
 
 from gateway.queues.base import RequestQueue, Reservations, weight_lookup
-from gateway.queues.failover import FailoverQueue
 from gateway.queues.memory import MemoryQueue
-from gateway.queues.redis import LISTEN_WAKE_S, RedisQueue
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import ModelPool
 from policies.ordering import Ordering
 from policies.quotas import Quota
+
+if TYPE_CHECKING:
+    from redis.asyncio import BlockingConnectionPool
 
 
 def replica_name() -> str:
@@ -64,6 +63,12 @@ def configured_store(
         return MemoryQueue(pools, bands, settings.estimation, **policy)
 
     assert config.url is not None, "validated by settings"
+    # Imported here: redis-py takes 80 ms to import, which a gateway on the memory store never needs.
+    from redis.asyncio import Redis
+
+    from gateway.queues.failover import FailoverQueue
+    from gateway.queues.redis import LISTEN_WAKE_S, RedisQueue
+
     timeout_s = config.timeout_ms / 1000
     pool = command_pool(config.url, config.pool_size, timeout_s)
     # BLPOP holds its connection: the grant listeners get their own, with a timeout beyond it.
@@ -110,6 +115,8 @@ def command_pool(url: str, size: int, timeout_s: float) -> BlockingConnectionPoo
     commands are in flight, and a blocking one past its wait timeout, as an unreachable Redis
     would: the replica would detach from a Redis that is only busy. So a command waits for a
     connection as long as it takes; the ones in flight end within their socket timeout."""
+    from redis.asyncio import BlockingConnectionPool
+
     return BlockingConnectionPool.from_url(
         url,
         max_connections=size,

@@ -18,12 +18,10 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.arguments import count, number
 from gateway.planning.trace import TraceError
-from gateway.simulate.admitting import Admission
-from gateway.simulate.engine import Band, Progress, Setup, simulate
 from gateway.simulate.report import render, summarize, summary_json
 from gateway.simulate.workload import (
     SERVICE_KINDS,
@@ -34,6 +32,10 @@ from gateway.simulate.workload import (
     read_trace,
 )
 from policies.quotas import Quota
+
+if TYPE_CHECKING:
+    from gateway.simulate.admitting import Admission
+    from gateway.simulate.engine import Progress
 
 PROGRESS_FROM = 200_000
 """Runs of at least this many requests report their progress on stderr unless told not to."""
@@ -149,6 +151,10 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: they bring the gateway's admission, which `inference-gateway sim` and the
+    # other commands need not load at start (0.3 s a process).
+    from gateway.simulate.engine import Band, Setup, simulate
+
     """Simulate the parsed arguments and print the report; exit status 2 with a message on bad input."""
     try:
         classes = tuple(args.classes or (ClassOption("default"),))
@@ -189,6 +195,8 @@ def _workload(
     service: ServiceModel,
 ) -> tuple[Iterable[Arrival], int, Admission | None]:
     """The arrivals, how many, and admission's settings (None when no class bounds its wait)."""
+    from gateway.simulate.admitting import Admission
+
     rng = random.Random(args.seed)
     limited = any(c.max_wait_ms is not None for c in classes)
     if args.trace is not None:

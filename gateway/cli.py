@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from gateway.planning import command as plan
 from gateway.serving import CannotListen, bind, run, url_of
-from gateway.sim.continuous import SCHEDULING_POLICIES, ContinuousSpec
-from gateway.sim.engine import SERVICE_DISTRIBUTIONS
-from gateway.sim.server import SimOptions, build_sim
-from gateway.simulate.command import add_parser as add_simulate
+from gateway.tools.model_server.continuous import SCHEDULING_POLICIES, ContinuousSpec
+from gateway.tools.model_server.engine import SERVICE_DISTRIBUTIONS
+from gateway.tools.model_server.server import SimOptions, build_sim
+from gateway.tools.planning import command as plan
+from gateway.tools.simulate.command import add_parser as add_simulate
 
 if TYPE_CHECKING:  # the settings (pydantic) load only for the commands that read them: `sim` starts without
     from gateway.settings import Settings

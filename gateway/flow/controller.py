@@ -20,7 +20,7 @@ from gateway.flow.batch_holds import BatchHolds
 from gateway.flow.model_admission import ModelAdmission
 from gateway.flow.queued_bytes import QueuedBytes
 from gateway.flow.quota_waits import QuotaWaits
-from gateway.flow.retry_spreads import ReturnSchedules
+from gateway.flow.return_schedules import ReturnSchedules
 from gateway.flow.signal_view import NoSignals, SignalView
 from gateway.flow.verdicts import Lease, Refusal
 from gateway.flow.waiting import wait_for_slot
@@ -319,12 +319,12 @@ class AdmissionController:
         model: str,
         request: AdmissionRequest,
         stats: QueueStats,
-        flow: Throughput,
+        throughput: Throughput,
         *,
         reason: Outcome | None = None,
     ) -> Reject:
         """The refusal, with Retry-After the time its return is booked for (see ReturnSchedules)."""
-        return self._admission_of(model).advise(request, stats, flow, self._clock(), reason=reason)
+        return self._admission_of(model).advise(request, stats, throughput, self._clock(), reason=reason)
 
     def _admission_of(self, model: str) -> ModelAdmission:
         admission = self._models.get(model)
@@ -338,9 +338,14 @@ class AdmissionController:
         return admission
 
     def _book_return(
-        self, model: str, request: AdmissionRequest, excess_s: float, flow: Throughput, drains: bool = True
+        self,
+        model: str,
+        request: AdmissionRequest,
+        excess_s: float,
+        throughput: Throughput,
+        drains: bool = True,
     ) -> float:
-        return self._admission_of(model).book_return(request, excess_s, flow, self._clock(), drains)
+        return self._admission_of(model).book_return(request, excess_s, throughput, self._clock(), drains)
 
     def _bound(self, request: AdmissionRequest, outcome: Outcome, allowed_s: float) -> str:
         """Which limit refused the request: its budget (less the service time), or its class's

@@ -14,11 +14,11 @@ It keeps:
   so they are bounded;
 - each band's recent costs, whose rank sets a request's share of a contended queue's room
   (policies.cost_ranks);
-- the return schedules Retry-After books (gateway/flow/retry_spreads.py).
+- the return schedules Retry-After books (gateway/flow/return_schedules.py).
 
 It answers: the limit a request's offer is checked against (`limit`), the refusal with its
 Retry-After (`advise`), and what an outcome teaches (`settled`). The controller keeps one per model
-(gateway/flow/controller.py); the simulator one for its pool (gateway/simulate/admitting.py).
+(gateway/flow/controller.py); the simulator one for its pool (gateway/tools/simulate/admitting.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from gateway.flow.predictions import Predictions
-from gateway.flow.retry_spreads import ReturnSchedules
+from gateway.flow.return_schedules import ReturnSchedules
 from gateway.flow.stepwise import StepRunner, run_stepwise
 from policies.admission import AdmissionConfig, AdmissionRequest, Reject, refuse
 from policies.calibration import confidence_after, starting_confidence

@@ -33,7 +33,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import ErrorStyle
 from gateway.flow.drain import DRAINING_RETRY_S, Drain
 from gateway.flow.verdicts import Lease
-from gateway.http.exchange import RawHeaders, send_response, until_disconnect
+from gateway.http.asgi_io import RawHeaders, send_response, until_disconnect
 from gateway.http.relay import Relay, send_error, server_timing
 from gateway.queues.base import Slot
 from gateway.telemetry.metrics import GatewayMetrics

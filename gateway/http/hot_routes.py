@@ -10,7 +10,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import route_error
-from gateway.http.exchange import send_json
+from gateway.http.asgi_io import send_json
 
 OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 INFER_ROUTES = ("/v2/models/{model}/infer", "/v2/models/{model}/versions/{version}/infer")

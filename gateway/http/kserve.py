@@ -13,8 +13,8 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import ErrorStyle
 from gateway.flow.drain import DRAINING_RETRY_S, Drain
 from gateway.flow.readiness import Readiness
+from gateway.http.asgi_io import read_body, send_response
 from gateway.http.batches import batch_part
-from gateway.http.exchange import read_body, send_response
 from gateway.http.intake import AdmittedEndpoint, upstream_request
 from gateway.http.pricing import batch_items
 from gateway.http.relay import send_error

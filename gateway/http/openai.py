@@ -14,7 +14,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import ErrorStyle, error_response
-from gateway.http.exchange import read_body
+from gateway.http.asgi_io import read_body
 from gateway.http.intake import AdmittedEndpoint
 from gateway.http.pricing import UsageLearner, choices_of, max_tokens_of, prompt_chars
 from gateway.http.request_meta import Problem, RequestClassifier

@@ -20,7 +20,7 @@ from starlette.types import Receive, Send
 from gateway.errors import ErrorStyle, error_response
 from gateway.flow.drain import DRAINING_RETRY_S, Drain
 from gateway.flow.verdicts import Lease, Refusal
-from gateway.http.exchange import RawHeaders, send_response, until_disconnect
+from gateway.http.asgi_io import RawHeaders, send_response, until_disconnect
 from gateway.upstream.client import downstream_response_headers
 from gateway.upstream.exchange import BUFFER_LIMIT_BYTES, UpstreamExchange
 from gateway.upstream.reply import ConnectFailed, Reply, UpstreamError

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from gateway.flow.controller import AdmissionController, Lease, Refusal
-from gateway.flow.retry_spreads import ReturnSchedules
+from gateway.flow.return_schedules import ReturnSchedules
 from gateway.queues.base import Flow
 from gateway.queues.redis import RedisQueue
 from gateway.settings import Estimation, PriorityClass

@@ -105,8 +105,8 @@ async def test_streaming_clients_that_hang_up_never_overcommit_the_backend(launc
 
 
 async def set_fault(sim: Sim, fault: dict[str, Any]) -> None:
-    """The simulator's fault from now on (gateway.sim.faults): {"hang": True} holds the inference
-    requests it takes until it is cleared with {}, however slow the machine is."""
+    """The simulator's fault from now on (gateway.tools.model_server.faults): {"hang": True}
+    holds the inference requests it takes until it is cleared with {}, however slow the machine is."""
     body = json.dumps(fault).encode()
     assert (await asyncio.to_thread(http_post, sim.url + "/sim/fault", body))[0] == 200
 

@@ -30,9 +30,9 @@ async def wait_for_metric(gateway, name, value, **labels):
 
 
 async def hang_the_backend(sim):
-    """From now on the simulator holds every inference request it takes (gateway.sim.faults), so
-    that a request on the backend stays there, however slow the machine is, until
-    `clear_the_fault`."""
+    """From now on the simulator holds every inference request it takes
+    (gateway.tools.model_server.faults), so that a request on the backend stays there, however slow
+    the machine is, until `clear_the_fault`."""
     body = json.dumps({"hang": True}).encode()
     assert (await asyncio.to_thread(http_post, sim.url + "/sim/fault", body))[0] == 200
 

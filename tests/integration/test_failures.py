@@ -25,9 +25,9 @@ def closed_port_url() -> str:
 
 
 async def set_fault(sim, fault):
-    """The simulator's fault from now on (gateway.sim.faults): {"hang": True} holds the inference
-    requests it takes until it is cleared with {}, however slow the machine is; a held request is
-    counted in the faults' "hanging", not in "inflight"."""
+    """The simulator's fault from now on (gateway.tools.model_server.faults): {"hang": True}
+    holds the inference requests it takes until it is cleared with {}, however slow the machine is;
+    a held request is counted in the faults' "hanging", not in "inflight"."""
     body = json.dumps(fault).encode()
     assert (await asyncio.to_thread(http_post, sim.url + "/sim/fault", body))[0] == 200
 

@@ -17,9 +17,9 @@ import time
 import aiohttp
 import pytest
 
-from gateway.simulate.admitting import Admission
-from gateway.simulate.engine import Band, Handover, Setup, simulate
-from gateway.simulate.workload import Arrival
+from gateway.tools.simulate.admitting import Admission
+from gateway.tools.simulate.engine import Band, Handover, Setup, simulate
+from gateway.tools.simulate.workload import Arrival
 from tests.integration.servers import gateway_config
 
 pytestmark = pytest.mark.anyio

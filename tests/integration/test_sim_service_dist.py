@@ -8,7 +8,7 @@ import time
 import aiohttp
 import pytest
 
-from gateway.sim.engine import ServiceModel
+from gateway.tools.model_server.engine import ServiceModel
 
 pytestmark = pytest.mark.anyio
 INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}

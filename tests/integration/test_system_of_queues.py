@@ -59,9 +59,9 @@ async def flood(gateways, answered: list[str] | None = None) -> list[str]:
 
 
 async def set_fault(sim, fault):
-    """The simulator's fault from now on (gateway.sim.faults): {"hang": True} holds the inference
-    requests it takes, however slow the machine is, until it is cleared with {}. A held request
-    is counted in the faults' "hanging" and "peak_hanging", not in "inflight"."""
+    """The simulator's fault from now on (gateway.tools.model_server.faults): {"hang": True}
+    holds the inference requests it takes, however slow the machine is, until it is cleared with {}.
+    A held request is counted in the faults' "hanging" and "peak_hanging", not in "inflight"."""
     body = json.dumps(fault).encode()
     assert (await asyncio.to_thread(http_post, sim.url + "/sim/fault", body))[0] == 200
 

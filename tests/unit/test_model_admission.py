@@ -1,7 +1,7 @@
 """One model's admission state (gateway/flow/model_admission.py): each flow calibrated on its own."""
 
 from gateway.flow.model_admission import ModelAdmission
-from gateway.flow.retry_spreads import ReturnSchedules
+from gateway.flow.return_schedules import ReturnSchedules
 from policies.admission import AdmissionConfig
 from policies.calibration import starting_confidence
 

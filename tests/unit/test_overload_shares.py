@@ -10,9 +10,9 @@ import random
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from gateway.simulate.admitting import Admission
-from gateway.simulate.engine import Band, Setup, simulate
-from gateway.simulate.workload import ServiceModel, TenantMix, poisson_arrivals
+from gateway.tools.simulate.admitting import Admission
+from gateway.tools.simulate.engine import Band, Setup, simulate
+from gateway.tools.simulate.workload import ServiceModel, TenantMix, poisson_arrivals
 from policies.calibration import CalibrationConfig
 
 SLOTS = 4

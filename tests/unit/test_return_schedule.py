@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.flow.retry_spreads import ReturnSchedules
+from gateway.flow.return_schedules import ReturnSchedules
 from policies.estimators import COUNTING_INTERVAL_S, ObservedRate, settled_rate
 from policies.retry_after import RetryAfterConfig
 from policies.return_schedule import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.sim.continuous import ContinuousBatch, ContinuousSpec, Sequence
-from gateway.sim.tokens import count_tokens, natural_output_tokens, prompt_tokens
-from gateway.sim.vllm_metrics import ITL_BUCKETS_S, TTFT_BUCKETS_S, VllmMetrics
+from gateway.tools.model_server.continuous import ContinuousBatch, ContinuousSpec, Sequence
+from gateway.tools.model_server.tokens import count_tokens, natural_output_tokens, prompt_tokens
+from gateway.tools.model_server.vllm_metrics import ITL_BUCKETS_S, TTFT_BUCKETS_S, VllmMetrics
 
 
 class VirtualRun:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.sim.faults import Fault, Faults
+from gateway.tools.model_server.faults import Fault, Faults
 from tests.eventually import eventually
 
 pytestmark = pytest.mark.anyio

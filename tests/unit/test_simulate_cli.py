@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from gateway.simulate.command import add_parser
+from gateway.tools.simulate.command import add_parser
 
 TRACE = """\
 # two requests on one slot: the second waits for the first

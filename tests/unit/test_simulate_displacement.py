@@ -1,9 +1,9 @@
 """Displacement in the simulator, as the memory store displaces (policies.displacement): queued
 work that a more urgent arrival pushes past its allowance is told at once, not left to expire."""
 
-from gateway.simulate.admitting import Admission
-from gateway.simulate.engine import Band, Setup, simulate
-from gateway.simulate.workload import Arrival
+from gateway.tools.simulate.admitting import Admission
+from gateway.tools.simulate.engine import Band, Setup, simulate
+from gateway.tools.simulate.workload import Arrival
 
 SERVICE_S = 0.2
 

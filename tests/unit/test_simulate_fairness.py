@@ -9,9 +9,9 @@ from its first second on. The work handed over, not finished, is what fair queui
 import bisect
 import random
 
-from gateway.simulate.admitting import Admission
-from gateway.simulate.engine import Band, Handover, Setup, simulate
-from gateway.simulate.workload import ServiceModel, TenantMix, merged, poisson_arrivals
+from gateway.tools.simulate.admitting import Admission
+from gateway.tools.simulate.engine import Band, Handover, Setup, simulate
+from gateway.tools.simulate.workload import ServiceModel, TenantMix, merged, poisson_arrivals
 
 SLOTS = 4
 ONE_SECOND = ServiceModel("fixed", 1.0, 0.0)

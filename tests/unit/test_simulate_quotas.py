@@ -12,9 +12,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.simulate.admitting import Admission
-from gateway.simulate.engine import Band, Handover, Setup, simulate
-from gateway.simulate.workload import ServiceModel, TenantMix, merged, poisson_arrivals
+from gateway.tools.simulate.admitting import Admission
+from gateway.tools.simulate.engine import Band, Handover, Setup, simulate
+from gateway.tools.simulate.workload import ServiceModel, TenantMix, merged, poisson_arrivals
 from policies.quotas import Quota, borrowed
 
 SLOTS = 8

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.simulate.engine import Setup, simulate
-from gateway.simulate.workload import ServiceModel, poisson_arrivals
+from gateway.tools.simulate.engine import Setup, simulate
+from gateway.tools.simulate.workload import ServiceModel, poisson_arrivals
 from policies import capacity
 
 EXPONENTIAL = ServiceModel("exponential", 1.0)

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import triton_to_np_dtype
 
-from gateway.sim.tensors import infer_response, parse_infer
 from gateway.tensors.batch import FIXED_SIZE, SplitError, merged, part_of, split
+from gateway.tools.model_server.tensors import infer_response, parse_infer
 
 PATH = "/v2/models/sim/infer"
 DTYPES = {"FP32": np.float32, "INT64": np.int64, "FP16": np.float16, "BOOL": np.bool_, "BYTES": np.object_}

@@ -3,7 +3,7 @@
 Classes are given most urgent first (`--class high,share=0.2,max_wait_ms=250 --class low`), tenants
 with their weights and quotas (`--tenant a,weight=3,quota=4,borrowing_limit=0`); with none given
 there is one class and one tenant, both "default". Arrivals are Poisson (`--rate`, `--requests`) or
-a CSV trace (`--trace`, columns in gateway/simulate/workload.py). Bad input is a message on stderr
+a CSV trace (`--trace`, columns in gateway/tools/simulate/workload.py). Bad input is a message on stderr
 and exit status 2.
 """
 
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.arguments import count, number
-from gateway.planning.trace import TraceError
-from gateway.simulate.report import render, summarize, summary_json
-from gateway.simulate.workload import (
+from gateway.tools.planning.trace import TraceError
+from gateway.tools.simulate.report import render, summarize, summary_json
+from gateway.tools.simulate.workload import (
     SERVICE_KINDS,
     Arrival,
     ServiceModel,
@@ -34,8 +34,8 @@ from gateway.simulate.workload import (
 from policies.quotas import Quota
 
 if TYPE_CHECKING:
-    from gateway.simulate.admitting import Admission
-    from gateway.simulate.engine import Progress
+    from gateway.tools.simulate.admitting import Admission
+    from gateway.tools.simulate.engine import Progress
 
 PROGRESS_FROM = 200_000
 """Runs of at least this many requests report their progress on stderr unless told not to."""
@@ -153,7 +153,7 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     # Imported here: they bring the gateway's admission, which `inference-gateway sim` and the
     # other commands need not load at start (0.3 s a process).
-    from gateway.simulate.engine import Band, Setup, simulate
+    from gateway.tools.simulate.engine import Band, Setup, simulate
 
     """Simulate the parsed arguments and print the report; exit status 2 with a message on bad input."""
     try:
@@ -195,7 +195,7 @@ def _workload(
     service: ServiceModel,
 ) -> tuple[Iterable[Arrival], int, Admission | None]:
     """The arrivals, how many, and admission's settings (None when no class bounds its wait)."""
-    from gateway.simulate.admitting import Admission
+    from gateway.tools.simulate.admitting import Admission
 
     rng = random.Random(args.seed)
     limited = any(c.max_wait_ms is not None for c in classes)

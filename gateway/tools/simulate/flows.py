@@ -7,7 +7,7 @@ import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.simulate.tally import FlowTally
+from gateway.tools.simulate.tally import FlowTally
 from policies.dispatch import Head
 
 # A queued request: (start tag, arrival number, arrived at, cost, service_s, its flow, measured).

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.simulate.tally import FlowTally, Run
+from gateway.tools.simulate.tally import FlowTally, Run
 
 ALL_TENANTS = "(all)"
 

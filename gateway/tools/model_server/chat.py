@@ -1,9 +1,9 @@
 """OpenAI chat and completions on the continuous-batching engine, answered as vLLM answers them.
 
 The output is as long as the request's `max_tokens` with `ignore_eos`, else where the model stops
-of itself (gateway.sim.tokens), at most `max_tokens`. Answers carry `usage`; a stream carries it in
-a last chunk with no choices when `stream_options.include_usage` is set, and `"usage": null` on
-the chunks before it. A request whose client leaves is aborted at once, waiting or running.
+of itself (gateway.tools.model_server.tokens), at most `max_tokens`. Answers carry `usage`; a
+stream carries it in a last chunk with no choices when `stream_options.include_usage` is set, and
+`"usage": null` on the chunks before it. A request whose client leaves is aborted at once, waiting or running.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 
 from starlette.types import Receive, Send
 
-from gateway.http.exchange import until_disconnect
+from gateway.http.asgi_io import until_disconnect
 from gateway.http.pricing import max_tokens_of
-from gateway.sim.continuous import ContinuousEngine, Sequence
-from gateway.sim.replies import end_events, reply_json, send_event, start_events
-from gateway.sim.tokens import natural_output_tokens, prompt_text, prompt_tokens
+from gateway.tools.model_server.continuous import ContinuousEngine, Sequence
+from gateway.tools.model_server.replies import end_events, reply_json, send_event, start_events
+from gateway.tools.model_server.tokens import natural_output_tokens, prompt_text, prompt_tokens
 
 MAX_OUTPUT_TOKENS = 8192
 

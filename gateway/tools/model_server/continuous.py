@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
-from gateway.sim.engine import EngineStats
+from gateway.tools.model_server.engine import EngineStats
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
@@ -99,7 +99,7 @@ class Sequence:
 
 @dataclass(slots=True)
 class StepCounters:
-    """What the scheduler counts, for vLLM's metrics (gateway.sim.vllm_metrics)."""
+    """What the scheduler counts, for vLLM's metrics (gateway.tools.model_server.vllm_metrics)."""
 
     preemptions: int = 0
     prompt_tokens: int = 0

@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-from gateway.planning.plan import MAX_REPLICAS, Plan, Scenario
+from gateway.tools.planning.plan import MAX_REPLICAS, Plan, Scenario
 from policies.capacity import WaitEstimate
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.sim.engine import ModelCounters, SimEngine
+from gateway.tools.model_server.engine import ModelCounters, SimEngine
 
 _TRITON: tuple[tuple[str, str, str, Callable[[ModelCounters], float]], ...] = (
     (

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.flow.model_admission import ModelAdmission
-from gateway.flow.retry_spreads import ReturnSchedules
+from gateway.flow.return_schedules import ReturnSchedules
 from gateway.queues.estimates import PoolEstimates, StoreCounters
 from gateway.settings import Estimation
 from policies.admission import AdmissionConfig, AdmissionRequest, allowed_wait_s

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import itertools
 
-from gateway.simulate.admitting import Admitting
-from gateway.simulate.flows import Entry, Flow
+from gateway.tools.simulate.admitting import Admitting
+from gateway.tools.simulate.flows import Entry, Flow
 from policies.displacement import OVERDUE_CHECKED, overdue_in_flow
 
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import uvicorn
 
 from gateway.serving import QuietServer, StoppingServer, bind, url_of, uvicorn_config
-from gateway.sim.app import SimApp
-from gateway.sim.continuous import ContinuousEngine, ContinuousSpec
-from gateway.sim.engine import ServiceDistribution, ServiceModel, SimEngine
+from gateway.tools.model_server.app import SimApp
+from gateway.tools.model_server.continuous import ContinuousEngine, ContinuousSpec
+from gateway.tools.model_server.engine import ServiceDistribution, ServiceModel, SimEngine
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gateway.planning.trace import TraceWorkload, Workload
+from gateway.tools.planning.trace import TraceWorkload, Workload
 from policies.capacity import Recommendation, Targets, WaitEstimate, mgc, replicas_for
 
 MAX_REPLICAS = 100_000

@@ -10,7 +10,7 @@ It decides nothing itself; the gateway's policies do, called where the memory st
 - A slot that frees goes where `policies.dispatch.next_flow` sends it, the memory store's own
   decision (strict priority between bands, reservations, the lowest flow head, quotas), and the
   band's virtual time moves by `policies.fairness.virtual_time_after`.
-- With `Admission` and a class `max_wait_s`, the gateway's admission (gateway/simulate/admitting.py)
+- With `Admission` and a class `max_wait_s`, the gateway's admission (gateway/tools/simulate/admitting.py)
   refuses at arrival, and a queued request leaves the queue when its allowance runs out; it stays in its
   heap until it reaches the top (lazy deletion, as in the memory store) but no longer counts.
   Without them the queue is unbounded, as queueing theory assumes.
@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
 
-from gateway.simulate.admitting import Admission, Admitting
-from gateway.simulate.flows import Entry, Flow, band_heads, every_head, new_flow
-from gateway.simulate.leaving import displace_overdue, leave_queue
-from gateway.simulate.quota_book import QuotaBook
-from gateway.simulate.tally import Run
-from gateway.simulate.workload import Arrival
+from gateway.tools.simulate.admitting import Admission, Admitting
+from gateway.tools.simulate.flows import Entry, Flow, band_heads, every_head, new_flow
+from gateway.tools.simulate.leaving import displace_overdue, leave_queue
+from gateway.tools.simulate.quota_book import QuotaBook
+from gateway.tools.simulate.tally import Run
+from gateway.tools.simulate.workload import Arrival
 from policies.dispatch import next_flow
 from policies.fairness import FairTurns, tags, virtual_time_after
 from policies.quotas import Quota

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from gateway.planning.trace import TraceError, csv_rows
+from gateway.tools.planning.trace import TraceError, csv_rows
 
 ServiceKind = Literal["exponential", "fixed", "lognormal"]
 SERVICE_KINDS: tuple[ServiceKind, ...] = ("exponential", "fixed", "lognormal")

@@ -2,7 +2,7 @@
 
 KServe v2 (JSON and binary tensors), OpenAI chat/completions/embeddings (SSE streaming with a
 per-token delay), health, Triton/vLLM metrics, and /sim/stats, /sim/reset for tests and benchmarks;
-/sim/fault makes its inference hang or fail while its health checks pass (gateway.sim.faults).
+/sim/fault makes its inference hang or fail while its health checks pass (gateway.tools.model_server.faults).
 
 A client that goes away: by default the engine computes its request to the end, as Triton and
 KServe servers do; with `stop_on_disconnect` it stops at once, as vLLM does.
@@ -20,16 +20,16 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from gateway.fields import decimal
-from gateway.http.exchange import until_disconnect
-from gateway.sim.chat import ContinuousChat
-from gateway.sim.continuous import ContinuousEngine
-from gateway.sim.engine import Job, SimEngine
-from gateway.sim.exposition import render
-from gateway.sim.faults import Fault, Faults
-from gateway.sim.replies import reply, reply_json
-from gateway.sim.tensors import TensorError, infer_response, parse_infer
-from gateway.sim.tokens import prompt_tokens
-from gateway.sim.vllm_metrics import VllmMetrics
+from gateway.http.asgi_io import until_disconnect
+from gateway.tools.model_server.chat import ContinuousChat
+from gateway.tools.model_server.continuous import ContinuousEngine
+from gateway.tools.model_server.engine import Job, SimEngine
+from gateway.tools.model_server.exposition import render
+from gateway.tools.model_server.faults import Fault, Faults
+from gateway.tools.model_server.replies import reply, reply_json
+from gateway.tools.model_server.tensors import TensorError, infer_response, parse_infer
+from gateway.tools.model_server.tokens import prompt_tokens
+from gateway.tools.model_server.vllm_metrics import VllmMetrics
 
 
 async def _body(receive: Receive) -> bytes:

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from gateway.arguments import count, number
-from gateway.planning import plan as plan_module
-from gateway.planning.plan import MAX_REPLICAS, build_plan
-from gateway.planning.report import plan_json, render
-from gateway.planning.trace import TraceError, TraceWorkload, Workload, read_trace
+from gateway.tools.planning import plan as plan_module
+from gateway.tools.planning.plan import MAX_REPLICAS, build_plan
+from gateway.tools.planning.report import plan_json, render
+from gateway.tools.planning.trace import TraceError, TraceWorkload, Workload, read_trace
 from policies.capacity import Targets
 
 UNIT_S = {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0}

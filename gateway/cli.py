@@ -15,7 +15,6 @@ import uvicorn
 from gateway.serving import CannotListen, bind, run, url_of
 from gateway.tools.model_server.continuous import SCHEDULING_POLICIES, ContinuousSpec
 from gateway.tools.model_server.engine import SERVICE_DISTRIBUTIONS
-from gateway.tools.model_server.server import SimOptions, build_sim
 from gateway.tools.planning import command as plan
 from gateway.tools.simulate.command import add_parser as add_simulate
 
@@ -205,6 +204,8 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
+    from gateway.tools.model_server.server import SimOptions, build_sim
+
     options = SimOptions(
         host=args.host,
         port=args.port,
@@ -254,6 +255,8 @@ _DEMO_CHAT = {
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from gateway.tools.model_server.server import SimOptions, build_sim
+
     sim = build_sim(SimOptions(port=0, metrics_port=0, slots=8, base_ms=40, token_ms=20), quiet=True)
     settings = demo_settings(sim.url, sim.metrics_url, args.port, slots=8)
     sock = bind(settings.listen.host, settings.listen.port)

@@ -152,7 +152,7 @@ def steps_and_value(steps: Steps[int]) -> tuple[int, int]:
         count += 1
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(pools(), windows, confidences)
 def test_read_a_step_at_a_time_the_count_is_the_same_in_two_steps_per_slot_at_most(pool, window, confidence):
     state, service = pool
@@ -182,7 +182,7 @@ def test_a_spread_out_pool_is_read_a_group_of_slots_per_step():
     assert steps_and_value(steps) == (2, handovers_within(state, service, 1.0, 0.977))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(pools(urgent=False), windows, windows, confidences)
 def test_more_time_never_means_fewer_hand_overs(pool, first, second, confidence):
     state, service = pool
@@ -192,7 +192,7 @@ def test_more_time_never_means_fewer_hand_overs(pool, first, second, confidence)
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(pools(), windows, confidences, st.integers(1, 3))
 def test_a_free_slot_never_means_fewer_hand_overs(pool, window, confidence, more):
     state, service = pool
@@ -203,7 +203,7 @@ def test_a_free_slot_never_means_fewer_hand_overs(pool, window, confidence, more
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(pools(), windows, confidences, confidences)
 def test_more_confidence_never_means_more_hand_overs(pool, window, first, second):
     state, service = pool
@@ -212,7 +212,7 @@ def test_more_confidence_never_means_more_hand_overs(pool, window, first, second
     assert handovers_within(state, service, within, higher) <= handovers_within(state, service, within, lower)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(pools(), windows, confidences, st.floats(0.0, 3.0))
 def test_more_urgent_work_never_means_more_hand_overs(pool, window, confidence, more):
     state, service = pool
@@ -231,7 +231,7 @@ def test_wait_for_more_hand_overs_is_never_shorter(pool, first, second, confiden
     assert wait_for(state, service, fewer, confidence) <= wait_for(state, service, more, confidence)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     services(), st.lists(st.floats(0.0, 1.0), min_size=1, max_size=2), st.integers(0, 2), st.floats(0.5, 3.0)
 )
@@ -270,7 +270,7 @@ def soonest_end_s(state: PoolState, service: ServiceTimes, confidence: float) ->
     return high
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(pools(), confidences)
 def test_the_first_hand_over_comes_with_the_soonest_finishing_slot_and_never_before(pool, confidence):
     state, service = pool

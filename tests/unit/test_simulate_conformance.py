@@ -1,0 +1,79 @@
+"""Overload conformance of the gateway's twin (`inference-gateway simulate`), over generated mixes:
+1-3 classes with budgets of seconds, 1-3 tenants with weights, loads from 0.5x to 3x the pool,
+fixed, exponential and lognormal service, with and without a slot reserved for the most urgent
+class. Whatever the mix:
+- strict priority: no slot goes to a class while a more urgent one has work queued;
+- urgent work is served while others flood: a most urgent class that offers at most a third of
+  the pool is neither refused, nor left to expire, nor displaced (beyond a hundredth), whatever
+  the less urgent classes send;
+- the most urgent class is never displaced: displacement takes only work less urgent than what
+  arrives.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from gateway.tools.simulate.admitting import Admission
+from gateway.tools.simulate.engine import Band, Handover, Setup, simulate
+from gateway.tools.simulate.workload import ServiceModel, TenantMix, poisson_arrivals
+
+SLOTS = 4
+SECONDS = 20.0
+SERVICES = st.sampled_from(
+    [
+        ServiceModel("fixed", 0.025, 0.0),
+        ServiceModel("exponential", 0.025, 1.0),
+        ServiceModel("lognormal", 0.025, 1.5),
+    ]
+)
+
+
+@settings(max_examples=4, deadline=None, derandomize=True, phases=(Phase.explicit, Phase.generate))
+@given(
+    urgent_load=st.floats(0.05, 0.33),
+    other_loads=st.lists(st.floats(0.3, 3.0), min_size=0, max_size=2),
+    waits_s=st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=3, max_size=3),
+    weights=st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=1, max_size=3),
+    reserve=st.booleans(),
+    service=SERVICES,
+    seed=st.integers(0, 1000),
+)
+def test_classes_keep_strict_priority_and_urgent_work_is_served_while_the_others_flood(
+    urgent_load, other_loads, waits_s, weights, reserve, service, seed
+):
+    loads = [urgent_load, *other_loads]
+    capacity = SLOTS / service.mean_s
+    rate = capacity * sum(loads)
+    tenants = tuple(TenantMix(f"t{i}", 1.0) for i in range(len(weights)))
+    count = int(rate * SECONDS)
+    arrivals = list(
+        poisson_arrivals(rate, count, service, random.Random(seed), class_shares=loads, tenants=tenants)
+    )
+    bands = tuple(
+        Band(max_wait_s=waits_s[b], reserved_slots=1 if reserve and b == 0 and len(loads) > 1 else 0)
+        for b in range(len(loads))
+    )
+    handovers: list[Handover] = []
+    setup = Setup(
+        SLOTS,
+        bands=bands,
+        weights={f"t{i}": w for i, w in enumerate(weights)},
+        warmup=count // 3,  # the gateway measures the pool and steers its margin meanwhile
+        admission=Admission(service.mean_s),
+        advise=False,
+    )
+    run = simulate(arrivals, setup, on_handover=handovers.append)
+
+    for handover in handovers:
+        assert not any(handover.queued_by_band[: handover.band]), handover  # strict priority
+    urgent = [tally for (band, _), tally in run.tallies.items() if band == 0]
+    arrived = sum(t.arrived for t in urgent)
+    turned_away = sum(t.refused + t.expired + t.displaced for t in urgent)
+    assert turned_away <= 0.01 * arrived, (turned_away, arrived)
+    for (band, _), tally in run.tallies.items():
+        if band == 0:
+            assert tally.displaced == 0  # nothing is more urgent than it

@@ -19,17 +19,11 @@ from hypothesis import strategies as st
 
 from gateway.tools.simulate.admitting import Admission
 from gateway.tools.simulate.engine import Band, Handover, Setup, simulate
-from gateway.tools.simulate.workload import ServiceModel, TenantMix, poisson_arrivals
+from gateway.tools.simulate.workload import TenantMix, poisson_arrivals
+from tests.unit.test_overload_shares import SERVICES
 
 SLOTS = 4
 SECONDS = 20.0
-SERVICES = st.sampled_from(
-    [
-        ServiceModel("fixed", 0.025, 0.0),
-        ServiceModel("exponential", 0.025, 1.0),
-        ServiceModel("lognormal", 0.025, 1.5),
-    ]
-)
 
 
 @settings(max_examples=4, deadline=None, derandomize=True, phases=(Phase.explicit, Phase.generate))

@@ -3,9 +3,9 @@ gateway on both stores: two tenants weighted 3:1 flood one class at 2.5x the bac
 with a 3 s queue wait. Admission refuses most of both; what it admits is served in time, and the
 work is split by weight. At 30 s budgets admission never refused and the shares held; at 3 s the
 lighter tenant was served 0.4 requests a second of its 40, and its admitted requests expired.
-The simulator, the gateway's twin, run on the same arrivals, must agree: the same shares handed
-over, the same shares of each tenant's requests refused at arrival (measured: 37.9% and 80.0%
-against the gateway's 37.7% and 80.2%).
+The simulator, the twin of the gateway on its memory store, run on the same arrivals, must agree:
+the same shares handed over, the same shares of each tenant's requests refused at arrival
+(measured: 37.9% and 80.0% against the gateway's 37.7% and 80.2%).
 """
 
 from __future__ import annotations
@@ -99,12 +99,17 @@ def check_admitted_served_in_time(served, refused) -> None:
             raise AdmittedExpired(f"{tenant}: {expired} of its {admitted} admitted requests expired")
 
 
+class LighterTenantShort(AssertionError):
+    """The lighter tenant was handed less than its weighted share, beyond 10%."""
+
+
 REDIS_EDGE = pytest.mark.xfail(
-    raises=AdmittedExpired,
+    raises=(AdmittedExpired, LighterTenantShort),
     strict=True,
     reason="on Redis the lighter tenant's requests admitted at the edge of their 3 s expire: 5-7% of "
     "them (0.4% of the heavier one's, under 1% of either on the memory store). Measuring a slot's "
-    "service as long as Redis holds it took this from about 10%; what is left was not found",
+    "service as long as Redis holds it took this from about 10%; what is left was not found. Since "
+    "its margin is calibrated on its own, those expiries tighten it, and its share falls to 0.22-0.23",
 )
 
 

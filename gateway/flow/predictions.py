@@ -76,7 +76,6 @@ class _HeldWait:
 class _Limit:
     read_at: float
     slots: tuple[int, int]
-    confidence: float
     work: float
     refreshing: bool = False
     """A reading to replace it is under way."""
@@ -139,7 +138,7 @@ class Predictions:
             self._limits = {k: v for k, v in self._limits.items() if now - v.read_at <= 2 * self._reuse_s}
         rounded = replace(request, max_queue_wait_s=max_wait_s, budget_s=budget_s)
         work = work_limit(rounded, stats, throughput, now, confidence, self._config)
-        self._limits[key] = _Limit(now, slots, confidence, work)
+        self._limits[key] = _Limit(now, slots, work)
         return work
 
     def offered_limit(
@@ -174,7 +173,7 @@ class Predictions:
 
         def landed(work: float) -> None:
             if self._limits.get(key, held) is held:
-                self._limits[key] = _Limit(now, held.slots, confidence, work)
+                self._limits[key] = _Limit(now, held.slots, work)
 
         self._run_steps(steps, landed)
 

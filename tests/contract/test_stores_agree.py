@@ -12,7 +12,8 @@ test_redis_replicas.py and tests/integration/test_shared_queue.py.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -29,6 +30,7 @@ from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
+from policies.quotas import Quota
 from tests.redis_server import redis_url_or_skip, unique_prefix
 
 pytestmark = pytest.mark.redis
@@ -47,6 +49,27 @@ def pool(slots: tuple[int, ...]) -> ModelPool:
         for i, n in enumerate(slots)
     ]
     return ModelPool(MODEL, backends, expected_service_s=0.04)
+
+
+WEIGHTS = {"a": 3.0, "b": 0.5}
+POLICIES: dict[str, tuple[Callable[[str], float], tuple[int, ...], dict[str, Quota] | None]] = {
+    "plain": (lambda tenant: 1.0, (), None),
+    "weighted": (lambda tenant: WEIGHTS.get(tenant, 1.0), (), None),
+    "reserved": (lambda tenant: 1.0, (1, 0), None),
+    "quotas": (
+        lambda tenant: 1.0,
+        (),
+        {"a": Quota(1.0, borrowing_limit=1.0), "b": Quota(2.0, lending_limit=1.0)},
+    ),
+    "all": (
+        lambda tenant: WEIGHTS.get(tenant, 1.0),
+        (1, 0),
+        {"a": Quota(2.0, borrowing_limit=0.0), "b": Quota(1.0)},
+    ),
+}
+"""The policies the two stores must apply alike: weighted fair queuing within a band, a slot kept
+for the urgent band, quotas that lend and reclaim (with their "no new borrowing while an owner
+waits" rule), and all of them at once."""
 
 
 @dataclass(eq=False)
@@ -79,12 +102,23 @@ class StoresAgree(RuleBasedStateMachine):
     @rule(
         slots=st.sampled_from([(1,), (2,), (1, 2)]),
         ordering=st.sampled_from([Ordering.FIFO, Ordering.EDF]),
+        policy=st.sampled_from(sorted(POLICIES)),
     )
-    def start(self, slots: tuple[int, ...], ordering: Ordering) -> None:
+    def start(self, slots: tuple[int, ...], ordering: Ordering, policy: str = "plain") -> None:
+        weights, reserved, quotas = POLICIES[policy]
+
         async def started() -> None:
             self.client = Redis.from_url(self.url)
             listener = Redis.from_url(self.url)
-            self.memory = MemoryQueue([pool(slots)], BANDS, ESTIMATION, ordering=ordering)
+            self.memory = MemoryQueue(
+                [pool(slots)],
+                BANDS,
+                ESTIMATION,
+                ordering=ordering,
+                weights=weights,
+                reserved=reserved,
+                quotas=quotas,
+            )
             self.redis = RedisQueue(
                 self.client,
                 listener,
@@ -95,6 +129,9 @@ class StoresAgree(RuleBasedStateMachine):
                 replica_id="r1",
                 lease_ttl_s=10_000.0,  # no lease expires while the clock stands still
                 ordering=ordering,
+                weights=weights,
+                reserved=reserved,
+                quotas=quotas,
                 redis_clock=lambda: self.now,
                 close_clients=True,
             )
@@ -145,6 +182,15 @@ class StoresAgree(RuleBasedStateMachine):
         else:
             assert isinstance(in_memory, Full) and isinstance(in_redis, Full)
         self.collect_grants()  # an offer that is not held hands free slots to held work
+
+    @precondition(lambda self: self.memory is not None)
+    @rule(band=st.integers(0, BANDS - 1), cost=st.sampled_from([1.0, 2.0]), count=st.integers(3, 8))
+    def burst(self, band: int, cost: float, count: int) -> None:
+        """Tenants a, b and "" queue several requests at once, so that fair shares, quotas and
+        reserved slots order a deep queue (single offers rarely build one)."""
+        tenants = ("a", "b", "")
+        for i in range(count):
+            self.offer(band, tenants[i % 3], cost, UNLIMITED, 10.0, None, False)
 
     @precondition(lambda self: self.waiting)
     @rule()
@@ -253,7 +299,7 @@ class StoresAgree(RuleBasedStateMachine):
 
 
 StoresAgree.TestCase.settings = settings(
-    max_examples=20,
+    max_examples=int(os.environ.get("STORES_AGREE_EXAMPLES", "20")),
     stateful_step_count=20,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -31,6 +31,7 @@ from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import ModelPool
 from policies.balancing import pick_backend
+from policies.displacement import displacement_handovers_per_s
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
 from policies.quotas import Quota
@@ -157,7 +158,7 @@ class MemoryQueue:
         """Less urgent requests (and borrowers', where it `reclaim`s a quota) this arrival pushed
         past their allowance are told at once."""
         throughput = queue.estimates.throughput(queue.total_slots, now)
-        handovers_per_s = throughput.drain_rate_per_s / throughput.handover_cost
+        handovers_per_s = displacement_handovers_per_s(throughput)
         fifo = self._ordering is Ordering.FIFO
         queue.displace_overdue(
             band, now, handovers_per_s, throughput.service_cv, in_arrival_order=fifo, reclaim=reclaim

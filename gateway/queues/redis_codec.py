@@ -15,7 +15,7 @@ from typing import Any
 from gateway.queues.base import Batching, Flow
 from gateway.queues.estimates import StoreCounters
 from gateway.upstream.backends import ModelPool
-from policies.displacement import OVERDUE_CHECKED, OVERDUE_SIGMAS
+from policies.displacement import OVERDUE_CHECKED, OVERDUE_SIGMAS, displacement_handovers_per_s
 from policies.fairness import FairTurns
 from policies.reservations import usable_by_band
 from policies.wait import QueueStats, Throughput, work_before_grant
@@ -37,7 +37,8 @@ class OfferArgs:
     displacing: Throughput | None = None
     """The pool's measured speeds where this offer may push less urgent requests past their
     allowance (policies.displacement): the script checks them at the pool's hand-overs per second
-    while busy (`drain`) and its service times' spread (`service_cv`); None: none to check."""
+    while busy as displacement counts them (`drain`) and its service times' spread (`service_cv`);
+    None: none to check."""
     kind: str = ""
     """The request's kind (policies.request_kinds), kept with its lease."""
 
@@ -45,8 +46,8 @@ class OfferArgs:
         """The script's arguments, with the work refused locally since the last script."""
         fields = {name: getattr(self, name) for name in self.__slots__ if name not in ("flow", "displacing")}
         fields |= {"band": self.flow.band, "tenant": self.flow.tenant, "refused": refused, "drain": 0.0}
-        if (pool := self.displacing) is not None and pool.drain_rate_per_s > 0:
-            fields |= {"drain": pool.drain_rate_per_s / self.handover, "service_cv": pool.service_cv}
+        if (pool := self.displacing) is not None and (drain := displacement_handovers_per_s(pool)) > 0:
+            fields |= {"drain": drain, "service_cv": pool.service_cv}
             fields |= {"overdue_sigmas": OVERDUE_SIGMAS, "overdue_checked": OVERDUE_CHECKED}
         if batching is not None:
             fields["batch"] = {"key": batching.key, "max": batching.max_cost}

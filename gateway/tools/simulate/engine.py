@@ -79,6 +79,10 @@ class Setup:
     admission: Admission | None = None
     quotas: Mapping[str, Quota] = field(default_factory=dict)
     """Tenant -> its quota of work in flight (policies.quotas); none: nothing is held back."""
+    displace: bool = True
+    """Displace queued work that an urgent arrival pushes past its allowance, as the memory store
+    does; off, that work waits until it expires (the counterfactual that shows what displacement
+    took: only work that would have expired anyway)."""
     advise: bool = True
     """Tell each request admission refuses its Retry-After, booking its return as the gateway does
     (under overload that costs about as much as the rest of the simulation; nothing else reads it)."""
@@ -121,7 +125,7 @@ def simulate(
     """Run `arrivals` (in time order) through the pool of `setup`; `progress(n)` is called after
     every `progress_every` arrivals; `seed` draws the jitter of Retry-After."""
     nbands = len(setup.bands)
-    warmup, weights = setup.warmup, setup.weights
+    warmup, weights, displacing = setup.warmup, setup.weights, setup.displace
     until = math.inf if setup.until_s is None else setup.until_s
     limited = [setup.admission is not None and band.max_wait_s is not None for band in setup.bands]
     deadlines = [math.inf if band.deadline_s is None else band.deadline_s for band in setup.bands]
@@ -258,7 +262,7 @@ def simulate(
                     waiting[index] = entry
                     flow.live[index] = expire_at
                     push(expiries, (expire_at, index))
-                    if any(depth[band + 1 :]):
+                    if displacing and any(depth[band + 1 :]):
                         assert admitting is not None
                         queued -= displace_overdue(band, now, known, waiting, gone, depth, work, admitting)
         # Hand slots over: to the arrival granted at once, or, while slots are free, to the queue.

@@ -10,7 +10,7 @@ import itertools
 
 from gateway.tools.simulate.admitting import Admitting
 from gateway.tools.simulate.flows import Entry, Flow
-from policies.displacement import OVERDUE_CHECKED, overdue_in_flow
+from policies.displacement import OVERDUE_CHECKED, displacement_handovers_per_s, overdue_in_flow
 
 
 def leave_queue(
@@ -51,7 +51,7 @@ def displace_overdue(
     an arrival queued in `band`: the newest OVERDUE_CHECKED requests of each flow of a less urgent
     band that can no longer get a slot by their leave-by time leave at once. Returns how many."""
     throughput = admitting.throughput(now)
-    handovers_per_s = throughput.drain_rate_per_s / throughput.handover_cost
+    handovers_per_s = displacement_handovers_per_s(throughput)
     victims: list[int] = []
     for lower in range(band + 1, len(depth)):
         if not depth[lower]:

@@ -31,6 +31,7 @@ from gateway.upstream.backends import BackendState, ModelPool
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
 from policies.quotas import Quota
+from policies.wait import work_to_drain
 from tests.redis_server import redis_url_or_skip, unique_prefix
 
 pytestmark = pytest.mark.redis
@@ -159,6 +160,19 @@ class StoresAgree(RuleBasedStateMachine):
         batch_key: str | None,
         hold: bool,
     ) -> None:
+        self.offered(band, tenant, cost, max_work, allowed_s, batch_key, hold)
+
+    def offered(
+        self,
+        band: int,
+        tenant: str,
+        cost: float,
+        max_work: float,
+        allowed_s: float,
+        batch_key: str | None,
+        hold: bool,
+    ) -> Offer:
+        """Offer alike to both stores, check they answered alike; the memory store's answer."""
         assert self.memory is not None and self.redis is not None
         flow = Flow(MODEL, band, tenant)
         # A held batch queues though a slot is free; a later offer that is not held lets it go.
@@ -182,6 +196,24 @@ class StoresAgree(RuleBasedStateMachine):
         else:
             assert isinstance(in_memory, Full) and isinstance(in_redis, Full)
         self.collect_grants()  # an offer that is not held hands free slots to held work
+        return in_memory
+
+    @precondition(lambda self: self.memory is not None)
+    @rule(
+        band=st.integers(0, BANDS - 1),
+        tenant=st.sampled_from(["", "a", "b"]),
+        cost=st.sampled_from([1.0, 2.0]),
+        side=st.sampled_from([-1e-3, 1e-3]),
+    )
+    def offer_at_the_edge(self, band: int, tenant: str, cost: float, side: float) -> None:
+        """An offer whose limit is just below or just above the work the memory store counts ahead
+        of it: both stores must count that work alike, not only roughly (fair turns, quotas and
+        reservations included), or one admits at the edge what the other refuses."""
+        assert self.memory is not None
+        queue = self.memory._models[MODEL]
+        ahead = work_to_drain(self.memory.stats(MODEL), band, queue.estimates.handover_cost, tenant, cost)
+        answer = self.offered(band, tenant, cost, ahead + side, 10.0, None, False)
+        assert isinstance(answer, Full) == (side < 0), (ahead, answer)  # the edge is where it was read
 
     @precondition(lambda self: self.memory is not None)
     @rule(band=st.integers(0, BANDS - 1), cost=st.sampled_from([1.0, 2.0]), count=st.integers(3, 8))
@@ -190,7 +222,7 @@ class StoresAgree(RuleBasedStateMachine):
         reserved slots order a deep queue (single offers rarely build one)."""
         tenants = ("a", "b", "")
         for i in range(count):
-            self.offer(band, tenants[i % 3], cost, UNLIMITED, 10.0, None, False)
+            self.offered(band, tenants[i % 3], cost, UNLIMITED, 10.0, None, False)
 
     @precondition(lambda self: self.waiting)
     @rule()

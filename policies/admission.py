@@ -85,12 +85,6 @@ class AdmissionRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class Admit:
-    predicted_wait_s: float
-    """The mean predicted wait."""
-
-
-@dataclass(frozen=True, slots=True)
 class Reject:
     reason: Outcome
     retry_after_s: float
@@ -125,6 +119,18 @@ def arriving_work(request: AdmissionRequest, stats: QueueStats, throughput: Thro
     queued, so the caller takes this off the limit it offers with."""
     allowed = allowed_wait_s(request, throughput)
     return arriving_ahead(stats, throughput, request.band, request.tenant, allowed)
+
+
+def offered_limit(
+    limit: float, request: AdmissionRequest, stats: QueueStats, throughput: Throughput, external: float
+) -> float:
+    """The work limit a store checks the request's offer against (its count of the work queued
+    ahead, `work_to_drain` with the request's cost, must not exceed it), from admission's `limit`
+    (`work_limit`): less the room its cost's rank keeps for others (`room_limit`), the work the
+    backends hold for others (`external`) and the arrivals of its band's other flows ahead of its
+    turn (`arriving_work`, `offer_limit`)."""
+    limit = room_limit(limit, throughput.handover_cost, request.room_share)
+    return offer_limit(limit, external, arriving_work(request, stats, throughput))
 
 
 def offer_limit(limit: float, external: float, arriving: float) -> float:
@@ -302,24 +308,6 @@ def residual_beyond_mean(throughput: Throughput) -> bool:
     requests running now, and their ages, tell more about the next hand-overs than the drain rate's
     normal approximation does (an LLM pool whose long generations hold every slot)."""
     return throughput.service_cv > RESIDUAL_CV and throughput.service_times is not None
-
-
-def decide(
-    request: AdmissionRequest,
-    stats: QueueStats,
-    throughput: Throughput,
-    jitter_u: float,
-    config: AdmissionConfig,
-) -> Admit | Reject:
-    """Admit when the cautious wait fits the allowance, else Reject with a computed Retry-After."""
-    arriving = arriving_work(request, stats, throughput)
-    work = work_to_drain(
-        stats, request.band, throughput.handover_cost, request.tenant, request.cost, arriving
-    )
-    limit = room_limit(max_work(request, throughput, config), throughput.handover_cost, request.room_share)
-    if limit >= 0 and work <= limit:
-        return Admit(predicted_wait_s=work / band_drain_rate_per_s(throughput, request.band))
-    return refuse(request, stats, throughput, jitter_u, config)
 
 
 def refuse(

@@ -39,15 +39,13 @@ from policies.admission import (
     AdmissionConfig,
     AdmissionRequest,
     PoolWait,
-    arriving_work,
     confident_wait_steps,
     max_work,
-    offer_limit,
+    offered_limit,
     residual_beyond_mean,
     work_limit,
     work_limit_steps,
 )
-from policies.cost_ranks import room_limit
 from policies.rounding import rounded_down
 from policies.wait import QueueStats, Throughput, work_to_drain
 
@@ -152,10 +150,9 @@ class Predictions:
     ) -> float:
         """The work limit a store checks the request's offer against: `work_limit`, less the room
         its cost's rank keeps for others, the work the backends hold for others (`external`) and the
-        arrivals of its band's other flows ahead of its turn (policies.admission.offer_limit)."""
+        arrivals of its band's other flows ahead of its turn (policies.admission.offered_limit)."""
         limit = self.work_limit(request, stats, throughput, now, confidence)
-        limit = room_limit(limit, throughput.handover_cost, request.room_share)
-        return offer_limit(limit, external, arriving_work(request, stats, throughput))
+        return offered_limit(limit, request, stats, throughput, external)
 
     def _read_stepwise(
         self,

@@ -1,4 +1,5 @@
 from dataclasses import replace
+from statistics import NormalDist
 
 import pytest
 from hypothesis import given
@@ -7,15 +8,14 @@ from hypothesis import strategies as st
 from policies.admission import (
     AdmissionConfig,
     AdmissionRequest,
-    Admit,
     Reject,
     allowed_wait_s,
     budget_hopeless,
     cautious_wait_s,
-    decide,
     max_work,
     min_budget_s,
     offer_limit,
+    offered_limit,
     refuse,
     service_allowance_s,
     work_limit,
@@ -42,6 +42,19 @@ HIGH = AdmissionRequest(band=0, max_queue_wait_s=0.25)
 LOW = AdmissionRequest(band=1, max_queue_wait_s=1.0)
 
 
+def decide(request, stats, flow, jitter_u, config) -> Reject | None:
+    """Admission as the gateway composes it: admitted (None) where the work the store counts ahead
+    of the request is within the limit the controller offers with (`offered_limit` of `work_limit`,
+    at the config's margin), else the refusal with its Retry-After."""
+    confidence = NormalDist().cdf(config.safety_sigmas)
+    limit = offered_limit(
+        work_limit(request, stats, flow, 0.0, confidence, config), request, stats, flow, 0.0
+    )
+    if work_to_drain(stats, request.band, flow.handover_cost, request.tenant, request.cost) <= limit:
+        return None
+    return refuse(request, stats, flow, jitter_u, config)
+
+
 def admit(request, queued, free=0, flow=FLOW, config=EXACT):
     return decide(request, QueueStats(queued, free), flow, jitter_u=0.5, config=config)
 
@@ -60,7 +73,7 @@ def admit(request, queued, free=0, flow=FLOW, config=EXACT):
     ],
 )
 def test_admission_against_class_limit(request_, queued, free, admitted):
-    assert isinstance(admit(request_, queued, free), Admit) is admitted
+    assert (admit(request_, queued, free) is None) is admitted
 
 
 @pytest.mark.parametrize(
@@ -73,7 +86,7 @@ def test_admission_against_class_limit(request_, queued, free, admitted):
 )
 def test_safety_margin_shortens_the_admitted_queue(queued, admitted):
     assert int(max_work(LOW, FLOW, CAUTIOUS)) == 173
-    assert isinstance(admit(LOW, queued, config=CAUTIOUS), Admit) is admitted
+    assert (admit(LOW, queued, config=CAUTIOUS) is None) is admitted
 
 
 def test_cautious_wait_adds_sigmas_of_a_poisson_count_for_exponential_service():
@@ -113,7 +126,7 @@ def test_admission_rejects_queue_full_with_reason():
 
 def test_admission_rejects_when_budget_minus_service_is_shorter_than_the_wait():
     tight = AdmissionRequest(band=1, max_queue_wait_s=1.0, budget_s=0.14)  # 0.1 s may go to the queue
-    assert isinstance(admit(tight, (0, 19)), Admit)  # 20 positions: 0.1 s
+    assert admit(tight, (0, 19)) is None  # 20 positions: 0.1 s
     decision = admit(tight, (0, 20))
     assert isinstance(decision, Reject)
     assert decision.reason is Outcome.DEADLINE_UNMEETABLE
@@ -178,7 +191,7 @@ configs = st.builds(AdmissionConfig, safety_sigmas=st.floats(0, 4), retry=st.jus
 @given(requests, queue_stats, flows, configs)
 def test_admitted_requests_fit_their_allowance_with_margin(request, stats, flow, config):
     decision = decide(request, stats, flow, 0.5, config)
-    if isinstance(decision, Admit):
+    if decision is None:
         work = work_to_drain(stats, request.band, flow.handover_cost)
         cautious = cautious_wait_s(work, flow, request.band, config.safety_sigmas)
         assert cautious <= allowed_wait_s(request, flow) * (1 + 1e-9) + 1e-12
@@ -222,9 +235,7 @@ def test_the_smallest_budget_accepted_now_grows_with_the_work_ahead_and_is_accep
     budget = need(ahead) * (1 + 1e-9)
     request = AdmissionRequest(band=0, max_queue_wait_s=1e9, budget_s=budget)
     config = AdmissionConfig(safety_sigmas=sigmas, retry=RETRY)
-    assert isinstance(
-        decide(request, QueueStats(queued_by_band=(ahead, 0), free_slots=0), FLOW, 0.0, config), Admit
-    )
+    assert decide(request, QueueStats(queued_by_band=(ahead, 0), free_slots=0), FLOW, 0.0, config) is None
 
 
 def test_a_cluster_of_urgent_arrivals_weighs_on_the_next_moment_not_on_a_long_allowance():

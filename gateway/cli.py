@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from gateway.serving import CannotListen, bind, run, url_of
+from gateway.server.serving import CannotListen, bind, run, url_of
 from gateway.tools.model_server.continuous import SCHEDULING_POLICIES, ContinuousSpec
 from gateway.tools.model_server.engine import SERVICE_DISTRIBUTIONS
 from gateway.tools.planning import command as plan
@@ -133,7 +133,7 @@ def _continuous_spec(args: argparse.Namespace) -> ContinuousSpec | None:
 def _gateway_server(settings: Settings, log_level: str, drain_timeout_s: float) -> uvicorn.Server:
     # Imported here so that `sim` starts without loading the gateway.
     from gateway.app import build_runtime, create_app
-    from gateway.serving import DrainingServer, uvicorn_config
+    from gateway.server.serving import DrainingServer, uvicorn_config
 
     runtime = build_runtime(settings)
     config = uvicorn_config(

@@ -15,7 +15,7 @@ import aiohttp
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from gateway.serving import bind, run, url_of, uvicorn_config
+from gateway.server.serving import bind, run, url_of, uvicorn_config
 
 
 class PassThrough:

@@ -1,5 +1,5 @@
 """Which queued request gets a slot that frees? One decision, read by the memory store
-(gateway/queues/memory_pool.py) and the simulator (gateway/tools/simulate/engine.py) alike.
+(gateway/queues/memory/model_queue.py) and the simulator (gateway/tools/simulate/engine.py) alike.
 
 - Strict priority between bands: the most urgent band with work waiting. A request never waits
   behind a less urgent one.

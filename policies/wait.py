@@ -161,7 +161,7 @@ def work_before_grant(queued_ahead: float, free_slots: int, handover_cost: float
     """What a store checks against an offer's `max_work`: the work queued ahead of it plus the room
     it takes (`room_taken`), or none with a slot free and nothing queued ahead (it is granted now).
 
-    The Redis store checks the same in its offer script (gateway/queues/lua/offer.lua), atomically.
+    The Redis store checks the same in its offer script (gateway/queues/redis/lua/offer.lua), atomically.
     """
     if queued_ahead > 0 or free_slots == 0:
         return queued_ahead + room_taken(queued_ahead, handover_cost, cost)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypedDict
 
 from gateway.queues.base import RequestQueue, Reservations, weight_lookup
-from gateway.queues.memory import MemoryQueue
+from gateway.queues.memory.store import MemoryQueue
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import ModelPool
@@ -67,7 +67,7 @@ def configured_store(
     from redis.asyncio import Redis
 
     from gateway.queues.failover import FailoverQueue
-    from gateway.queues.redis import LISTEN_WAKE_S, RedisQueue
+    from gateway.queues.redis.store import LISTEN_WAKE_S, RedisQueue
 
     timeout_s = config.timeout_ms / 1000
     pool = command_pool(config.url, config.pool_size, timeout_s)

@@ -32,9 +32,9 @@ from anyio.abc import TaskStatus
 from redis.exceptions import RedisError
 
 from gateway.queues.base import STORE_PROBE_INTERVAL_S, Batching, Flow, Offer, Slot, Ticket, Unavailable
-from gateway.queues.memory import MemoryQueue
-from gateway.queues.redis import RedisQueue
-from gateway.queues.redis_presence import Holding
+from gateway.queues.memory.store import MemoryQueue
+from gateway.queues.redis.presence import Holding
+from gateway.queues.redis.store import RedisQueue
 from gateway.supervision import Loop, Supervisor
 from gateway.upstream.backends import ModelPool
 from policies.outcomes import Outcome

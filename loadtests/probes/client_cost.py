@@ -21,7 +21,7 @@ from typing import cast
 import aiohttp
 import httptools
 
-from gateway.serving import run
+from gateway.server.serving import run
 from gateway.upstream.http1 import UpstreamClient, serialize_request
 from gateway.upstream.origin import Origin
 from gateway.upstream.reply import Reply

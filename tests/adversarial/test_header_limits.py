@@ -1,4 +1,4 @@
-"""Request heads have a size and a field count the gateway holds them to (gateway.connections).
+"""Request heads have a size and a field count the gateway holds them to (gateway.server.connections).
 
 Real processes, the shipped defaults: a head (request line and fields) of at most 32 KiB and 100
 fields. One byte or one field more is answered 431 with the gateway's JSON error, the connection

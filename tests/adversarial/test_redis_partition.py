@@ -77,7 +77,7 @@ class SharedState:
         now = seconds + micros / 1e6
         leases = self.client.smembers(f"{self.tag}:held:{replica}")
         bounds = self.client.hmget(f"{self.tag}:bound", list(leases)) if leases else []
-        # A lease's bound is its grant time + the upstream timeout + one TTL (redis_presence).
+        # A lease's bound is its grant time + the upstream timeout + one TTL (queues/redis/presence.py).
         return [now - (float(b) - UPSTREAM_TIMEOUT_S - TTL_S) for b in bounds if b is not None]
 
     def nothing_counted(self) -> None:

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import redis
 
-from gateway.serving import EXIT_GRACE_S
+from gateway.server.serving import EXIT_GRACE_S
 from tests.eventually import eventually
 from tests.integration.scripted import OK, ScriptedServer
 from tests.integration.servers import Gateway, gateway_config, http_get

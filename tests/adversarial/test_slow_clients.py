@@ -1,4 +1,4 @@
-"""Slow, silent and greedy clients cannot hold the gateway's connections (gateway.connections).
+"""Slow, silent and greedy clients cannot hold the gateway's connections (gateway.server.connections).
 
 Real processes: the gateway under the CLI with short limits (a head within 0.5 s, a body within
 0.5 s of its head), the simulator behind it serving each request for 1 s, longer than both. Slow
@@ -15,7 +15,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from gateway.client_limits import connections_for
+from gateway.server.client_limits import connections_for
 from gateway.settings import parse_settings
 from tests.adversarial.slow_client_support import (
     INFER_BODY,

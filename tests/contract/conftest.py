@@ -10,8 +10,8 @@ import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from gateway.queues.base import RequestQueue, weight_lookup
-from gateway.queues.memory import MemoryQueue
-from gateway.queues.redis import RedisQueue
+from gateway.queues.memory.store import MemoryQueue
+from gateway.queues.redis.store import RedisQueue
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.ordering import Ordering

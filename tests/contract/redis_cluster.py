@@ -8,7 +8,7 @@ from typing import Any
 import redis
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from gateway.queues.redis import RedisQueue
+from gateway.queues.redis.store import RedisQueue
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from tests.contract.conftest import MODEL

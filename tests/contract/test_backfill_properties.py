@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from gateway.queues.base import Flow, Granted, Queued, Slot, Ticket
-from gateway.queues.memory import MemoryQueue
-from gateway.queues.memory_pool import ModelQueue
+from gateway.queues.memory.model_queue import ModelQueue
+from gateway.queues.memory.store import MemoryQueue
 from gateway.settings import Estimation
 from policies.outcomes import Outcome
 from policies.quotas import Quota, may_start, under_quota

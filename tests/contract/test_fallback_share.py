@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 
 from gateway.queues.base import Flow, Granted, Queued, Slot, Unavailable
 from gateway.queues.failover import FailoverQueue
-from gateway.queues.memory import MemoryQueue
+from gateway.queues.memory.store import MemoryQueue
 from gateway.settings import Estimation
 from policies.outcomes import Outcome
 from tests.contract.conftest import MODEL

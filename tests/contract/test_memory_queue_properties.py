@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from gateway.queues.base import Flow, Granted, Queued, Slot
-from gateway.queues.memory import MemoryQueue
+from gateway.queues.memory.store import MemoryQueue
 from gateway.settings import Estimation
 from policies.outcomes import Outcome
 from tests.contract.conftest import MODEL, make_pool

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from gateway.queues.base import Batching, Flow, Full, Granted, Queued, Slot
-from gateway.queues.redis import RedisQueue
+from gateway.queues.redis.store import RedisQueue
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
 from policies.quotas import Quota

@@ -10,8 +10,8 @@ import asyncio
 import pytest
 
 from gateway.queues.base import Flow, Granted, Queued, Slot
-from gateway.queues.redis import RedisQueue
-from gateway.queues.redis_presence import ReplicaAbsent
+from gateway.queues.redis.presence import ReplicaAbsent
+from gateway.queues.redis.store import RedisQueue
 from tests.contract.redis_cluster import (
     BOUND_S,
     FALLBACK_MAX_S,

@@ -15,8 +15,8 @@ from redis.exceptions import RedisError
 
 from gateway.queues.base import Flow, Granted, Queued, Slot, Unavailable
 from gateway.queues.failover import FailoverQueue
-from gateway.queues.memory import MemoryQueue
-from gateway.queues.redis import RedisQueue
+from gateway.queues.memory.store import MemoryQueue
+from gateway.queues.redis.store import RedisQueue
 from gateway.settings import Estimation
 from gateway.supervision import Backoff, Supervisor
 from tests.contract.conftest import MODEL, make_pool

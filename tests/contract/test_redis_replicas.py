@@ -18,7 +18,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from gateway.flow.controller import AdmissionController, Lease, Refusal
 from gateway.flow.return_schedules import ReturnSchedules
 from gateway.queues.base import Flow
-from gateway.queues.redis import RedisQueue
+from gateway.queues.redis.store import RedisQueue
 from gateway.settings import Estimation, PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
 from policies.retry_after import RetryAfterConfig

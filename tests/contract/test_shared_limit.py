@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.queues.memory import MemoryQueue
+from gateway.queues.memory.store import MemoryQueue
 from gateway.settings import Estimation
 from tests.contract.conftest import MODEL, make_pool
 

@@ -24,8 +24,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from redis.asyncio import Redis
 
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot
-from gateway.queues.memory import MemoryQueue
-from gateway.queues.redis import RedisQueue
+from gateway.queues.memory.store import MemoryQueue
+from gateway.queues.redis.store import RedisQueue
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.ordering import Ordering

@@ -8,7 +8,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway.serving import EXIT_GRACE_S
+from gateway.server.serving import EXIT_GRACE_S
 from gateway.settings import Settings, load_settings, parse_settings
 from tests.deploy.manifests import KUBERNETES, ROOT, only, render
 

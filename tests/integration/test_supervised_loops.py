@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from gateway.app import build_runtime, create_app
-from gateway.queues.memory import MemoryQueue
+from gateway.queues.memory.store import MemoryQueue
 from gateway.runtime import Runtime
 from gateway.settings import Autoscaling, Estimation, Settings, Signals, parse_settings
 from gateway.signals.scraper import SignalBoard, SourceState

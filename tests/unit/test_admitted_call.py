@@ -17,7 +17,7 @@ from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
 from gateway.flow.controller import AdmissionController, Lease, Refusal
 from gateway.flow.drain import Drain
 from gateway.queues.base import STORE_PROBE_INTERVAL_S, Slot
-from gateway.queues.memory import MemoryQueue
+from gateway.queues.memory.store import MemoryQueue
 from gateway.settings import Estimation, PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import BackendState, ModelPool

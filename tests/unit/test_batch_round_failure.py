@@ -17,7 +17,7 @@ from gateway.flow.controller import AdmissionController
 from gateway.flow.drain import Drain
 from gateway.http.batches import Batches, BatchRelay
 from gateway.queues.base import Batching, Slot
-from gateway.queues.memory import MemoryQueue
+from gateway.queues.memory.store import MemoryQueue
 from gateway.settings import Estimation, PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.tensors.batch import part_of

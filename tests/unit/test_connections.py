@@ -1,12 +1,12 @@
-"""The pure parts of gateway.connections and gateway.client_limits: which connection a newcomer
+"""The pure parts of gateway.server.connections and gateway.server.client_limits: which connection a newcomer
 closes at the limit, the limits' defaults and the 431's body."""
 
 import json
 
 import pytest
 
-from gateway.client_limits import ClientLimits, Cut, connections_for, refusal_body
-from gateway.connection_table import ConnectionTable
+from gateway.server.client_limits import ClientLimits, Cut, connections_for, refusal_body
+from gateway.server.connection_table import ConnectionTable
 from gateway.settings import Limits
 
 

@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from gateway.queues.base import Flow, Queued
-from gateway.queues.memory import MemoryQueue
+from gateway.queues.memory.store import MemoryQueue
 from gateway.settings import Estimation, parse_settings
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.endpoints import EndpointDiscovery, at_address

@@ -8,9 +8,9 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from gateway.client_limits import ClientLimits
-from gateway.connections import ClientConnections
-from gateway.head_with_body import HeadWithBody
+from gateway.server.client_limits import ClientLimits
+from gateway.server.connections import ClientConnections
+from gateway.server.head_with_body import HeadWithBody
 from tests.eventually import eventually
 
 pytestmark = pytest.mark.anyio

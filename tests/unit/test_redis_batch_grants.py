@@ -1,6 +1,6 @@
 """A Redis batch grant read before some of its tickets' offers replied: the slot counts the
 members not told yet (Slot.awaiting), and says once when every one is settled, so that a batch
-never starts without a member that holds the same slot (gateway.queues.redis_grants)."""
+never starts without a member that holds the same slot (gateway.queues.redis.grants)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from gateway.queues.base import Batching, Flow
 from gateway.queues.estimates import PoolEstimates
-from gateway.queues.redis_codec import Grant
-from gateway.queues.redis_grants import UNCLAIMED_AFTER_S, ModelState
+from gateway.queues.redis.codec import Grant
+from gateway.queues.redis.grants import UNCLAIMED_AFTER_S, ModelState
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 

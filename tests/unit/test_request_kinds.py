@@ -12,7 +12,7 @@ from gateway.flow.controller import AdmissionController
 from gateway.flow.verdicts import Lease, Refusal
 from gateway.queues.base import Flow
 from gateway.queues.estimates import PoolEstimates
-from gateway.queues.memory import MemoryQueue
+from gateway.queues.memory.store import MemoryQueue
 from gateway.settings import Estimation, PriorityClass
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import BackendState, ModelPool

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from gateway.serving import QuietServer, StoppingServer, bind, url_of, uvicorn_config
+from gateway.server.serving import QuietServer, StoppingServer, bind, url_of, uvicorn_config
 from gateway.tools.model_server.app import SimApp
 from gateway.tools.model_server.continuous import ContinuousEngine, ContinuousSpec
 from gateway.tools.model_server.engine import ServiceDistribution, ServiceModel, SimEngine

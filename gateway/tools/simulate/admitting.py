@@ -3,7 +3,7 @@
 An arrival of a class with a `max_wait_s` is admitted as the gateway admits it: the limit comes
 from gateway/flow/predictions.py (policies.admission.work_limit reading the pool: how long each
 slot in use has run, and the service times measured as they end), and the store's check is
-policies.wait.work_before_grant against it, as gateway/queues/memory.py makes it. The speeds it
+policies.wait.work_before_grant against it, as gateway/queues/memory/store.py makes it. The speeds it
 reads are measured as the gateway measures them: the memory store's counters (offered, admitted,
 handed over, drained while backlogged) fed to gateway/queues/estimates.py, from the operator's
 expected service time on. The confidence asked of each flow is the gateway's own

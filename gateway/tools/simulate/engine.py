@@ -1,7 +1,7 @@
 """The event loop of `inference-gateway simulate`: slots, priority bands and tenant flows on simulated time.
 
 It decides nothing itself; the gateway's policies do, called where the memory store calls them
-(gateway/queues/memory.py, memory_pool.py):
+(gateway/queues/memory/store.py, model_queue.py):
 - An arrival that finds a slot it may use free (`policies.reservations.usable_free_slots` when
   classes reserve slots) and nothing queued in its own or a more urgent band is handed one at once,
   untagged, as the store grants it.

@@ -1,5 +1,5 @@
 """The simulator's view of the tenants' quotas: the work each tenant runs, read by policies.quotas
-where the memory store reads its running slots (gateway/queues/memory_pool.py)."""
+where the memory store reads its running slots (gateway/queues/memory/model_queue.py)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import sys
 import weakref
 
 if os.environ.get("INSTANT_REFUSALS") and "serve" in sys.argv:
-    from gateway.connections import LimitedHttpToolsProtocol
+    from gateway.server.connections import LimitedHttpToolsProtocol
 
     _share = float(os.environ["INSTANT_REFUSALS"])
     _BODY = (

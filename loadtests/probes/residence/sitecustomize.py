@@ -35,9 +35,9 @@ if os.environ.get("RESIDENCE_PROBE") and "serve" in sys.argv:
     from pathlib import Path
     from typing import Any
 
-    from gateway.connections import LimitedHttpToolsProtocol
-    from gateway.head_with_body import HeadWithBody
     from gateway.http.hot_routes import InferenceRoutes
+    from gateway.server.connections import LimitedHttpToolsProtocol
+    from gateway.server.head_with_body import HeadWithBody
 
     _clock = time.perf_counter
     _extra_s = float(os.environ.get("RESIDENCE_EXTRA_US", "0")) / 1e6

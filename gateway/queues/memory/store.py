@@ -26,7 +26,7 @@ from gateway.queues.base import (
     Slot,
     Ticket,
 )
-from gateway.queues.memory_pool import ModelQueue
+from gateway.queues.memory.model_queue import ModelQueue
 from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import ModelPool

@@ -1,7 +1,7 @@
 """The memory store's state of one model: its bands' waiting tickets, in a heap per flow ordered
 by score, each band's fair-queuing clock, the backends' slot counts and the slots in use.
 
-It is the memory store's (gateway/queues/memory.py) and keeps no rule of its own beyond the order:
+It is the memory store's (gateway/queues/memory/store.py) and keeps no rule of its own beyond the order:
 withdrawn tickets stay in their heap until they reach its top (lazy deletion), while the band's
 count and work cover only live ones.
 """

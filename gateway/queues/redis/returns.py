@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.queues.redis_grants import ModelState
+from gateway.queues.redis.grants import ModelState
 from policies.return_schedule import SLICES, Promised, ReturnSchedule, promised
 
 log = logging.getLogger("gateway.redis")

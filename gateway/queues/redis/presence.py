@@ -25,8 +25,8 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from gateway.queues.base import Slot
-from gateway.queues.redis_codec import as_list, ready_arg
-from gateway.queues.redis_grants import ModelState
+from gateway.queues.redis.codec import as_list, ready_arg
+from gateway.queues.redis.grants import ModelState
 from gateway.queues.shares import fallback_share
 from gateway.upstream.backends import ModelPool
 

@@ -40,10 +40,10 @@ import httptools
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from gateway.client_limits import ClientLimits, Cut, refusal_body
-from gateway.connection_table import ConnectionTable
 from gateway.fields import decimal
-from gateway.head_with_body import HeadWithBody
+from gateway.server.client_limits import ClientLimits, Cut, refusal_body
+from gateway.server.connection_table import ConnectionTable
+from gateway.server.head_with_body import HeadWithBody
 
 if TYPE_CHECKING:
     from gateway.settings import Limits

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from gateway.flow.drain import Drain
     from gateway.settings import Limits
 
-log = logging.getLogger("gateway.serving")
+log = logging.getLogger("gateway.server.serving")
 
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 HAS_HTTPTOOLS = importlib.util.find_spec("httptools") is not None
@@ -70,12 +70,12 @@ def uvicorn_config(
     registry: CollectorRegistry | None = None,
 ) -> uvicorn.Config:
     """uvicorn's config for one listener. With `limits`, its clients are held to them, together with
-    the process's other listeners (gateway.connections), leaving the open files `backend_files`
+    the process's other listeners (gateway.server.connections), leaving the open files `backend_files`
     names to backend and Redis connections, and `registry` gets the connection counts;
     without (the sim, load tests), uvicorn's own protocol serves as it comes."""
     http: type[asyncio.Protocol] | str = "httptools" if HAS_HTTPTOOLS else "h11"
     if limits is not None:
-        from gateway.connections import process_connections
+        from gateway.server.connections import process_connections
 
         clients = process_connections(limits, backend_files)
         http = clients.protocol

@@ -3,7 +3,7 @@
 Every script gets the arguments all of them read (the band count, the backends, the lease TTL, how
 long a request may hold a lease, the slots each class reserves, the tenants' quotas, and the time
 a test injects);
-gateway.queues.redis_codec encodes and decodes.
+gateway.queues.redis.codec encodes and decodes.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 from redis.asyncio import Redis
 
 from gateway.queues.base import Reservations, reserved_now
-from gateway.queues.redis_codec import backends_arg, decode, encode
-from gateway.queues.redis_presence import lease_bound_s
+from gateway.queues.redis.codec import backends_arg, decode, encode
+from gateway.queues.redis.presence import lease_bound_s
 from gateway.upstream.backends import ModelPool
 from policies.quotas import Quota
 
@@ -37,7 +37,7 @@ _NAMES = (
 
 
 def script_source(name: str) -> str:
-    lua = files("gateway.queues") / "lua"
+    lua = files("gateway.queues.redis") / "lua"
     return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 

@@ -1,4 +1,4 @@
-"""What the gateway holds its clients to (gateway.connections keeps it): the limits, why a
+"""What the gateway holds its clients to (gateway.server.connections keeps it): the limits, why a
 connection was cut, and the 431's body."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 
 from gateway.queues.base import Batching, Flow, Slot, Ticket
 from gateway.queues.estimates import PoolEstimates
-from gateway.queues.redis_codec import Displaced, Grant, View, grants, message
+from gateway.queues.redis.codec import Displaced, Grant, View, grants, message
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.estimators import ewma

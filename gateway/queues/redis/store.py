@@ -3,19 +3,19 @@
 Each check-and-change is one Lua script (lua/*.lua, run by EVALSHA and reloaded on NOSCRIPT), so
 replicas never read and then write across a round trip. Redis holds metadata only: the replica that
 holds a client's connection sends its request when the ticket is granted. Arguments and replies are
-named fields (gateway.queues.redis_codec).
+named fields (gateway.queues.redis.codec).
 
 - Offer: admission check, then a slot (a lease) or a place in its flow's sorted set.
 - Grants: the script that frees a slot takes the next ticket (or a batch of one flow) and pushes
   the grant onto the owning replica's list; each replica waits on its lists with BLMPOP on its own
-  connection (no polling). gateway.queues.redis_grants keeps each replica's side of it.
+  connection (no polling). gateway.queues.redis.grants keeps each replica's side of it.
 - Leases: a slot is a lease with a TTL, renewed by its replica's heartbeat while its request runs.
   A replica whose heartbeat lapsed keeps its leases reserved until its work could have ended, its
-  tickets are purged, and it comes back by rejoining (gateway.queues.redis_presence).
+  tickets are purged, and it comes back by rejoining (gateway.queues.redis.presence).
 - Estimates: the scripts keep raw totals (work offered, admitted, handed over, the gaps between
   backlogged hand-overs) on Redis's clock, made rates with the memory store's PoolEstimates.
   Service times are measured locally, plus a script's round trip (ModelState.record_service).
-- Returns promised to refused clients are exchanged on the upkeep loop (redis_returns).
+- Returns promised to refused clients are exchanged on the upkeep loop (gateway/queues/redis/returns.py).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from redis.exceptions import RedisError
 
 from gateway.queues.background import Background
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
-from gateway.queues.redis_codec import Displaced, Grant, OfferArgs, View, grants, ready_arg
-from gateway.queues.redis_grants import ModelState, listen
-from gateway.queues.redis_presence import Holding, Presence, ReplicaAbsent
-from gateway.queues.redis_returns import RedisReturns
-from gateway.queues.redis_scripts import Scripts
+from gateway.queues.redis.codec import Displaced, Grant, OfferArgs, View, grants, ready_arg
+from gateway.queues.redis.grants import ModelState, listen
+from gateway.queues.redis.presence import Holding, Presence, ReplicaAbsent
+from gateway.queues.redis.returns import RedisReturns
+from gateway.queues.redis.scripts import Scripts
 from gateway.settings import Estimation
 from gateway.supervision import Loop, Supervisor
 from gateway.upstream.backends import ModelPool

@@ -5,7 +5,7 @@
 -- Python, by one algorithm for both stores (gateway/queues/estimates.py).
 --
 -- Arguments come as one JSON object in ARGV[1] and replies go back as one JSON string, with named
--- fields on both sides (gateway/queues/redis_codec.py). Timestamps travel as strings: cjson keeps
+-- fields on both sides (gateway/queues/redis/codec.py). Timestamps travel as strings: cjson keeps
 -- 14 digits, too few for epoch seconds to the microsecond.
 --
 -- All keys of one model share the hash tag in KEYS[1] ("{<prefix>:<model>}"), so a model's
@@ -730,7 +730,7 @@ local function count_refused_locally(nbands)
   end
 end
 
--- What admission, metrics and the estimators need (gateway/queues/redis_codec.View).
+-- What admission, metrics and the estimators need (gateway/queues/redis/codec.py: View).
 -- When each slot in use was handed over, and the kind of request it serves ('' where not told): the
 -- ages of the work in flight, and which service times to read their residuals from, for admission.
 local function started_times()

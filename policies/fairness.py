@@ -86,7 +86,7 @@ class FairTurns:
     queued: Mapping[str, float] = field(default_factory=dict)
     """Each backlogged flow's queued work."""
     weights: Mapping[str, float] = field(default_factory=dict)
-    """The weight of each backlogged flow (1 where not named)."""
+    """The weight of each flow that has queued, backlogged or not (1 where not named)."""
 
 
 def work_ahead_in_turn(
@@ -130,7 +130,7 @@ def arrivals_in_turn(
     its own flow's work and each flow's smaller bound: past its turn nothing of g's goes first, and
     before it g cannot have sent more than it does by then. So admission, asking whether the
     request starts within its allowance, reads this at the allowance. A flow with no rate known adds
-    nothing; a flow not backlogged has the weight 1 unless `turns` names it.
+    nothing; `turns` names the weight of every flow that has queued (a flow it does not name weighs 1).
     """
     if horizon_s <= 0:
         return 0.0

@@ -94,6 +94,7 @@ class StoresAgree(RuleBasedStateMachine):
         self.waiting: list[Pair] = []
         """Tickets queued in both stores, oldest first."""
         self.held: list[Pair] = []
+        self.quotas: dict[str, Quota] | None = None
         """Slots granted in both stores."""
 
     def run(self, work: Awaitable[T]) -> T:
@@ -107,6 +108,7 @@ class StoresAgree(RuleBasedStateMachine):
     )
     def start(self, slots: tuple[int, ...], ordering: Ordering, policy: str = "plain") -> None:
         weights, reserved, quotas = POLICIES[policy]
+        self.quotas = quotas
 
         async def started() -> None:
             self.client = Redis.from_url(self.url)
@@ -304,6 +306,19 @@ class StoresAgree(RuleBasedStateMachine):
         assert in_redis.queued_by_band == in_memory.queued_by_band
         assert in_redis.free_slots == in_memory.free_slots
         assert in_redis.queued_work_by_band == pytest.approx(in_memory.queued_work_by_band)
+        # What admission reads of each band's fair queuing (the arrivals in turn ahead of a request)
+        # and of the tenants' work in flight (quotas): the replica's view, not only the script's own.
+        unfair = (None,) * BANDS  # a store may say "no fair queuing" (EDF) either way
+        seen_all, counted_all = in_redis.fair_turns or unfair, in_memory.fair_turns or unfair
+        for seen_turns, counted_turns in zip(seen_all, counted_all, strict=True):
+            assert (seen_turns is None) == (counted_turns is None)
+            if seen_turns is not None and counted_turns is not None:
+                assert seen_turns.virtual_time == pytest.approx(counted_turns.virtual_time)
+                assert seen_turns.finish == pytest.approx(counted_turns.finish)
+                assert seen_turns.queued == pytest.approx(counted_turns.queued)
+                assert seen_turns.weights == pytest.approx(counted_turns.weights)
+        if self.quotas:  # read only where quotas are (policies.quotas)
+            assert dict(in_redis.inflight_by_tenant) == pytest.approx(dict(in_memory.inflight_by_tenant))
         counted, seen = self.memory._models[MODEL].counters, state.view.counters
         assert seen.offered_work == pytest.approx(counted.offered_work)
         assert seen.admitted_work == pytest.approx(counted.admitted_work)

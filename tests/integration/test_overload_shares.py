@@ -111,7 +111,7 @@ REDIS_EDGE = pytest.mark.xfail(
     "service as long as Redis holds it took this from about 10%; what is left was not found. Since "
     "its margin is calibrated on its own, those expiries tighten it, and its share falls to 0.22-0.23. "
     "Not the decisions: the stores-agree machine holds the Lua's dispatch order and its count of the "
-    "work ahead to the memory store's within 1e-3 at the edge, over weights, quotas and reservations. "
+    "work ahead and its view of the fair turns to the memory store's, over weights, quotas and reservations. "
     "Measured (Server-Timing, 2026-12-06): at fixed service admission puts both tenants' waits within "
     "60 ms of the 3 s edge (p50 2.95 s on both stores); on Redis the lighter tenant's waits have a "
     "tail 12-18 ms longer than on memory at p90-p99 (2988/3000 ms against 2976/2982), the heavier "

@@ -12,10 +12,10 @@ import asyncio
 import heapq
 import itertools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from gateway.queues.base import Batching, Flow, Reservations, Slot, Ticket, reserved_now
 from gateway.queues.estimates import PoolEstimates, StoreCounters
+from gateway.queues.memory.band_queue import BandQueue, HeapEntry
 from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
@@ -29,51 +29,11 @@ from policies.displacement import (
     owners_ahead,
     requests_per_handover,
 )
-from policies.fairness import FairTurns, tags, virtual_time_after, work_ahead_in_turn
+from policies.fairness import virtual_time_after
 from policies.outcomes import Outcome
 from policies.quotas import Quota, under_quota
 from policies.reservations import usable_by_band, usable_free_slots
 from policies.wait import QueueStats
-
-_HeapEntry = tuple[float, int, Ticket]
-
-
-@dataclass(slots=True, eq=False)
-class BandQueue:
-    """One band's waiting tickets: a heap per flow (by tenant), and the live count and work; and
-    its fair-queuing clock (policies.fairness): the virtual time and each flow's finish tag."""
-
-    flows: dict[str, list[_HeapEntry]] = field(default_factory=dict)
-    count: int = 0
-    work: float = 0.0
-    queued: dict[str, float] = field(default_factory=dict)
-    """Each backlogged flow's live work."""
-    arrivals: dict[str, dict[Ticket, None]] = field(default_factory=dict)
-    """Each backlogged flow's live tickets in the order they were queued (policies.displacement)."""
-    virtual_time: float = 0.0
-    finish: dict[str, float] = field(default_factory=dict)
-
-    def fair_start(self, tenant: str, cost: float, weight: float) -> float:
-        """The start tag of a request of `cost` joining `tenant`'s flow, which moves its finish tag."""
-        tagged = tags(self.virtual_time, self.finish.get(tenant, 0.0), cost, weight)
-        self.finish[tenant] = tagged.finish
-        return tagged.start
-
-    def work_ahead(self, tenant: str, weight_of: Callable[[str], float], slack: float) -> float:
-        """policies.fairness.work_ahead_in_turn for a request of `tenant` joining now."""
-        if not self.queued:
-            return 0.0
-        others = ((work, weight_of(name)) for name, work in self.queued.items() if name != tenant)
-        own_finish = self.finish.get(tenant, self.virtual_time)
-        return work_ahead_in_turn(self.virtual_time, own_finish, self.queued.get(tenant, 0.0), others, slack)
-
-    def turns(self, weight_of: Callable[[str], float]) -> FairTurns | None:
-        """The band's fair queuing as admission reads it (QueueStats.fair_turns); None while
-        nothing waits."""
-        if not self.queued:
-            return None
-        weights = {name: weight_of(name) for name in self.queued}
-        return FairTurns(self.virtual_time, dict(self.finish), dict(self.queued), weights)
 
 
 class ModelQueue:
@@ -375,7 +335,7 @@ class ModelQueue:
             del band.flows[head.tenant]
         return taken
 
-    def _batch_behind(self, heap: list[_HeapEntry], batching: Batching, cost: float) -> list[Ticket]:
+    def _batch_behind(self, heap: list[HeapEntry], batching: Batching, cost: float) -> list[Ticket]:
         followers: list[Ticket] = []
         while self._clean_head(heap):
             ticket = heap[0][2]
@@ -389,7 +349,7 @@ class ModelQueue:
             cost += ticket.cost
         return followers
 
-    def _clean_head(self, heap: list[_HeapEntry]) -> bool:
+    def _clean_head(self, heap: list[HeapEntry]) -> bool:
         """Drop withdrawn tickets off the heap's top; True when a live one is left."""
         while heap and heap[0][2] not in self.live:
             heapq.heappop(heap)

@@ -349,8 +349,8 @@ def _stats(
 
 def _turns(flow: Flow, virtual_time: float, nbands: int) -> tuple[FairTurns | None, ...]:
     """The fair-queuing state of `flow`'s band while work waits in it, as the stores tell it."""
-    backlogged = [f for f in flow.siblings.values() if f.queued > 0]
-    queued = {f.tenant: f.queued for f in backlogged}
-    weights = {f.tenant: f.weight for f in backlogged}
+    queued = {f.tenant: f.queued for f in flow.siblings.values() if f.queued > 0}
+    # Every flow that has queued (its finish tag moved), backlogged or not, as the stores name them.
+    weights = {f.tenant: f.weight for f in flow.siblings.values() if f.finish > 0}
     turns = FairTurns(virtual_time, {flow.tenant: flow.finish}, queued, weights)
     return tuple(turns if b == flow.band else None for b in range(nbands))

@@ -115,7 +115,9 @@ REDIS_EDGE = pytest.mark.xfail(
     "Measured (Server-Timing, 2026-12-06): at fixed service admission puts both tenants' waits within "
     "60 ms of the 3 s edge (p50 2.95 s on both stores); on Redis the lighter tenant's waits have a "
     "tail 12-18 ms longer than on memory at p90-p99 (2988/3000 ms against 2976/2982), the heavier "
-    "one's within 2 ms; why its turns alone pay the Redis hand-over is not found yet",
+    "one's within 2 ms. It follows the weight, not the name (weights swapped, 23 of team-a's 236 "
+    "expire), and holding each replica's offers to one at a time, view to reply, leaves it: not a "
+    "limit read from a view that its own offers in flight made stale",
 )
 
 

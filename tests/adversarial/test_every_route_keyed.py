@@ -21,9 +21,9 @@ from urllib.parse import urlsplit
 import pytest
 from starlette.routing import Route
 
-from gateway.app import create_app
 from gateway.http.hot_routes import INFER_ROUTES, OPENAI_PATHS, v2_infer_params
 from gateway.http.kserve import ModelPassthrough
+from gateway.programs.app import create_app
 from gateway.settings import Settings, parse_settings
 from tests.integration.servers import gateway_config
 

@@ -17,9 +17,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
-from gateway.app import build_runtime, create_app
+from gateway.programs.app import build_runtime, create_app
+from gateway.programs.runtime import Runtime
 from gateway.queues.memory.store import MemoryQueue
-from gateway.runtime import Runtime
 from gateway.settings import Autoscaling, Estimation, Settings, Signals, parse_settings
 from gateway.signals.scraper import SignalBoard, SourceState
 from gateway.supervision import Backoff, Supervisor

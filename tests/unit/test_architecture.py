@@ -41,7 +41,7 @@ MAX_SHELL_LINES = 400
 
 # Higher imports lower, never the other way. The programs assemble and run the rest; the beside
 # rooms are libraries the request path uses and never call back into it.
-PROGRAMS = 4  # app, runtime, cli, __main__, server, tools
+PROGRAMS = 4  # programs (app, runtime, cli), __main__, server, tools
 LAYERS = {
     "gateway.http": 3,
     "gateway.flow": 2,

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gateway.cli import main
+from gateway.programs.cli import main
 from policies.capacity import Targets, mgc, replicas_for
 
 SEED = ["--arrival-rate", "3.8", "--service-rate", "4", "--time-unit", "h"]

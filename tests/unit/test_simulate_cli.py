@@ -17,7 +17,7 @@ at_s,class,tenant,cost,service_s
 
 
 def simulate(*argv: str) -> int:
-    # gateway/cli.py does not register the command yet: wire it the way it will.
+    # gateway/programs/cli.py does not register the command yet: wire it the way it will.
     parser = argparse.ArgumentParser(prog="inference-gateway")
     add_parser(parser.add_subparsers(required=True))
     try:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.arguments import count, number
+from gateway.programs.arguments import count, number
 from gateway.tools.planning import plan as plan_module
 from gateway.tools.planning.plan import MAX_REPLICAS, build_plan
 from gateway.tools.planning.report import plan_json, render

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.arguments import count, number
+from gateway.programs.arguments import count, number
 from gateway.tools.planning.trace import TraceError
 from gateway.tools.simulate.report import render, summarize, summary_json
 from gateway.tools.simulate.workload import (

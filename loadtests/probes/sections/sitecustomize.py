@@ -7,7 +7,7 @@ Put this directory on PYTHONPATH with SECTIONS_PROBE=1 and run a benchmark:
         python -m loadtests.bench --scenarios overload --targets gateway
 
 Python imports `sitecustomize` at start, so every gateway process the benchmark starts wraps the
-stages of the request path below in a timer, once `gateway.app` is imported. A stage's time is
+stages of the request path below in a timer, once `gateway.programs.app` is imported. A stage's time is
 wall time from its call to its return, with every stage it calls inside it, and with whatever
 took the process off the CPU meanwhile (a write that wakes the client on the same core). The
 controller's `acquire` and the relay's `refuse` count refused requests only; the rest count
@@ -93,7 +93,7 @@ if os.environ.get("SECTIONS_PROBE") and "serve" in sys.argv:
 
     def _import_then_install(name: str, *args: Any, **kwargs: Any) -> Any:
         module = _import(name, *args, **kwargs)
-        if name == "gateway.app" and builtins.__import__ is _import_then_install:
+        if name == "gateway.programs.app" and builtins.__import__ is _import_then_install:
             builtins.__import__ = _import
             _install()
         return module

@@ -1,7 +1,7 @@
 """Runtime: the gateway's parts, each built once before serving, and `running`, the lifespan that
 starts and stops their loops.
 
-Nothing here is passed to a route: gateway.app hands each route the parts it needs. Every part
+Nothing here is passed to a route: gateway.programs.app hands each route the parts it needs. Every part
 exists from the start; only the aiohttp session for the gateway's own calls (health checks,
 metric scrapes) is opened by `running`, and it is passed to the loops that use it.
 """

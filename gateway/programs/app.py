@@ -1,5 +1,5 @@
 """create_app(settings) -> the ASGI app: the gateway's parts (`build_runtime`), each route given the
-ones it needs, and a lifespan that runs the background loops (gateway.runtime.running)."""
+ones it needs, and a lifespan that runs the background loops (gateway.programs.runtime.running)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from gateway.http.kserve import InferEndpoint, ModelPassthrough, kserve_routes
 from gateway.http.openai import OpenAIEndpoint, openai_routes
 from gateway.http.ops import ops_routes
 from gateway.http.request_meta import RequestClassifier
+from gateway.programs.runtime import Runtime, running, supervisors_of
 from gateway.queues.configured import configured_store
-from gateway.runtime import Runtime, running, supervisors_of
 from gateway.settings import Settings
 from gateway.signals.scraper import SignalBoard
 from gateway.supervision import Supervisor

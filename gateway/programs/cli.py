@@ -132,7 +132,7 @@ def _continuous_spec(args: argparse.Namespace) -> ContinuousSpec | None:
 
 def _gateway_server(settings: Settings, log_level: str, drain_timeout_s: float) -> uvicorn.Server:
     # Imported here so that `sim` starts without loading the gateway.
-    from gateway.app import build_runtime, create_app
+    from gateway.programs.app import build_runtime, create_app
     from gateway.server.serving import DrainingServer, uvicorn_config
 
     runtime = build_runtime(settings)
@@ -184,7 +184,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from gateway.probe import CannotProbe, probe, probe_url
+    from gateway.programs.probe import CannotProbe, probe, probe_url
 
     settings = _load_settings(args.config)
     path = "/readyz" if args.ready else "/healthz"

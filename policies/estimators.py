@@ -55,6 +55,15 @@ def blend_rate(previous_per_s: float, events: float, elapsed_s: float, tau_s: fl
     return previous_per_s + weight * (events / elapsed_s - previous_per_s)
 
 
+def unbiased_rate(rate_per_s: float, age_s: float, tau_s: float) -> float:
+    """A `blend_rate` estimate that started from 0 `age_s` ago, divided by the share of its memory
+    that has seen events (1 - exp(-age / tau), as Adam's moments are corrected): the rate of what
+    it has seen, not that rate averaged with the 0 it started from. Beyond a few `tau_s` it is the
+    estimate itself."""
+    seen = -math.expm1(-max(0.0, age_s) / tau_s)
+    return rate_per_s / seen if seen > 0 else 0.0
+
+
 def coefficient_of_variation(mean: float, spread: float, samples: int, weight: float) -> float:
     """Spread over mean of a quantity averaged by an EWMA of `weight` from a spread of 0.
 

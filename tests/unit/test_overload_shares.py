@@ -7,12 +7,13 @@ admission never refuses (there weighted shares held while the lighter tenant sta
 
 import random
 
+import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from gateway.tools.simulate.admitting import Admission
 from gateway.tools.simulate.engine import Band, Setup, simulate
-from gateway.tools.simulate.workload import ServiceModel, TenantMix, poisson_arrivals
+from gateway.tools.simulate.workload import Arrival, ServiceModel, TenantMix, poisson_arrivals
 from policies.calibration import CalibrationConfig
 
 SLOTS = 4
@@ -119,3 +120,30 @@ def test_backlogged_tenants_are_handed_work_by_weight_and_their_admitted_work_is
         assert abs(shares[tenant] / (weight / total_weight) - 1) < 0.05, (tenant, shares)
     limit = TARGET_EXPIRY if service.kind == "fixed" else NORMAL_MARGIN_EXPIRY
     assert max(expired.values()) <= limit, expired
+
+
+@pytest.mark.parametrize("heavier", [2.0, 3.0, 5.0])
+def test_from_a_cold_start_the_lighter_tenants_admitted_work_is_served_in_time(heavier):
+    """Two tenants flood from the first second, before anything is measured (the integration flood's
+    load: 100 requests a second each on 4 slots of 51 ms, 3 s waits). Admission reads what the
+    heavier flow will still send ahead of a lighter request's turn from that flow's measured rate;
+    a rate estimate that starts from 0 read a fraction of it for a second or two, and the lighter
+    tenant's requests admitted then expired (weights 1:3: 15 of 241)."""
+    rng = {"light": random.Random(1), "heavy": random.Random(2)}
+    arrivals = []
+    for tenant, draw in rng.items():
+        due = 0.0
+        while (due := due + draw.expovariate(100.0)) < 9.0:
+            arrivals.append(Arrival(due, 0, tenant, 1.0, 0.051))
+    setup = Setup(
+        SLOTS,
+        bands=(Band(max_wait_s=3.0),),
+        weights={"light": 1.0, "heavy": heavier},
+        admission=Admission(0.05),
+        advise=False,
+    )
+    run = simulate(sorted(arrivals), setup)
+    light = run.tallies[(0, "light")]
+    admitted = light.arrived - light.refused
+    assert light.expired <= 0.02 * admitted, (light.expired, admitted)
+    assert admitted > 0.5 * 9.0 * 80 / (1 + heavier)  # served its share, not starved to meet it

@@ -5,7 +5,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies.balancing import free_slots, pick_backend
-from policies.estimators import ObservedRate, blend_rate, coefficient_of_variation, ewma, rate_jump
+from policies.estimators import (
+    ObservedRate,
+    blend_rate,
+    coefficient_of_variation,
+    ewma,
+    rate_jump,
+    unbiased_rate,
+)
 from policies.outcomes import Outcome, answered
 
 
@@ -49,6 +56,23 @@ def test_blended_rate_converges_to_a_steady_rate_and_decays_when_idle():
         rate = blend_rate(rate, 5, 0.05, tau_s=1.0)
     assert rate == pytest.approx(100.0, rel=0.001)
     assert blend_rate(rate, 0, 5.0, tau_s=1.0) < 1.0
+
+
+@given(
+    st.floats(0.1, 1000.0),
+    st.lists(st.floats(0.001, 0.5), min_size=1, max_size=40),
+    st.sampled_from([0.5, 2.0, 30.0]),
+)
+def test_a_rate_estimate_corrected_for_its_start_reads_a_steady_rate_from_its_first_ticks(rate, ticks, tau_s):
+    """blend_rate starts from 0, so a steady rate reads low until a few time constants have passed;
+    divided by the share of its memory that saw events it reads the rate itself at once."""
+    estimate, age_s = 0.0, 0.0
+    for elapsed_s in ticks:
+        estimate = blend_rate(estimate, rate * elapsed_s, elapsed_s, tau_s)
+        age_s += elapsed_s
+    assert unbiased_rate(estimate, age_s, tau_s) == pytest.approx(rate, rel=1e-6)
+    assert estimate <= rate * (1 + 1e-9)  # what it corrects: the raw estimate reads low
+    assert unbiased_rate(estimate, 0.0, tau_s) == 0.0
 
 
 def test_blended_rate_weighs_intervals_by_their_length():

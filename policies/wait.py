@@ -99,9 +99,12 @@ class Throughput:
     fast_memory_s: float = 0.0
     """How far back the fast estimate remembers (its time constant)."""
     tenant_rate_by_band: tuple[Mapping[str, float], ...] = field(default=(), compare=False)
-    """Per band, the work per second each tenant flow was granted slots recently ("" for the
-    unnamed flow): the rate its arrivals take turns ahead of others' (policies.fairness.
-    arrivals_in_turn); empty where not kept."""
+    """Per band, the work per second admitted for each tenant flow recently ("" for the unnamed
+    flow): the rate its arrivals take turns ahead of others' (policies.fairness.arrivals_in_turn);
+    empty where not kept."""
+    tenant_granted_by_band: tuple[Mapping[str, float], ...] = field(default=(), compare=False)
+    """Per band, the work per second granted slots for each tenant flow recently: what each gets
+    (the shares reported); empty where not kept."""
     settled_rate_by_band: tuple[float | None, ...] | None = None
     """Per band, the work per second that arrived while the band refused none of it, over a long
     memory: the load of settled times, expected back after an overload. None where not kept, or

@@ -52,6 +52,8 @@ class StoreCounters:
     handed_work: float = 0.0
     granted_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
     """Work granted slots (at once or from the queue), per (band, tenant) flow."""
+    admitted_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
+    """Work admitted (granted at once or queued), per (band, tenant) flow."""
 
     @classmethod
     def empty(cls, bands: int) -> StoreCounters:
@@ -72,9 +74,14 @@ class _Rates:
     first_at: float | None = None
     """When the first totals were taken in: the rates' memory starts there, from 0."""
     drained_at: float = float("-inf")
+    admitted_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
+    """Work per second admitted for each flow (forgotten like the arrival rates): what it queues
+    (or starts at once), and so what it may still send ahead of another flow's turn. Its grants
+    would read a flood's flow at its share of the pool while its queue fills at its whole rate."""
     granted_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
-    """Work per second granted to each flow (forgotten like the arrival rates)."""
+    """Work per second granted slots for each flow: what it gets (the shares reported)."""
     granted_fast_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
+    admitted_fast_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
     """The same, forgotten as fast as the quick arrival rates: a flood's flows are seen at their
     rate within a second, while the slow estimate still ramps up and admission would let a light
     tenant's requests in behind arrivals it did not count (they expired in the queue)."""
@@ -196,13 +203,24 @@ class PoolEstimates:
                 counter_increase(last.drained_work, counters.drained_work), drained_s
             )
             rates.drained_at = counters.drained_at
-        for flow, total in counters.granted_by_flow.items():
-            granted = counter_increase(last.granted_by_flow.get(flow, 0.0), total)
-            for by_flow, tau_s in (
-                (rates.granted_by_flow, self._slow_tau_s),
-                (rates.granted_fast_by_flow, self._fast_tau_s),
-            ):
-                by_flow[flow] = blend_rate(by_flow.get(flow, 0.0), granted, elapsed_s, tau_s)
+        for totals, before, slow, fast in (
+            (
+                counters.admitted_by_flow,
+                last.admitted_by_flow,
+                rates.admitted_by_flow,
+                rates.admitted_fast_by_flow,
+            ),
+            (
+                counters.granted_by_flow,
+                last.granted_by_flow,
+                rates.granted_by_flow,
+                rates.granted_fast_by_flow,
+            ),
+        ):
+            for flow, total in totals.items():
+                work = counter_increase(before.get(flow, 0.0), total)
+                slow[flow] = blend_rate(slow.get(flow, 0.0), work, elapsed_s, self._slow_tau_s)
+                fast[flow] = blend_rate(fast.get(flow, 0.0), work, elapsed_s, self._fast_tau_s)
         handovers = counter_increase(last.handovers, counters.handovers)
         if handovers > 0 and self._config.handover_cost_weight > 0:
             # A plain mean of the hand-overs seen until the memory is full, an EWMA remembering
@@ -239,22 +257,26 @@ class PoolEstimates:
                 fast_memory_s=self._fast_tau_s,
                 settled_rate_by_band=_settled(rates.settled),
                 capacity_by_band=self._capacity_by_band(slots, reserved_by_band),
-                tenant_rate_by_band=self._tenant_rates(),
+                tenant_rate_by_band=self._by_band(rates.admitted_by_flow, rates.admitted_fast_by_flow),
+                tenant_granted_by_band=self._by_band(rates.granted_by_flow, rates.granted_fast_by_flow),
             )
             self._snapshot_key = key
         return rates.snapshot
 
-    def _tenant_rates(self) -> tuple[dict[str, float], ...]:
-        """Each band's recent granted work per second by tenant: the quick level, the larger of the
-        slow and the fast estimate (as for the bands' arrival rates), each corrected for the 0 it
-        started from. Uncorrected, a flood's flows read at a fraction of their rate for the first
-        second or two, and a lighter tenant admitted then behind arrivals not counted expired in
+    def _by_band(
+        self, slow_by_flow: dict[tuple[int, str], float], fast_by_flow: dict[tuple[int, str], float]
+    ) -> tuple[dict[str, float], ...]:
+        """Each band's recent work per second by tenant (admitted, or granted): the quick level, the
+        larger of the slow and the fast estimate (as for the bands' arrival rates), each corrected
+        for the 0 it started from. Uncorrected, and read from grants (a flood's flow is granted its
+        share while it queues its whole rate), a flood's flows read at a fraction of what they send
+        ahead of others' turns for the first seconds, and a lighter tenant admitted then expired in
         the queue (the twin, weights 1:8 from the start: 45 of 112 admitted; 1:3, 15 of 241)."""
         rates = self._rates
         age_s = 0.0 if rates.first_at is None or rates.last_at is None else rates.last_at - rates.first_at
         by_band: list[dict[str, float]] = [{} for _ in rates.offered]
-        for (band, tenant), slow in rates.granted_by_flow.items():
-            fast = rates.granted_fast_by_flow.get((band, tenant), 0.0)
+        for (band, tenant), slow in slow_by_flow.items():
+            fast = fast_by_flow.get((band, tenant), 0.0)
             by_band[band][tenant] = max(
                 unbiased_rate(slow, age_s, self._slow_tau_s), unbiased_rate(fast, age_s, self._fast_tau_s)
             )
@@ -282,4 +304,5 @@ def _copy(counters: StoreCounters) -> StoreCounters:
         counters.handovers,
         counters.handed_work,
         dict(counters.granted_by_flow),
+        dict(counters.admitted_by_flow),
     )

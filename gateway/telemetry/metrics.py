@@ -341,9 +341,9 @@ class _PoolCollector(Collector):
         now = self._clock()
         for pool in self._pools:
             stats = self._store.stats(pool.name)
-            flow = self._store.throughput(pool.name, now)
+            throughput = self._store.throughput(pool.name, now)
             for priority, queued, offered in zip(
-                self._priorities, stats.queued_by_band, flow.offered_rate_by_band, strict=True
+                self._priorities, stats.queued_by_band, throughput.offered_rate_by_band, strict=True
             ):
                 depth.add_metric([pool.name, priority], queued)
                 arrivals.add_metric([pool.name, priority], offered)
@@ -351,7 +351,7 @@ class _PoolCollector(Collector):
                 borrowed_work.add_metric(
                     [pool.name, tenant], borrowed(tenant, stats.inflight_by_tenant, self._quotas)
                 )
-            for priority, by_tenant in zip(self._priorities, flow.tenant_rate_by_band, strict=False):
+            for priority, by_tenant in zip(self._priorities, throughput.tenant_granted_by_band, strict=False):
                 for tenant, share in fair_shares(by_tenant).items():
                     shares.add_metric([pool.name, priority, tenant or "-"], share)
             inflight.add_metric([pool.name], sum(b.inflight for b in pool.backends))
@@ -372,8 +372,8 @@ class _PoolCollector(Collector):
                         backend.signal_up,
                     ),
                 )
-            service.add_metric([pool.name], flow.service_time_s)
-            drain.add_metric([pool.name], flow.drain_rate_per_s)
+            service.add_metric([pool.name], throughput.service_time_s)
+            drain.add_metric([pool.name], throughput.drain_rate_per_s)
         yield from (
             depth,
             inflight,

@@ -72,17 +72,27 @@ def test_the_settled_rate_counts_only_times_that_refused_nothing():
     assert flow.offered_rate_by_band[0] == pytest.approx(600.0)
 
 
-def test_tenant_rates_are_each_flows_recent_grants_per_second():
+@pytest.mark.parametrize("ticks", [3, round(20 / TICK_S)])
+def test_tenant_rates_are_each_flows_admitted_work_per_second_from_the_first_ticks(ticks):
+    """What each flow queues (its arrivals in turn ahead of others'), read at its rate after a few
+    counting intervals as after ten time constants: not ramping up from 0 while a flood begins."""
     estimates = PoolEstimates(bands=2, expected_service_s=0.04, config=CONFIG)
     counters = StoreCounters.empty(2)
     estimates.observe(counters, 0.0)
     at = 0.0
-    for _ in range(round(20 / TICK_S)):  # ten time constants: the rates have settled
+    for _ in range(ticks):
         for flow, work in (((1, "a"), 3.0), ((1, "b"), 1.0), ((0, ""), 2.0)):
-            counters.granted_by_flow[flow] = counters.granted_by_flow.get(flow, 0.0) + work
+            counters.admitted_by_flow[flow] = counters.admitted_by_flow.get(flow, 0.0) + work
+            counters.granted_by_flow[flow] = counters.granted_by_flow.get(flow, 0.0) + work / 2
         at += TICK_S
         estimates.observe(counters, at)
-    rates = estimates.throughput(slots=8, now=at).tenant_rate_by_band
+    throughput = estimates.throughput(slots=8, now=at)
+    rates, granted = throughput.tenant_rate_by_band, throughput.tenant_granted_by_band
     per_tick = 1 / TICK_S
     assert rates[0] == {"": pytest.approx(2.0 * per_tick, rel=0.01)}
     assert rates[1] == {"a": pytest.approx(3.0 * per_tick, rel=0.01), "b": pytest.approx(per_tick, rel=0.01)}
+    # What each gets, for the shares reported, is what it was granted.
+    assert granted[1] == {
+        "a": pytest.approx(1.5 * per_tick, rel=0.01),
+        "b": pytest.approx(per_tick / 2, rel=0.01),
+    }

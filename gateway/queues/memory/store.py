@@ -126,6 +126,8 @@ class MemoryQueue:
         if not immediate and not queue.room_for(flow.band, cost):
             return Full(queue.stats(), at_cap=True)
         counters.admitted_work[flow.band] += cost
+        key = (flow.band, flow.tenant)
+        counters.admitted_by_flow[key] = counters.admitted_by_flow.get(key, 0.0) + cost
         held = batching is not None and batching.hold
         if immediate and not held and (index := pick_backend(queue.capacity)) is not None:
             return Granted(queue.take(index, cost, flow, kind=kind))

@@ -122,6 +122,7 @@ class View:
             handovers=int(raw["h"]),
             handed_work=float(raw["hw"]),
             granted_by_flow=_granted(as_list(raw.get("g"))),
+            admitted_by_flow=_granted(as_list(raw.get("a"))),
         )
         return cls(seen_at, redis_now, stats, counters)
 

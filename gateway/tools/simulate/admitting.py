@@ -91,9 +91,11 @@ class Admitting:
             return -math.inf
         return now + allowed_wait_s(request, throughput)
 
-    def admitted(self, band: int, cost: float) -> None:
-        """Count an admitted arrival's work."""
-        self.counters.admitted_work[band] += cost
+    def admitted(self, band: int, tenant: str, cost: float) -> None:
+        """Count an admitted arrival's work (the memory store's offer_nowait)."""
+        counters = self.counters
+        counters.admitted_work[band] += cost
+        counters.admitted_by_flow[band, tenant] = counters.admitted_by_flow.get((band, tenant), 0.0) + cost
 
     def handed_over(
         self, now: float, band: int, tenant: str, cost: float, queued: bool, released: int, backlog: bool

@@ -237,7 +237,7 @@ def simulate(
                             flow.tally.retry_after_s.append(advice)
                     continue
             if admitting is not None:
-                admitting.admitted(band, cost)
+                admitting.admitted(band, tenant, cost)
             # As the memory store: at once with a usable slot free and no work ahead in its turn.
             slack = admitting.estimates.handover_cost if admitting is not None else 1.0
             ahead = stats.work_ahead(band, tenant, slack) if stats is not None and queued and usable else 0.0

@@ -31,6 +31,7 @@
 --   <tag>:lease_kind        hash  lease id -> the kind of request it serves, where told (policies.request_kinds)
 --   <tag>:tenant_held       hash  tenant -> work its leases hold (policies.quotas)
 --   <tag>:granted           hash  "<band>:<tenant>" -> work granted slots (the tenants' shares)
+--   <tag>:admitted          hash  "<band>:<tenant>" -> work admitted (its arrivals in turn ahead of others)
 --   <tag>:bound             hash  lease id -> the latest the request it covers could still run
 --                                 (granted + the replica's upstream timeout + one TTL)
 --   <tag>:hold              hash  replica -> JSON {t: until when its leases stay reserved once it is
@@ -777,6 +778,7 @@ local function view(nbands, backends, now)
     da = redis.call('HGET', tag .. ':stats', 'drained_at') or '',
     h = stat('handovers'), hw = stat('handed_work'), st = started, sk = kinds,
     g = redis.call('HGETALL', tag .. ':granted'),
+    a = redis.call('HGETALL', tag .. ':admitted'),
     th = redis.call('HGETALL', tag .. ':tenant_held'),
   }
 end

@@ -34,6 +34,7 @@ if not immediate and A.cap ~= nil and not room_for(A.band, A.cost, nbands) then
   return cjson.encode({kind = 'full', cap = true, view = view(nbands, A.backends, now)})
 end
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'adm:' .. A.band, A.cost)
+redis.call('HINCRBYFLOAT', tag .. ':admitted', A.band .. ':' .. A.tenant, A.cost)
 
 -- A batch held for companions (A.batch.hold) queues even so; it leaves with the next dispatch.
 local held = A.batch ~= nil and A.batch.hold == true

@@ -122,7 +122,7 @@ def test_backlogged_tenants_are_handed_work_by_weight_and_their_admitted_work_is
     assert max(expired.values()) <= limit, expired
 
 
-@pytest.mark.parametrize("heavier", [2.0, 3.0, 5.0])
+@pytest.mark.parametrize("heavier", [2.0, 3.0, 5.0, 8.0])
 def test_from_a_cold_start_the_lighter_tenants_admitted_work_is_served_in_time(heavier):
     """Two tenants flood from the first second, before anything is measured (the integration flood's
     load: 100 requests a second each on 4 slots of 51 ms, 3 s waits). Admission reads what the

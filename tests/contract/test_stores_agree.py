@@ -162,9 +162,9 @@ class StoresAgree(RuleBasedStateMachine):
         batch_key: str | None,
         hold: bool,
     ) -> None:
-        self.offered(band, tenant, cost, max_work, allowed_s, batch_key, hold)
+        self.offer_to_both(band, tenant, cost, max_work, allowed_s, batch_key, hold)
 
-    def offered(
+    def offer_to_both(
         self,
         band: int,
         tenant: str,
@@ -180,14 +180,14 @@ class StoresAgree(RuleBasedStateMachine):
         # A held batch queues though a slot is free; a later offer that is not held lets it go.
         batching = None if batch_key is None else Batching(batch_key, 4.0, hold=hold)
 
-        async def offered() -> tuple[Offer, Offer]:
+        async def offers() -> tuple[Offer, Offer]:
             assert self.memory is not None and self.redis is not None
             return (
                 self.memory.offer_nowait(flow, cost, allowed_s, max_work, self.now, batching),
                 await self.redis.offer(flow, cost, allowed_s, max_work, self.now, batching),
             )
 
-        in_memory, in_redis = self.run(offered())
+        in_memory, in_redis = self.run(offers())
         assert type(in_memory) is type(in_redis), (in_memory, in_redis)
         if isinstance(in_memory, Granted):
             assert isinstance(in_redis, Granted)
@@ -216,7 +216,7 @@ class StoresAgree(RuleBasedStateMachine):
         queue.estimates.observe(queue.counters, self.now)  # the offer's own first step: the work a
         # hand-over takes may move with it, and with it the room the request takes
         ahead = work_to_drain(self.memory.stats(MODEL), band, queue.estimates.handover_cost, tenant, cost)
-        answer = self.offered(band, tenant, cost, ahead + side, 10.0, None, False)
+        answer = self.offer_to_both(band, tenant, cost, ahead + side, 10.0, None, False)
         if not self.quotas:  # the edge is where it was read (with quotas, work a quota holds back
             # while a slot is free counts in the stores' check beyond what the stats tell: the two
             # stores still agree; in the states found the stats read low, the safe side for a replica)
@@ -229,7 +229,7 @@ class StoresAgree(RuleBasedStateMachine):
         reserved slots order a deep queue (single offers rarely build one)."""
         tenants = ("a", "b", "")
         for i in range(count):
-            self.offered(band, tenants[i % 3], cost, UNLIMITED, 10.0, None, False)
+            self.offer_to_both(band, tenants[i % 3], cost, UNLIMITED, 10.0, None, False)
 
     @precondition(lambda self: self.waiting)
     @rule()

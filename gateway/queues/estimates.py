@@ -59,6 +59,15 @@ class StoreCounters:
     def empty(cls, bands: int) -> StoreCounters:
         return cls([0.0] * bands, [0.0] * bands)
 
+    def count_admitted(self, band: int, tenant: str, cost: float) -> None:
+        """An arrival of the (band, tenant) flow admitted: granted at once or queued."""
+        self.admitted_work[band] += cost
+        self.admitted_by_flow[band, tenant] = self.admitted_by_flow.get((band, tenant), 0.0) + cost
+
+    def count_granted(self, band: int, tenant: str, cost: float) -> None:
+        """A slot granted to the (band, tenant) flow, at once or from the queue."""
+        self.granted_by_flow[band, tenant] = self.granted_by_flow.get((band, tenant), 0.0) + cost
+
 
 @dataclass(slots=True)
 class _Rates:

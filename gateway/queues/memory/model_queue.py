@@ -265,8 +265,7 @@ class ModelQueue:
     def take(
         self, index: int, cost: float, flow: Flow, batch: tuple[Ticket, ...] = (), kind: str = ""
     ) -> Slot:
-        key = (flow.band, flow.tenant)
-        self.counters.granted_by_flow[key] = self.counters.granted_by_flow.get(key, 0.0) + cost
+        self.counters.count_granted(flow.band, flow.tenant, cost)
         capacity = self.capacity[index]
         capacity.inflight += 1
         capacity.backend.inflight += 1  # the gateway-wide count of slots held, for metrics

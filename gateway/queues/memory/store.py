@@ -125,9 +125,7 @@ class MemoryQueue:
         immediate = free > 0 and ahead == 0 and queue.may_start(flow.tenant, cost)
         if not immediate and not queue.room_for(flow.band, cost):
             return Full(queue.stats(), at_cap=True)
-        counters.admitted_work[flow.band] += cost
-        key = (flow.band, flow.tenant)
-        counters.admitted_by_flow[key] = counters.admitted_by_flow.get(key, 0.0) + cost
+        counters.count_admitted(flow.band, flow.tenant, cost)
         held = batching is not None and batching.hold
         if immediate and not held and (index := pick_backend(queue.capacity)) is not None:
             return Granted(queue.take(index, cost, flow, kind=kind))

@@ -93,9 +93,7 @@ class Admitting:
 
     def admitted(self, band: int, tenant: str, cost: float) -> None:
         """Count an admitted arrival's work (the memory store's offer_nowait)."""
-        counters = self.counters
-        counters.admitted_work[band] += cost
-        counters.admitted_by_flow[band, tenant] = counters.admitted_by_flow.get((band, tenant), 0.0) + cost
+        self.counters.count_admitted(band, tenant, cost)
 
     def handed_over(
         self, now: float, band: int, tenant: str, cost: float, queued: bool, released: int, backlog: bool
@@ -106,8 +104,7 @@ class Admitting:
         the freed slot's own hand-over is a sample of the drain rate."""
         self.started_at.append(now)
         counters = self.counters
-        key = (band, tenant)
-        counters.granted_by_flow[key] = counters.granted_by_flow.get(key, 0.0) + cost
+        counters.count_granted(band, tenant, cost)
         if not queued:
             return
         counters.handovers += 1

@@ -47,7 +47,7 @@ from policies.wait import (
     MIN_DRAIN_SHARE,
     QueueStats,
     Throughput,
-    arriving_ahead,
+    arrival_reach,
     band_count_variance_rate,
     band_drain_rate_per_s,
     urgent_rate_over,
@@ -112,38 +112,30 @@ def allowed_wait_s(request: AdmissionRequest, throughput: Throughput) -> float:
     return allowed
 
 
+def offer_reach(request: AdmissionRequest, throughput: Throughput) -> dict[str, float]:
+    """The most work each other flow of its band may send within the request's allowance
+    (policies.wait.arrival_reach). Admission asks whether the request starts within its allowance,
+    and what they send by then ahead of its turn goes first: the request offers with this, and the
+    store counts what of it goes ahead of its turn atomically with the work queued ahead
+    (policies.wait.work_before_grant), so that the two read one state."""
+    return arrival_reach(throughput, request.band, request.tenant, allowed_wait_s(request, throughput))
+
+
 def arriving_work(request: AdmissionRequest, stats: QueueStats, throughput: Throughput) -> float:
-    """The work other flows of its band will still send ahead of the request's turn within its
-    allowance (policies.wait.arriving_ahead): admission asks whether it starts within the
-    allowance, and what they send by then goes first. The stores' atomic check counts only what is
-    queued, so the caller takes this off the limit it offers with."""
-    allowed = allowed_wait_s(request, throughput)
-    return arriving_ahead(stats, throughput, request.band, request.tenant, allowed)
+    """What of its `offer_reach` goes ahead of the request's turn, as `stats` show the band."""
+    return stats.arriving_ahead(
+        request.band, request.tenant, throughput.handover_cost, offer_reach(request, throughput)
+    )
 
 
-def offered_limit(
-    limit: float, request: AdmissionRequest, stats: QueueStats, throughput: Throughput, external: float
-) -> float:
-    """The work limit a store checks the request's offer against (its count of the work queued
-    ahead, `work_to_drain` with the request's cost, must not exceed it), from admission's `limit`
-    (`work_limit`): less the room its cost's rank keeps for others (`room_limit`), the work the
-    backends hold for others (`external`) and the arrivals of its band's other flows ahead of its
-    turn (`arriving_work`, `offer_limit`)."""
+def offered_limit(limit: float, request: AdmissionRequest, throughput: Throughput, external: float) -> float:
+    """The work limit a store checks the request's offer against (policies.wait.work_before_grant
+    with its `offer_reach`), from admission's `limit` (`work_limit`): less the room its cost's
+    rank keeps for others (`room_limit`) and the work the backends hold for others (`external`),
+    which is ahead of every band while the store counts only its own queue. A negative limit
+    (never) stays one."""
     limit = room_limit(limit, throughput.handover_cost, request.room_share)
-    return offer_limit(limit, external, arriving_work(request, stats, throughput))
-
-
-def offer_limit(limit: float, external: float, arriving: float) -> float:
-    """The work limit a store checks an offer against, atomically with the insert, from admission's
-    `limit` (-1: never): the store counts the work queued ahead of it, not what is ahead of it
-    elsewhere. The work the backends hold for other clients (`external`) is ahead of every band,
-    and what the band's other flows send ahead of its turn meanwhile (`arriving_work`) goes first
-    too; the arrivals alone never take the limit below no work at all, since a slot free with
-    nothing queued ahead starts the request now, before anything arrives."""
-    if limit < 0:
-        return limit
-    limit -= external
-    return max(limit - arriving, min(limit, 0.0))
+    return limit if limit < 0 else limit - external
 
 
 def budget_hopeless(request: AdmissionRequest, throughput: Throughput) -> bool:

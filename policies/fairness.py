@@ -117,31 +117,44 @@ def turn_ahead(turns: FairTurns, tenant: str, slack: float) -> float:
     return work_ahead_in_turn(turns.virtual_time, own_finish, turns.queued.get(tenant, 0.0), others, slack)
 
 
-def arrivals_in_turn(
-    turns: FairTurns, tenant: str, slack: float, rates: Mapping[str, float], horizon_s: float
-) -> float:
+def arrivals_in_turn(turns: FairTurns, tenant: str, slack: float, reach: Mapping[str, float]) -> float:
     """The work the band's other flows will still queue ahead of a request of `tenant` joining now,
-    within `horizon_s`, beyond what they hold queued (which `turn_ahead` counts); `rates` are the
-    flows' work per second (tenant -> rate).
+    beyond what they hold queued (which `turn_ahead` counts); `reach`: the most work each flow may
+    send within the horizon asked about (tenant -> its rate times the horizon; policies.wait.reach).
 
     A flow g may send at most (S - v) * w_g + `slack` of work with tags below the request's start
-    tag S (as in `work_ahead_in_turn`), and within `horizon_s` at most what it holds queued plus
-    rate * horizon_s. The request is handed a slot within `horizon_s` if the pool drains, by then,
-    its own flow's work and each flow's smaller bound: past its turn nothing of g's goes first, and
-    before it g cannot have sent more than it does by then. So admission, asking whether the
-    request starts within its allowance, reads this at the allowance. A flow with no rate known adds
-    nothing; `turns` names the weight of every flow that has queued (a flow it does not name weighs 1).
+    tag S (as in `work_ahead_in_turn`), and within the horizon at most what it holds queued plus its
+    reach. The request is handed a slot within the horizon if the pool drains, by then, its own
+    flow's work and each flow's smaller bound: past its turn nothing of g's goes first, and before
+    it g cannot have sent more than it does by then. So admission, asking whether the request
+    starts within its allowance, reads this at the allowance. A flow with no reach adds nothing;
+    `turns` names the weight of every flow that has queued (a flow it does not name weighs 1).
     """
-    if horizon_s <= 0:
-        return 0.0
-    span = max(0.0, turns.finish.get(tenant, turns.virtual_time) - turns.virtual_time)
+    others = (
+        (turns.queued.get(name, 0.0), turns.weights.get(name, 1.0), most)
+        for name, most in reach.items()
+        if name != tenant
+    )
+    return work_arriving_in_turn(
+        turns.virtual_time, turns.finish.get(tenant, turns.virtual_time), others, slack
+    )
+
+
+def work_arriving_in_turn(
+    virtual_time: float, own_finish: float, others: Iterable[tuple[float, float, float]], slack: float
+) -> float:
+    """`arrivals_in_turn` from the band's clock: `others` are the other flows' (queued work,
+    weight, reach). A store computes it from its live state, atomically with the count of the work
+    queued ahead (`work_ahead_in_turn`) it complements: each flow adds what its bound leaves beyond
+    its queued work, so read from a view a few hand-overs old it swings with every hand-over and
+    arrival of the heavier flows, and the requests admitted where it read low expire."""
+    span = max(0.0, own_finish - virtual_time)
     extra = 0.0
-    for name, rate in rates.items():
-        if name == tenant or rate <= 0:
+    for queued, weight, most in others:
+        if most <= 0:
             continue
-        in_turn = span * turns.weights.get(name, 1.0) + slack
-        queued = turns.queued.get(name, 0.0)
-        extra += max(0.0, min(in_turn, queued + rate * horizon_s) - min(in_turn, queued))
+        in_turn = span * weight + slack
+        extra += max(0.0, min(in_turn, queued + most) - min(in_turn, queued))
     return extra
 
 

@@ -68,6 +68,17 @@ class QueueStats:
             return urgent + self.work(band)
         return urgent + turn_ahead(turns, tenant, slack)
 
+    def arriving_ahead(
+        self, band: int, tenant: str | None, slack: float, reach: Mapping[str, float]
+    ) -> float:
+        """The work the other flows of a fair-queued `band` will still send ahead of a new request
+        of `tenant`, each at most its `reach` (policies.fairness.arrivals_in_turn, `arrival_reach`);
+        0 where the band is not fair-queued or nothing waits in it."""
+        turns = self.fair_turns[band] if self.fair_turns else None
+        if tenant is None or turns is None or not reach:
+            return 0.0
+        return arrivals_in_turn(turns, tenant, slack, reach)
+
 
 @dataclass(frozen=True, slots=True)
 class Throughput:
@@ -139,13 +150,24 @@ def arriving_ahead(
     stats: QueueStats, throughput: Throughput, band: int, tenant: str | None, horizon_s: float
 ) -> float:
     """The work the other flows of a fair-queued `band` will still queue ahead of a request of
-    `tenant` within `horizon_s`, at the rates they were recently granted slots
-    (policies.fairness.arrivals_in_turn); 0 where its band's turns are not kept or nothing waits."""
-    turns = stats.fair_turns[band] if stats.fair_turns else None
-    if tenant is None or turns is None or not throughput.tenant_rate_by_band:
-        return 0.0
+    `tenant` within `horizon_s`, at the rates they were recently admitted (`arrival_reach`), as
+    `stats` show the band's turns. The stores count the same from their live state when they check
+    an offer (`work_before_grant`)."""
+    slack = throughput.handover_cost
+    return stats.arriving_ahead(band, tenant, slack, arrival_reach(throughput, band, tenant, horizon_s))
+
+
+def arrival_reach(
+    throughput: Throughput, band: int, tenant: str | None, horizon_s: float
+) -> dict[str, float]:
+    """The most work each other flow of `band` may send within `horizon_s` at the rate it was
+    recently admitted (tenant -> rate times the horizon): what a request of `tenant` offers the
+    store with, which counts what of it goes ahead of its turn (policies.fairness.arrivals_in_turn).
+    Empty for an unnamed flow, a horizon of none, or where the rates are not kept."""
+    if tenant is None or horizon_s <= 0 or not throughput.tenant_rate_by_band:
+        return {}
     rates = throughput.tenant_rate_by_band[band]
-    return arrivals_in_turn(turns, tenant, throughput.handover_cost, rates, horizon_s) if rates else 0.0
+    return {name: rate * horizon_s for name, rate in rates.items() if name != tenant and rate > 0}
 
 
 def room_taken(queued_ahead: float, handover_cost: float, cost: float) -> float:
@@ -160,14 +182,18 @@ def room_taken(queued_ahead: float, handover_cost: float, cost: float) -> float:
     return max(handover_cost, cost) if queued_ahead > 0 else handover_cost
 
 
-def work_before_grant(queued_ahead: float, free_slots: int, handover_cost: float, cost: float) -> float:
-    """What a store checks against an offer's `max_work`: the work queued ahead of it plus the room
-    it takes (`room_taken`), or none with a slot free and nothing queued ahead (it is granted now).
+def work_before_grant(
+    queued_ahead: float, free_slots: int, handover_cost: float, cost: float, arriving: float = 0.0
+) -> float:
+    """What a store checks against an offer's `max_work`: the work queued ahead of it, what the
+    band's other flows will still send ahead of its turn within its allowance (`arriving`,
+    policies.fairness.arrivals_in_turn) and the room it takes (`room_taken`); none with a slot
+    free and nothing queued ahead (it is granted now, before anything arrives).
 
     The Redis store checks the same in its offer script (gateway/queues/redis/lua/offer.lua), atomically.
     """
     if queued_ahead > 0 or free_slots == 0:
-        return queued_ahead + room_taken(queued_ahead, handover_cost, cost)
+        return queued_ahead + arriving + room_taken(queued_ahead, handover_cost, cost)
     return 0.0
 
 

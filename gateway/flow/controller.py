@@ -35,6 +35,7 @@ from policies.admission import (
     allowed_wait_s,
     budget_hopeless,
     min_budget_s,
+    offer_reach,
     refuse,
 )
 from policies.outcomes import Outcome
@@ -151,13 +152,14 @@ class AdmissionController:
         stats = self._store.stats(model)
         admission = self._admission_of(model)
         limit = admission.limit(request, stats, throughput, external, arrived_at)
+        reach = offer_reach(request, throughput)
         # A held batch leaves while its most urgent member still has a service time to spare
         # beyond its allowed wait: a batch is served more slowly than one request.
         leave_by = arrived_at + allowed_s - throughput.service_time_s
         if batching is not None and batching.max_delay_s > 0:
             batching = self._holds.decide(flow, batching, cost, leave_by, stats.free_for(band))
         offering = self._store.offer(
-            flow, cost, allowed_s, limit, arrived_at, batching, on_grant, request.kind
+            flow, cost, allowed_s, limit, arrived_at, batching, on_grant, request.kind, reach
         )
         offer = await (offering if batching is None else self._holds.offering(flow, batching, offering))
         if isinstance(offer, Full) and not offer.at_cap and offer.stats != stats:
@@ -166,10 +168,12 @@ class AdmissionController:
             # the view the refusal brought, and offer once more where that one admits.
             fresh = offer.stats
             limit = admission.limit(request, fresh, throughput, external, arrived_at)
-            if work_to_drain(fresh, band, throughput.handover_cost, flow.tenant, cost) <= limit:
+            handover = throughput.handover_cost
+            arriving = fresh.arriving_ahead(band, flow.tenant, handover, reach)
+            if work_to_drain(fresh, band, handover, flow.tenant, cost, arriving) <= limit:
                 stats = fresh
                 offering = self._store.offer(
-                    flow, cost, allowed_s, limit, arrived_at, batching, on_grant, request.kind
+                    flow, cost, allowed_s, limit, arrived_at, batching, on_grant, request.kind, reach
                 )
                 offer = await (
                     offering if batching is None else self._holds.offering(flow, batching, offering)

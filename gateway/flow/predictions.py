@@ -148,11 +148,11 @@ class Predictions:
         now: float,
         confidence: float,
     ) -> float:
-        """The work limit a store checks the request's offer against: `work_limit`, less the room
-        its cost's rank keeps for others, the work the backends hold for others (`external`) and the
-        arrivals of its band's other flows ahead of its turn (policies.admission.offered_limit)."""
+        """The work limit a store checks the request's offer against (with its
+        policies.admission.offer_reach): `work_limit`, less the room its cost's rank keeps for
+        others and the work the backends hold for others (`external`; policies.admission.offered_limit)."""
         limit = self.work_limit(request, stats, throughput, now, confidence)
-        return offered_limit(limit, request, stats, throughput, external)
+        return offered_limit(limit, request, throughput, external)
 
     def _read_stepwise(
         self,

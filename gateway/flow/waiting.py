@@ -16,7 +16,7 @@ async def wait_for_slot(
     """The slot granted to `ticket` within `timeout_s`, or why its wait ended; a ticket that leaves
     is withdrawn (a slot granted in the same instant goes straight back to the pool)."""
     loop = asyncio.get_running_loop()
-    timer = loop.call_later(max(0.0, timeout_s), ticket.interrupt, Outcome.DEADLINE_EXPIRED_IN_QUEUE)
+    timer = loop.call_later(max(0.0, timeout_s), store.expire, ticket)
     watcher: asyncio.Future[object] | None = None
     result: Slot | Outcome = Outcome.CLIENT_DISCONNECTED
     try:

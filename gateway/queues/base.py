@@ -80,8 +80,6 @@ class Slot:
     """The store's id for the slot, where it keeps one (Redis)."""
     kind: str = ""
     """The kind of request it serves (policies.request_kinds); "" for a batch of several."""
-    held_at: float = 0.0
-    """When this replica took it from a shared store, on the store's clock (0: not kept)."""
     charged: bool = False
     """Also counted against the fallback store's share (held when the shared store failed)."""
     awaiting: int = 0
@@ -235,6 +233,7 @@ class RequestQueue(Protocol):
         batching: Batching | None = None,
         on_grant: Callable[[Slot], None] | None = None,
         kind: str = "",
+        reach: Mapping[str, float] | None = None,
     ) -> Offer:
         """Grant a free slot, queue, or refuse when the work to drain before it gets a slot
         exceeds `max_work`: the work queued ahead of it (its band and the more urgent ones) plus
@@ -246,7 +245,17 @@ class RequestQueue(Protocol):
         configured Ordering, on its own clock. A queued ticket carries `on_grant` from the start,
         so that it runs in its grant whenever that comes (a batch's members all join it there).
         `kind`: the request's kind (policies.request_kinds), kept with the slot it is granted.
+        `reach`: the most work each other flow of its band may send within its allowance
+        (policies.admission.offer_reach); what of it goes ahead of its turn counts in the check
+        (policies.wait.work_before_grant), from the store's state at the check.
         """
+        ...
+
+    def expire(self, ticket: Ticket) -> None:
+        """The ticket's leave-by passed on this replica's clock: end its wait with
+        DEADLINE_EXPIRED_IN_QUEUE (then `withdraw` it), unless the store had granted it a slot
+        first. The store orders the two: a grant it made before the withdrawal reached it is the
+        request's, though it reaches the replica a little later."""
         ...
 
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:

@@ -25,7 +25,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 from anyio.abc import TaskStatus
@@ -149,8 +149,9 @@ class FailoverQueue:
         batching: Batching | None = None,
         on_grant: Callable[[Slot], None] | None = None,
         kind: str = "",
+        reach: Mapping[str, float] | None = None,
     ) -> Offer:
-        args = (flow, cost, allowed_wait_s, max_work, now, batching, on_grant, kind)
+        args = (flow, cost, allowed_wait_s, max_work, now, batching, on_grant, kind, reach)
         if self.up:
             try:
                 return await self._redis.offer(*args)
@@ -165,6 +166,9 @@ class FailoverQueue:
         if not self._serving(flow.model):
             return Unavailable(retry_after_s=self._probe_interval_s)
         return await self._local.offer(*args)
+
+    def expire(self, ticket: Ticket) -> None:
+        (self._redis if ticket.id else self._local).expire(ticket)
 
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
         if not ticket.id:

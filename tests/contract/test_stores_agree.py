@@ -31,7 +31,7 @@ from gateway.upstream.backends import BackendState, ModelPool
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
 from policies.quotas import Quota
-from policies.wait import work_to_drain
+from policies.wait import work_before_grant
 from tests.redis_server import redis_url_or_skip, unique_prefix
 
 pytestmark = pytest.mark.redis
@@ -42,6 +42,9 @@ T = TypeVar("T")
 # different moments, and admission decisions must not hang on that.
 ESTIMATION = Estimation(handover_cost_weight=0.0)
 UNLIMITED = 10.0**9
+# What the other flows may send within an offer's allowance (policies.admission.offer_reach): the
+# stores count what of it goes ahead of the offer's turn, each from its own state.
+REACH = st.sampled_from([{}, {}, {"a": 2.0}, {"b": 4.5, "": 1.0}, {"a": 1.0, "b": 3.0, "": 0.5}])
 
 
 def pool(slots: tuple[int, ...]) -> ModelPool:
@@ -151,6 +154,7 @@ class StoresAgree(RuleBasedStateMachine):
         allowed_s=st.sampled_from([0.5, 2.0, 10.0]),
         batch_key=st.sampled_from([None, None, "k", "j"]),
         hold=st.booleans(),
+        reach=REACH,
     )
     def offer(
         self,
@@ -161,8 +165,9 @@ class StoresAgree(RuleBasedStateMachine):
         allowed_s: float,
         batch_key: str | None,
         hold: bool,
+        reach: dict[str, float],
     ) -> None:
-        self.offer_to_both(band, tenant, cost, max_work, allowed_s, batch_key, hold)
+        self.offer_to_both(band, tenant, cost, max_work, allowed_s, batch_key, hold, reach)
 
     def offer_to_both(
         self,
@@ -173,6 +178,7 @@ class StoresAgree(RuleBasedStateMachine):
         allowed_s: float,
         batch_key: str | None,
         hold: bool,
+        reach: dict[str, float],
     ) -> Offer:
         """Offer alike to both stores, check they answered alike; the memory store's answer."""
         assert self.memory is not None and self.redis is not None
@@ -183,8 +189,8 @@ class StoresAgree(RuleBasedStateMachine):
         async def offers() -> tuple[Offer, Offer]:
             assert self.memory is not None and self.redis is not None
             return (
-                self.memory.offer_nowait(flow, cost, allowed_s, max_work, self.now, batching),
-                await self.redis.offer(flow, cost, allowed_s, max_work, self.now, batching),
+                self.memory.offer_nowait(flow, cost, allowed_s, max_work, self.now, batching, reach=reach),
+                await self.redis.offer(flow, cost, allowed_s, max_work, self.now, batching, reach=reach),
             )
 
         in_memory, in_redis = self.run(offers())
@@ -206,8 +212,11 @@ class StoresAgree(RuleBasedStateMachine):
         tenant=st.sampled_from(["", "a", "b"]),
         cost=st.sampled_from([1.0, 2.0]),
         side=st.sampled_from([-1e-3, 1e-3]),
+        reach=REACH,
     )
-    def offer_at_the_edge(self, band: int, tenant: str, cost: float, side: float) -> None:
+    def offer_at_the_edge(
+        self, band: int, tenant: str, cost: float, side: float, reach: dict[str, float]
+    ) -> None:
         """An offer whose limit is just below or just above the work the memory store counts ahead
         of it: both stores must count that work alike, not only roughly (fair turns, quotas and
         reservations included), or one admits at the edge what the other refuses."""
@@ -215,8 +224,11 @@ class StoresAgree(RuleBasedStateMachine):
         queue = self.memory._models[MODEL]
         queue.estimates.observe(queue.counters, self.now)  # the offer's own first step: the work a
         # hand-over takes may move with it, and with it the room the request takes
-        ahead = work_to_drain(self.memory.stats(MODEL), band, queue.estimates.handover_cost, tenant, cost)
-        answer = self.offer_to_both(band, tenant, cost, ahead + side, 10.0, None, False)
+        stats, handover = self.memory.stats(MODEL), queue.estimates.handover_cost
+        arriving = stats.arriving_ahead(band, tenant, handover, reach)
+        queued = stats.work_ahead(band, tenant, handover)
+        ahead = work_before_grant(queued, stats.free_for(band), handover, cost, arriving)
+        answer = self.offer_to_both(band, tenant, cost, ahead + side, 10.0, None, False, reach)
         if not self.quotas:  # the edge is where it was read (with quotas, work a quota holds back
             # while a slot is free counts in the stores' check beyond what the stats tell: the two
             # stores still agree; in the states found the stats read low, the safe side for a replica)
@@ -229,7 +241,7 @@ class StoresAgree(RuleBasedStateMachine):
         reserved slots order a deep queue (single offers rarely build one)."""
         tenants = ("a", "b", "")
         for i in range(count):
-            self.offer_to_both(band, tenants[i % 3], cost, UNLIMITED, 10.0, None, False)
+            self.offer_to_both(band, tenants[i % 3], cost, UNLIMITED, 10.0, None, False, {})
 
     @precondition(lambda self: self.waiting)
     @rule()
@@ -374,7 +386,7 @@ def replay(slots: tuple[int, ...], steps: list[tuple[str, dict[str, Any]]]) -> N
 
 
 def offered(band: int = 0, tenant: str = "", cost: float = 1.0, allowed_s: float = 0.5, **more: Any):
-    arguments = {"max_work": UNLIMITED, "batch_key": None, "hold": False} | more
+    arguments = {"max_work": UNLIMITED, "batch_key": None, "hold": False, "reach": {}} | more
     return ("offer", {"band": band, "tenant": tenant, "cost": cost, "allowed_s": allowed_s} | arguments)
 
 

@@ -11,6 +11,7 @@ the same shares handed over, the same shares of each tenant's requests refused a
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 
@@ -20,6 +21,7 @@ import pytest
 from gateway.tools.simulate.admitting import Admission
 from gateway.tools.simulate.engine import Band, Handover, Setup, simulate
 from gateway.tools.simulate.workload import Arrival
+from policies.calibration import CalibrationConfig
 from tests.integration.servers import gateway_config
 
 pytestmark = pytest.mark.anyio
@@ -90,38 +92,28 @@ class AdmittedExpired(AssertionError):
     """More of a tenant's admitted requests expired in the queue than admission aims at."""
 
 
+TARGET_EXPIRY = CalibrationConfig().target_expiry  # of the admitted requests that queue, 1%
+UNLIKELY = 1e-3
+
+
+def chance_of_at_least(count: int, trials: int, p: float) -> float:
+    """The chance of `count` or more in `trials` Bernoulli trials of probability `p`."""
+    return 1.0 - sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(count))
+
+
 def check_admitted_served_in_time(served, refused) -> None:
-    """Raises AdmittedExpired when more than 2% of a tenant's admitted requests expired."""
+    """Raises AdmittedExpired when more of a tenant's admitted requests expired than admission's
+    target lets happen by chance (under 1 in 1,000): a few hundred admitted at 1% expire 2-3,
+    now and then 5, which a fixed 2% line took for a fault; 5-7%, as on Redis before its grants
+    were ordered by Redis and its service times measured as Redis held the slots, fail it."""
     for tenant in ("team-a", "team-b"):
         expired = sum(b"deadline_expired_in_queue" in body for _, who, body in refused if who == tenant)
         admitted = sum(who == tenant for _, who in served) + expired
-        if expired > 0.02 * admitted:
+        if chance_of_at_least(expired, admitted, TARGET_EXPIRY) < UNLIKELY:
             raise AdmittedExpired(f"{tenant}: {expired} of its {admitted} admitted requests expired")
 
 
-class LighterTenantShort(AssertionError):
-    """The lighter tenant was handed less than its weighted share, beyond 10%."""
-
-
-REDIS_EDGE = pytest.mark.xfail(
-    raises=(AdmittedExpired, LighterTenantShort),
-    strict=True,
-    reason="on Redis the lighter tenant's requests admitted at the edge of their 3 s expire: 5-7% of "
-    "them (0.4% of the heavier one's, under 1% of either on the memory store). Measuring a slot's "
-    "service as long as Redis holds it took this from about 10%; what is left was not found. Since "
-    "its margin is calibrated on its own, those expiries tighten it, and its share falls to 0.22-0.23. "
-    "Not the decisions: the stores-agree machine holds the Lua's dispatch order and its count of the "
-    "work ahead and its view of the fair turns to the memory store's, over weights, quotas and reservations. "
-    "Measured (Server-Timing, 2026-12-06): at fixed service admission puts both tenants' waits within "
-    "60 ms of the 3 s edge (p50 2.95 s on both stores); on Redis the lighter tenant's waits have a "
-    "tail 12-18 ms longer than on memory at p90-p99 (2988/3000 ms against 2976/2982), the heavier "
-    "one's within 2 ms. It follows the weight, not the name (weights swapped, 23 of team-a's 236 "
-    "expire), and holding each replica's offers to one at a time, view to reply, leaves it: not a "
-    "limit read from a view that its own offers in flight made stale",
-)
-
-
-@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=[pytest.mark.redis, REDIS_EDGE])])
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
 async def test_tenants_weighted_3_to_1_flooding_at_2_5x_with_3_s_waits_are_served_3_to_1_and_in_time(
     start_sim, start_gateway, store_section
 ):

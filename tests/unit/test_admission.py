@@ -10,11 +10,11 @@ from policies.admission import (
     AdmissionRequest,
     Reject,
     allowed_wait_s,
+    arriving_work,
     budget_hopeless,
     cautious_wait_s,
     max_work,
     min_budget_s,
-    offer_limit,
     offered_limit,
     refuse,
     service_allowance_s,
@@ -23,7 +23,7 @@ from policies.admission import (
 from policies.outcomes import Outcome
 from policies.retry_after import RetryAfterConfig
 from policies.service_times import ServiceTimes
-from policies.wait import QueueStats, Throughput, urgent_rate_over, work_to_drain
+from policies.wait import QueueStats, Throughput, urgent_rate_over, work_before_grant, work_to_drain
 
 RETRY = RetryAfterConfig(min_s=0.01, max_s=60.0, jitter=0.0)
 EXACT = AdmissionConfig(safety_sigmas=0.0, retry=RETRY)  # no margin: the plain mean prediction
@@ -47,10 +47,12 @@ def decide(request, stats, flow, jitter_u, config) -> Reject | None:
     of the request is within the limit the controller offers with (`offered_limit` of `work_limit`,
     at the config's margin), else the refusal with its Retry-After."""
     confidence = NormalDist().cdf(config.safety_sigmas)
-    limit = offered_limit(
-        work_limit(request, stats, flow, 0.0, confidence, config), request, stats, flow, 0.0
-    )
-    if work_to_drain(stats, request.band, flow.handover_cost, request.tenant, request.cost) <= limit:
+    limit = offered_limit(work_limit(request, stats, flow, 0.0, confidence, config), request, flow, 0.0)
+    arriving = arriving_work(request, stats, flow)
+    if (
+        work_to_drain(stats, request.band, flow.handover_cost, request.tenant, request.cost, arriving)
+        <= limit
+    ):
         return None
     return refuse(request, stats, flow, jitter_u, config)
 
@@ -267,16 +269,28 @@ def test_a_cluster_of_urgent_arrivals_weighs_on_the_next_moment_not_on_a_long_al
 
 
 @pytest.mark.parametrize(
-    ("limit", "external", "arriving", "offered"),
+    ("limit", "external", "offered"),
     [
-        (10.0, 0.0, 0.0, 10.0),
-        (10.0, 2.0, 3.0, 5.0),  # both are ahead of it, and come off
-        (10.0, 0.0, 25.0, 0.0),  # arrivals alone stop at no work ahead: a free slot still starts it
-        (10.0, 12.0, 5.0, -2.0),  # the backends' own queue may still refuse it with a slot free
-        (-1.0, 0.0, 5.0, -1.0),  # never
+        (10.0, 0.0, 10.0),
+        (10.0, 2.0, 8.0),  # the backends' own queue is ahead of every band, and comes off
+        (10.0, 12.0, -2.0),  # and may refuse it with a slot free
+        (-1.0, 5.0, -1.0),  # never stays never
     ],
 )
-def test_the_offers_limit_takes_off_what_goes_first_but_is_not_queued_in_the_store(
-    limit, external, arriving, offered
+def test_the_offers_limit_takes_off_what_the_backends_hold_for_others(limit, external, offered):
+    request = AdmissionRequest(band=0, max_queue_wait_s=1.0)
+    assert offered_limit(limit, request, FLOW, external) == offered
+
+
+@pytest.mark.parametrize(
+    ("queued_ahead", "free", "arriving", "checked"),
+    [
+        (0.0, 1, 25.0, 0.0),  # a free slot with nothing queued ahead starts it now, before any arrives
+        (0.0, 0, 3.0, 4.0),  # no slot free: a hand-over, and what arrives in turn ahead meanwhile
+        (5.0, 1, 3.0, 10.0),  # queued work ahead: it, the arrivals, and its own cost of 2 behind them
+    ],
+)
+def test_the_stores_check_counts_arrivals_ahead_of_its_turn_only_where_the_request_waits(
+    queued_ahead, free, arriving, checked
 ):
-    assert offer_limit(limit, external, arriving) == offered
+    assert work_before_grant(queued_ahead, free, 1.0, 2.0, arriving) == checked

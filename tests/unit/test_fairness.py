@@ -222,7 +222,7 @@ def test_a_band_of_one_flow_has_its_whole_backlog_ahead():
 def test_what_goes_before_a_turn_while_others_keep_arriving_is_within_the_count(steps, joining, later):
     # A request of `joining` is enqueued after `steps`; then the other flows send `later` while the
     # band hands work over. What is handed out before it never exceeds the queued work ahead of its
-    # turn plus arrivals_in_turn at the rates they sent at (over a horizon of 1).
+    # turn plus arrivals_in_turn with what they sent as their reach.
     band = Band({"a": 1.0, "b": 3.0, "c": 0.5})
     band.run(steps)
     sent: dict[str, float] = {}
@@ -230,7 +230,7 @@ def test_what_goes_before_a_turn_while_others_keep_arriving_is_within_the_count(
         if step is not None and step[0] != joining:
             sent[step[0]] = sent.get(step[0], 0.0) + step[1]
     turns = band.turns()
-    bound = turn_ahead(turns, joining, slack=8.0) + arrivals_in_turn(turns, joining, 8.0, sent, 1.0)
+    bound = turn_ahead(turns, joining, slack=8.0) + arrivals_in_turn(turns, joining, 8.0, sent)
     own_start = band.enqueue(joining, 1.0)
     handed = 0.0
     for step in later:
@@ -246,12 +246,12 @@ def test_what_goes_before_a_turn_while_others_keep_arriving_is_within_the_count(
 
 def test_a_flow_that_keeps_arriving_goes_ahead_up_to_its_weight_of_the_turn():
     # The joining flow's start tag is 4 past the virtual time. A flow of weight 3 that has queued 2
-    # but sends 100 a second sends 12 (+1 straddling) ahead of it within 1 s: 11 more than queued;
-    # a flow sending 2 a second, nothing queued, adds its 2; a flow with no rate adds nothing.
+    # but may send 100 within the horizon sends 12 (+1 straddling) ahead of it: 11 more than queued;
+    # a flow that may send 2, nothing queued, adds its 2; a flow that sends nothing adds nothing.
     turns = FairTurns(10.0, {"f": 14.0}, {"f": 4.0, "heavy": 2.0}, {"f": 1.0, "heavy": 3.0})
-    rates = {"f": 50.0, "heavy": 100.0, "light": 2.0, "idle": 0.0}
-    assert arrivals_in_turn(turns, "f", 1.0, rates, 1.0) == 11.0 + 2.0
-    assert arrivals_in_turn(turns, "f", 1.0, rates, 0.0) == 0.0
+    reach = {"f": 50.0, "heavy": 100.0, "light": 2.0, "idle": 0.0}
+    assert arrivals_in_turn(turns, "f", 1.0, reach) == 11.0 + 2.0
+    assert arrivals_in_turn(turns, "f", 1.0, {}) == 0.0
 
 
 def test_shares_split_the_handed_work_and_are_zero_when_none_is():

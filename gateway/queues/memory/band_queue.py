@@ -3,11 +3,11 @@ count and work, and the band's fair-queuing clock (policies.fairness)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.queues.base import Ticket
-from policies.fairness import FairTurns, tags, work_ahead_in_turn
+from policies.fairness import FairTurns, tags, work_ahead_in_turn, work_arriving_in_turn
 
 HeapEntry = tuple[float, int, Ticket]
 
@@ -40,6 +40,21 @@ class BandQueue:
         others = ((work, weight_of(name)) for name, work in self.queued.items() if name != tenant)
         own_finish = self.finish.get(tenant, self.virtual_time)
         return work_ahead_in_turn(self.virtual_time, own_finish, self.queued.get(tenant, 0.0), others, slack)
+
+    def arriving_ahead(
+        self, tenant: str, weight_of: Callable[[str], float], slack: float, reach: Mapping[str, float]
+    ) -> float:
+        """policies.fairness.arrivals_in_turn for a request of `tenant` joining now, as `turns`
+        tells the band (a flow that has not queued weighs 1)."""
+        if not self.queued:
+            return 0.0
+        finish = self.finish
+        others = (
+            (self.queued.get(name, 0.0), weight_of(name) if name in finish else 1.0, most)
+            for name, most in reach.items()
+            if name != tenant
+        )
+        return work_arriving_in_turn(self.virtual_time, finish.get(tenant, self.virtual_time), others, slack)
 
     def turns(self, weight_of: Callable[[str], float]) -> FairTurns | None:
         """The band's fair queuing as admission reads it (QueueStats.fair_turns); None while

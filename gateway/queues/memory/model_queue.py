@@ -137,6 +137,13 @@ class ModelQueue:
         own, weight_of = self.bands[band], self.weight_of
         return urgent + (own.work if weight_of is None else own.work_ahead(tenant, weight_of, slack))
 
+    def arriving_ahead(self, band: int, tenant: str, slack: float, reach: Mapping[str, float]) -> float:
+        """What the band's other flows will still send ahead of a new request of `band` and
+        `tenant`, each at most its `reach`, as QueueStats.arriving_ahead counts it."""
+        if (weight_of := self.told_weights) is None:
+            return 0.0
+        return self.bands[band].arriving_ahead(tenant, weight_of, slack, reach)
+
     @property
     def total_slots(self) -> int:
         return sum(c.max_concurrency for c in self.capacity if c.ready)

@@ -93,8 +93,9 @@ class MemoryQueue:
         batching: Batching | None = None,
         on_grant: Callable[[Slot], None] | None = None,
         kind: str = "",
+        reach: Mapping[str, float] | None = None,
     ) -> Offer:
-        return self.offer_nowait(flow, cost, allowed_wait_s, max_work, now, batching, on_grant, kind)
+        return self.offer_nowait(flow, cost, allowed_wait_s, max_work, now, batching, on_grant, kind, reach)
 
     def offer_nowait(
         self,
@@ -106,6 +107,7 @@ class MemoryQueue:
         batching: Batching | None = None,
         on_grant: Callable[[Slot], None] | None = None,
         kind: str = "",
+        reach: Mapping[str, float] | None = None,
     ) -> Offer:
         queue = self._models[flow.model]
         per_slot = queue.estimates.handover_cost
@@ -119,7 +121,10 @@ class MemoryQueue:
         handover = queue.estimates.handover_cost
         ahead = queue.work_ahead(flow.band, flow.tenant, handover) if queue.live else 0.0
         free = queue.usable(flow.band)
-        to_drain = work_before_grant(ahead, free, handover, cost)
+        arriving = (
+            queue.arriving_ahead(flow.band, flow.tenant, handover, reach) if reach and queue.live else 0.0
+        )
+        to_drain = work_before_grant(ahead, free, handover, cost, arriving)
         if to_drain > max_work:
             return Full(queue.stats())
         immediate = free > 0 and ahead == 0 and queue.may_start(flow.tenant, cost)
@@ -240,6 +245,10 @@ class MemoryQueue:
             waiter = self._loop_factory().create_future()
             queue.idle_waiters.append(waiter)
             await waiter
+
+    def expire(self, ticket: Ticket) -> None:
+        # A grant here sets the ticket's wakeup in the same turn of the loop: whichever came first.
+        ticket.interrupt(Outcome.DEADLINE_EXPIRED_IN_QUEUE)
 
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
         self.withdraw_nowait(ticket, outcome)

@@ -8,8 +8,8 @@ list was meant.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.queues.base import Batching, Flow
@@ -41,6 +41,9 @@ class OfferArgs:
     None: none to check."""
     kind: str = ""
     """The request's kind (policies.request_kinds), kept with its lease."""
+    reach: Mapping[str, float] = field(default_factory=dict)
+    """The most work each other flow of its band may send within its allowance
+    (policies.admission.offer_reach): the script counts what of it goes ahead of its turn."""
 
     def fields(self, refused: list[float], batching: Batching | None) -> dict[str, Any]:
         """The script's arguments, with the work refused locally since the last script."""
@@ -126,12 +129,17 @@ class View:
         )
         return cls(seen_at, redis_now, stats, counters)
 
-    def work_to_drain(self, band: int, handover_cost: float, tenant: str, cost: float) -> float:
+    def work_to_drain(
+        self, band: int, handover_cost: float, tenant: str, cost: float, reach: Mapping[str, float]
+    ) -> float:
         """The work to drain before a new request of `band`, `tenant` and `cost` gets a slot, as
-        the offer script counts it: what is queued ahead up to its turn plus the room it takes
-        (none with a slot free and nothing queued ahead)."""
-        ahead = self.stats.work_ahead(band, tenant, handover_cost)
-        return work_before_grant(ahead, self.stats.free_for(band), handover_cost, cost)
+        the offer script counts it: what is queued ahead up to its turn, what of the other flows'
+        `reach` goes ahead of it, and the room it takes (none with a slot free and nothing queued
+        ahead)."""
+        stats = self.stats
+        ahead = stats.work_ahead(band, tenant, handover_cost)
+        arriving = stats.arriving_ahead(band, tenant, handover_cost, reach)
+        return work_before_grant(ahead, stats.free_for(band), handover_cost, cost, arriving)
 
 
 def _fair_turns(raw: Any) -> FairTurns | None:

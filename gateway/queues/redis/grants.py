@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -31,12 +31,14 @@ from gateway.queues.estimates import PoolEstimates
 from gateway.queues.redis.codec import Displaced, Grant, View, grants, message
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
-from policies.estimators import ewma
 from policies.outcomes import Outcome
 from policies.wait import Throughput
 
 # An offer's reply comes within a command timeout, or never: a grant unclaimed this long is freed.
 UNCLAIMED_AFTER_S = 10.0
+# A view younger than this may refuse an arrival without asking Redis: scripts run for every
+# admitted request and every release, so under load it is rarely older than a millisecond or two.
+VIEW_FRESH_S = 0.05
 
 
 @dataclass(slots=True, eq=False)
@@ -47,10 +49,6 @@ class _Pending:
     since: float
     unclaimed: set[str] = field(default_factory=set)
     delivered: int = 0
-
-
-ROUND_TRIP_WEIGHT = 0.05
-"""The share of each script's round trip in the average (it remembers about 20)."""
 
 
 class ModelState:
@@ -72,8 +70,9 @@ class ModelState:
         there Redis holds for its fallback once it is absent (the limit may have moved since)."""
         self.refused_locally = [0.0] * bands
         """Work refused from a fresh view without a round trip, counted with the next script."""
-        self.round_trip_s: float | None = None
-        """The scripts' recent round trip, as this replica waits for it (its event loop included)."""
+        self.timed: dict[str, tuple[float, str]] = {}
+        """Leases whose request's service was timed -> (that time, the request's kind), until
+        Redis frees them (`released`)."""
         self._pending: dict[str, _Pending] = {}
         self._withdrawn: dict[str, float] = {}
         """Tickets withdrawn after Redis had granted them: their grants are on the way."""
@@ -92,18 +91,26 @@ class ModelState:
         at = self.view.redis_now + (now - self.view.seen_at)  # the estimates run on Redis's clock
         return self.estimates.throughput(self.pool.total_slots, at, reservations)
 
-    def record_service(self, service_s: float, slot: Slot | None, now: float) -> None:
-        """A request's service time as its slot was held in Redis: from the grant to the release.
-        They reach and leave this replica a round trip apart, beyond the time it held the slot
-        (its event loop's turns before the send and after the answer included). A pool reading of
-        the backend's time alone counted hand-overs Redis makes later: at 50 ms and a few ms per
-        hand-over, 3% of the work admitted at the edge of its allowance expired."""
-        if slot is not None and slot.held_at:
-            service_s = max(service_s, now - slot.held_at) + (self.round_trip_s or 0.0)
-        self.estimates.record_service(service_s, "" if slot is None else slot.kind)
+    def record_service(self, service_s: float, slot: Slot | None) -> None:
+        """A request's service time; a lease's is taken when Redis frees it (`released`), unless
+        it is released already."""
+        if slot is None or not slot.lease or slot.released:
+            self.estimates.record_service(service_s, "" if slot is None else slot.kind)
+        else:
+            self.timed[slot.lease] = (service_s, slot.kind)
 
-    def round_trip(self, seconds: float) -> None:
-        self.round_trip_s = ewma(self.round_trip_s, seconds, ROUND_TRIP_WEIGHT)
+    def released(self, lease: str, held_s: float | None) -> None:
+        """Redis freed `lease` after holding it `held_s` seconds (None: not known). Where its
+        request's service was timed, that is its sample: the time Redis held the slot, from the
+        grant to the release, which the pool reading of admission counts hand-overs by. The
+        backend's time leaves out the grant's way to its replica, the replica's turns before the
+        send and after the answer, and the release's way back: at 50 ms, a pool reading of the
+        backend's time expired 3% of the work admitted at the edge, and the time this replica
+        held the slot plus its mean round trip, 1% of it (0.2% in memory, where a hand-over is
+        instant; delaying each there by 0.8 ms expired as many)."""
+        if (timed := self.timed.pop(lease, None)) is not None:
+            service_s, kind = timed
+            self.estimates.record_service(max(service_s, held_s or 0.0), kind)
 
     def backend(self, url: str) -> BackendState:
         """The backend a grant names. One that left the pool since (endpoint discovery) is kept
@@ -117,6 +124,20 @@ class ModelState:
         tickets, self.waiting = list(self.waiting.values()), {}
         return tickets
 
+    def refused_from_view(
+        self, flow: Flow, cost: float, max_work: float, reach: Mapping[str, float], now: float
+    ) -> bool:
+        """Whether a view a few milliseconds old (VIEW_FRESH_S) clearly puts the offer over its
+        limit: then it is refused without a round trip (under overload most arrivals end here),
+        its work counted with the next script."""
+        view, handover = self.view, self.estimates.handover_cost
+        if now - view.seen_at > VIEW_FRESH_S:
+            return False
+        if view.work_to_drain(flow.band, handover, flow.tenant, cost, reach) <= max_work:
+            return False
+        self.refused_locally[flow.band] += cost
+        return True
+
     def take_refused_locally(self) -> list[float]:
         work, self.refused_locally = self.refused_locally, [0.0] * len(self.refused_locally)
         return work
@@ -124,7 +145,7 @@ class ModelState:
     def hold(self, lease: str, url: str, cost: float, band: int, now: float = 0.0, kind: str = "") -> Slot:
         backend = self.backend(url)
         backend.inflight += 1  # this replica's share, for its metrics
-        slot = Slot(self.pool.name, backend, cost, band=band, lease=lease, kind=kind, held_at=now)
+        slot = Slot(self.pool.name, backend, cost, band=band, lease=lease, kind=kind)
         self.held[lease] = slot
         return slot
 
@@ -267,6 +288,37 @@ class ModelState:
     @staticmethod
     def _unused(pending: _Pending) -> Slot | None:
         return pending.slot if not pending.unclaimed and pending.delivered == 0 else None
+
+
+GRANT_ON_ITS_WAY_S = 0.5
+"""How long a ticket whose leave-by passed waits for the grant Redis made before its withdrawal
+reached it: a grant reaches its replica within a round trip, in the reply to a release or from
+its list; one lost on the way is given back when it comes (`granted_before_withdrawal`)."""
+
+
+async def expire_in_order(
+    state: ModelState, ticket: Ticket, withdrawn: Callable[[], Awaitable[bool]]
+) -> None:
+    """End `ticket`'s wait, its leave-by passed on this replica's clock, in the order Redis saw:
+    `withdrawn` runs the withdraw script (whether Redis took the ticket out). Where Redis had
+    granted it first the grant is the request's, on its way here: with several replicas a grant
+    reaches its ticket a hand-over's round trip after Redis made it, and ending the wait at once
+    expired requests granted in time (on a 3:1 flood, a third of the lighter tenant's expiries)
+    and gave back a slot Redis had just handed over."""
+    if state.waiting.get(ticket.id) is not ticket:  # granted, or its wait ended otherwise
+        ticket.interrupt(Outcome.DEADLINE_EXPIRED_IN_QUEUE)
+        return
+    try:
+        removed = await withdrawn()
+    except Exception:  # the waiter's own withdrawal asks again (and a failover takes it from there)
+        ticket.interrupt(Outcome.DEADLINE_EXPIRED_IN_QUEUE)
+        return
+    if removed:
+        state.waiting.pop(ticket.id, None)
+        ticket.interrupt(Outcome.DEADLINE_EXPIRED_IN_QUEUE)
+    elif not ticket.wakeup.done():
+        loop = asyncio.get_running_loop()
+        loop.call_later(GRANT_ON_ITS_WAY_S, ticket.interrupt, Outcome.DEADLINE_EXPIRED_IN_QUEUE)
 
 
 async def listen(

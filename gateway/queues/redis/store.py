@@ -37,7 +37,7 @@ from redis.exceptions import RedisError
 from gateway.queues.background import Background
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
 from gateway.queues.redis.codec import Displaced, Grant, OfferArgs, View, grants, ready_arg
-from gateway.queues.redis.grants import ModelState, listen
+from gateway.queues.redis.grants import ModelState, expire_in_order, listen
 from gateway.queues.redis.presence import Holding, Presence, ReplicaAbsent
 from gateway.queues.redis.returns import RedisReturns
 from gateway.queues.redis.scripts import Scripts
@@ -52,9 +52,6 @@ from policies.wait import QueueStats, Throughput
 log = logging.getLogger("gateway.redis")
 
 LISTEN_WAKE_S = 0.25  # BLMPOP returns at once when a grant is pushed: this bounds a stop's wait
-# A view younger than this may refuse an arrival without asking Redis: scripts run for every
-# admitted request and every release, so under load it is rarely older than a millisecond or two.
-_VIEW_FRESH_S = 0.05
 
 
 class RedisQueue:
@@ -162,7 +159,7 @@ class RedisQueue:
         return self._models[model].throughput(now, self._scripts.reservations())
 
     def record_service(self, model: str, service_s: float, slot: Slot | None = None) -> None:
-        self._models[model].record_service(service_s, slot, self._clock())
+        self._models[model].record_service(service_s, slot)
 
     async def offer(
         self,
@@ -174,26 +171,21 @@ class RedisQueue:
         batching: Batching | None = None,
         on_grant: Callable[[Slot], None] | None = None,
         kind: str = "",
+        reach: Mapping[str, float] | None = None,
     ) -> Offer:
         state = self._models[flow.model]
         if (down := self._loop_down(flow.model)) is not None:
             return Unavailable(retry_after_s=max(LISTEN_WAKE_S, down.restart_in_s))
-        view, handover = state.view, state.estimates.handover_cost
-        if (
-            self._clock() - view.seen_at <= _VIEW_FRESH_S
-            and view.work_to_drain(flow.band, handover, flow.tenant, cost) > max_work
-        ):
-            # Clearly over the limit by a view a few milliseconds old: refuse without a round trip
-            # (under overload most arrivals end here), and count the arrival with the next script.
-            state.refused_locally[flow.band] += cost
-            return Full(view.stats)
+        if state.refused_from_view(flow, cost, max_work, reach or {}, self._clock()):
+            return Full(state.view.stats)
+        handover = state.estimates.handover_cost
         edf, weight = self._ordering is Ordering.EDF, self._weight_of(flow.tenant)
         displacing = flow.band < self._bands - 1 or self._scripts.has_quotas  # a reclaiming owner may
         pool = self.throughput(flow.model, now) if displacing else None
         args = OfferArgs(
             self._replica, flow, cost, max_work, handover, edf, weight, allowed_wait_s, self._ttl_s
         )
-        args = replace(args, displacing=pool, kind=kind)
+        args = replace(args, displacing=pool, kind=kind, reach=dict(reach or {}))
         running = self._spawn(self._run("offer", state, args.fields(state.take_refused_locally(), batching)))
         try:
             reply = await asyncio.shield(running)
@@ -210,13 +202,17 @@ class RedisQueue:
             return Queued(ticket)
         return Full(state.view.stats, at_cap=bool(reply.get("cap")))
 
+    def expire(self, ticket: Ticket) -> None:
+        state = self._models[ticket.model]
+        withdrawn = functools.partial(self._withdrawn, state, ticket.id)
+        self._spawn(expire_in_order(state, ticket, withdrawn))
+
     async def withdraw(self, ticket: Ticket, outcome: Outcome) -> None:
         state = self._models[ticket.model]
         ticket.interrupt(outcome)
         if state.waiting.pop(ticket.id, None) is not None:
-            reply = await asyncio.shield(self._spawn(self._run("withdraw", state, {"ticket": ticket.id})))
-            self._take_view(state, reply["view"])
-            if not reply["removed"]:  # Redis had granted it: free the grant, now or when it arrives
+            if not await asyncio.shield(self._spawn(self._withdrawn(state, ticket.id))):
+                # Redis had granted it: free the grant, now or when it arrives.
                 self._give_back(state.granted_before_withdrawal(ticket.id, self._clock()))
         if not ticket.wakeup.cancelled() and isinstance(slot := ticket.wakeup.result(), Slot):
             # A batch's slot is released by whoever runs the batch's call; a claimed one by its caller.
@@ -305,6 +301,7 @@ class RedisQueue:
         state = self._models[slot.model]
         state.let_go(slot)
         if self._presence.detached:
+            state.released(slot.lease, None)  # no script: its backend's time is its service's
             return None
         return state.freeing(slot.lease, self._spawn(self._free(state, slot.lease, sample=used)))
 
@@ -320,14 +317,19 @@ class RedisQueue:
             self._release_task(slot, used=False)
 
     async def _free(self, state: ModelState, lease: str, *, sample: bool = True) -> None:
-        """Run the release script; grants it made for this replica are delivered from its reply."""
-        await self._granting("release", state, {"lease": lease, "replica": self._replica, "sample": sample})
+        """Run the release script: its reply brings this replica's grants, and the lease's time held."""
+        args, held = {"lease": lease, "replica": self._replica, "sample": sample}, None
+        try:
+            held = (await self._granting("release", state, args)).get("held")
+        finally:
+            state.released(lease, held)
 
-    async def _granting(self, script: str, state: ModelState, args: dict[str, Any]) -> None:
+    async def _granting(self, script: str, state: ModelState, args: dict[str, Any]) -> Any:
         reply = await self._run(script, state, args)
         self._take_view(state, reply["view"])
         for grant in grants(reply["mine"]):
             self._deliver(state, grant)
+        return reply
 
     def _deliver(self, state: ModelState, grant: Grant | Displaced) -> None:
         try:
@@ -344,12 +346,15 @@ class RedisQueue:
             state.view = view
             state.estimates.observe(view.counters, view.redis_now)
 
+    async def _withdrawn(self, state: ModelState, ticket_id: str) -> bool:
+        """Run the withdraw script: whether Redis took the ticket out (else it had granted it)."""
+        reply = await self._run("withdraw", state, {"ticket": ticket_id})
+        self._take_view(state, reply["view"])
+        return bool(reply["removed"])
+
     async def _run(self, script: str, state: ModelState, args: dict[str, Any]) -> Any:
         args["per_slot"] = state.estimates.handover_cost  # the work a slot takes, for quotas
-        sent = self._clock()
-        reply = await self._scripts.run(script, state.tag, state.pool, args)
-        state.round_trip(self._clock() - sent)
-        return reply
+        return await self._scripts.run(script, state.tag, state.pool, args)
 
     async def _publish_ready(self, state: ModelState) -> None:
         await self._run("ready", state, {"ttl": self._ttl_s, "ready": ready_arg(state.pool)})

@@ -21,7 +21,7 @@ from gateway.flow.model_admission import ModelAdmission
 from gateway.flow.return_schedules import ReturnSchedules
 from gateway.queues.estimates import PoolEstimates, StoreCounters
 from gateway.settings import Estimation
-from policies.admission import AdmissionConfig, AdmissionRequest, allowed_wait_s
+from policies.admission import AdmissionConfig, AdmissionRequest, allowed_wait_s, offer_reach
 from policies.steps import Steps, finished
 from policies.wait import QueueStats, Throughput, work_before_grant
 
@@ -87,7 +87,11 @@ class Admitting:
         limit = self.model.limit(request, stats, throughput, 0.0, now)
         handover = throughput.handover_cost
         ahead = stats.work_ahead(band, request.tenant, handover) if any(stats.queued_by_band) else 0.0
-        if limit < 0 or work_before_grant(ahead, stats.free_for(band), handover, request.cost) > limit:
+        arriving = stats.arriving_ahead(band, request.tenant, handover, offer_reach(request, throughput))
+        if (
+            limit < 0
+            or work_before_grant(ahead, stats.free_for(band), handover, request.cost, arriving) > limit
+        ):
             return -math.inf
         return now + allowed_wait_s(request, throughput)
 

@@ -189,6 +189,25 @@ local function turn_ahead(band, tenant, slack)
   return ahead
 end
 
+-- policies.fairness.arrivals_in_turn, here where it must be atomic with turn_ahead, which it
+-- complements: what the band's other flows will still send ahead of a request of `tenant` joining
+-- now, each at most its `reach` (tenant -> work); a flow that has not queued weighs 1.
+local function arriving_ahead(band, tenant, slack, reach)
+  local virtual = tonumber(redis.call('GET', tag .. ':vt:' .. band)) or 0
+  local own_finish = tonumber(redis.call('HGET', tag .. ':finish:' .. band, tenant)) or virtual
+  local span = math.max(0, own_finish - virtual)
+  local extra = 0
+  for name, most in pairs(reach) do
+    if name ~= tenant and most > 0 then
+      local weight = tonumber(redis.call('HGET', tag .. ':fweight:' .. band, name) or '1')
+      local queued = tonumber(redis.call('HGET', tag .. ':fwork:' .. band, name) or '0')
+      local in_turn = span * weight + slack
+      extra = extra + math.max(0, math.min(in_turn, queued + most) - math.min(in_turn, queued))
+    end
+  end
+  return extra
+end
+
 -- Whether `band` holds fair-queued flows (finish tags are kept only under FIFO ordering).
 local function fair_band(band)
   return redis.call('EXISTS', tag .. ':fwork:' .. band, tag .. ':finish:' .. band) == 2

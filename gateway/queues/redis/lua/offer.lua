@@ -2,7 +2,8 @@
 -- A: replica, band, tenant, cost, max_work, handover (the replica's estimate of the work a
 --    hand-over takes), bands, edf, weight (the tenant's, in fair queuing), allowed_s, ttl, refused,
 --    backends, bound_s, reserved, quotas, batch ({key, max, hold?} or absent), drain, overdue_sigmas and
---    overdue_checked (absent: no displacement of overdue work), kind (the request's, or ''), now (tests).
+--    overdue_checked (absent: no displacement of overdue work), kind (the request's, or ''), reach
+--    (tenant -> the most work it may send within allowed_s: policies.admission.offer_reach), now (tests).
 -- The check (gateway/queues/base.RequestQueue.offer): refuse when the work queued ahead of it in
 -- its band (up to its flow's turn) and the more urgent ones, plus the room it takes (its cost
 -- behind queued work, else one hand-over), exceeds max_work (none with a slot free and nothing
@@ -22,10 +23,16 @@ local turn_of = nil  -- under EDF a band is not fair-queued: its whole work is a
 if not A.edf then turn_of = A.tenant end
 local ahead = work_ahead(A.band, turn_of, A.handover)
 local free = usable_free(A.band, A.backends, nbands)
--- policies.wait.work_before_grant (and room_taken), here where it must be atomic with the insert.
+-- policies.wait.work_before_grant (and room_taken), here where it must be atomic with the insert;
+-- the other flows' arrivals ahead of its turn (A.reach) count only where it waits.
 local to_drain = 0
-if ahead > 0 then to_drain = ahead + math.max(A.handover, A.cost)
-elseif free == 0 then to_drain = A.handover end
+if ahead > 0 or free == 0 then
+  if turn_of ~= nil and A.reach ~= nil and next(A.reach) ~= nil and fair_band(A.band) then
+    to_drain = arriving_ahead(A.band, turn_of, A.handover, A.reach)
+  end
+  if ahead > 0 then to_drain = to_drain + ahead + math.max(A.handover, A.cost)
+  else to_drain = to_drain + A.handover end
+end
 if to_drain > A.max_work then
   return cjson.encode({kind = 'full', view = view(nbands, A.backends, now)})
 end

@@ -64,6 +64,15 @@ def unbiased_rate(rate_per_s: float, age_s: float, tau_s: float) -> float:
     return rate_per_s / seen if seen > 0 else 0.0
 
 
+def rate_upper_bound(rate_per_s: float, window_s: float, event_work: float, z: float) -> float:
+    """A rate of Poisson events of `event_work` each, estimated from about `window_s` seconds of
+    them, `z` standard deviations up (the count's sqrt): what a flow may still send, read where
+    sending less than that would be the safe side to be wrong on."""
+    if window_s <= 0:
+        return rate_per_s
+    return rate_per_s + z * math.sqrt(max(rate_per_s, 0.0) * event_work / window_s)
+
+
 def coefficient_of_variation(mean: float, spread: float, samples: int, weight: float) -> float:
     """Spread over mean of a quantity averaged by an EWMA of `weight` from a spread of 0.
 

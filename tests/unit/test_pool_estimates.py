@@ -1,7 +1,8 @@
 import pytest
 
-from gateway.queues.estimates import TICK_S, PoolEstimates, StoreCounters
+from gateway.queues.estimates import REACH_Z, TICK_S, PoolEstimates, StoreCounters
 from gateway.settings import Estimation
+from policies.estimators import rate_upper_bound
 
 CONFIG = Estimation(service_time_weight=0.1)
 
@@ -89,10 +90,33 @@ def test_tenant_rates_are_each_flows_admitted_work_per_second_from_the_first_tic
     throughput = estimates.throughput(slots=8, now=at)
     rates, granted = throughput.tenant_rate_by_band, throughput.tenant_granted_by_band
     per_tick = 1 / TICK_S
-    assert rates[0] == {"": pytest.approx(2.0 * per_tick, rel=0.01)}
-    assert rates[1] == {"a": pytest.approx(3.0 * per_tick, rel=0.01), "b": pytest.approx(per_tick, rel=0.01)}
+    # Admitted work is read a little up, by what the count has seen (REACH_Z): what each may send.
+    window_s = min(at, 2 * CONFIG.rate_window_s / 4)
+    assert rates[0] == {"": pytest.approx(rate_upper_bound(2.0 * per_tick, window_s, 1.0, REACH_Z), rel=0.01)}
+    assert rates[1] == {
+        "a": pytest.approx(rate_upper_bound(3.0 * per_tick, window_s, 1.0, REACH_Z), rel=0.01),
+        "b": pytest.approx(rate_upper_bound(per_tick, window_s, 1.0, REACH_Z), rel=0.01),
+    }
     # What each gets, for the shares reported, is what it was granted.
     assert granted[1] == {
         "a": pytest.approx(1.5 * per_tick, rel=0.01),
         "b": pytest.approx(per_tick / 2, rel=0.01),
     }
+
+
+def test_a_flow_that_begins_long_after_the_pool_is_read_at_its_rate_from_its_first_ticks():
+    """A replica's first view of a shared store comes at its start, not at the flood's: a flow's
+    estimate starts from 0 when the flow shows, and is corrected from there, not from the pool's
+    first totals."""
+    estimates = PoolEstimates(bands=1, expected_service_s=0.04, config=CONFIG)
+    counters = StoreCounters.empty(1)
+    at = 0.0
+    for _ in range(round(10 / TICK_S)):  # ten quiet seconds
+        estimates.observe(counters, at)
+        at += TICK_S
+    for _ in range(3):
+        counters.admitted_by_flow[0, "a"] = counters.admitted_by_flow.get((0, "a"), 0.0) + 5.0
+        at += TICK_S
+        estimates.observe(counters, at)
+    (rates,) = estimates.throughput(slots=8, now=at).tenant_rate_by_band
+    assert rates["a"] >= 5.0 / TICK_S  # read from the pool's ten seconds, it was a third of it

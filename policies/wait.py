@@ -68,6 +68,15 @@ class QueueStats:
             return urgent + self.work(band)
         return urgent + turn_ahead(turns, tenant, slack)
 
+    def work_before_grant(
+        self, band: int, tenant: str | None, handover_cost: float, cost: float, reach: Mapping[str, float]
+    ) -> float:
+        """What a store checks an offer of `band`, `tenant`, `cost` and `reach` against its limit
+        with, as these statistics show the queue (module `work_before_grant`)."""
+        ahead = self.work_ahead(band, tenant, handover_cost)
+        arriving = self.arriving_ahead(band, tenant, handover_cost, reach)
+        return work_before_grant(ahead, self.free_for(band), handover_cost, cost, arriving)
+
     def arriving_ahead(
         self, band: int, tenant: str | None, slack: float, reach: Mapping[str, float]
     ) -> float:

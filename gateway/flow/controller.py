@@ -43,7 +43,7 @@ from policies.queued_bytes import ByteLimits, bytes_excess_wait_s
 from policies.quotas import Quota
 from policies.retry_after import retry_after_s
 from policies.shedding import BacklogLimits, first_shed_band, shed_excess_wait_s
-from policies.wait import QueueStats, Throughput, work_to_drain
+from policies.wait import QueueStats, Throughput
 
 _DEFAULT_ADMISSION = AdmissionConfig()
 BUDGET_RULE = "X-Request-Timeout-Ms"
@@ -168,9 +168,7 @@ class AdmissionController:
             # the view the refusal brought, and offer once more where that one admits.
             fresh = offer.stats
             limit = admission.limit(request, fresh, throughput, external, arrived_at)
-            handover = throughput.handover_cost
-            arriving = fresh.arriving_ahead(band, flow.tenant, handover, reach)
-            if work_to_drain(fresh, band, handover, flow.tenant, cost, arriving) <= limit:
+            if fresh.work_before_grant(band, flow.tenant, throughput.handover_cost, cost, reach) <= limit:
                 stats = fresh
                 offering = self._store.offer(
                     flow, cost, allowed_s, limit, arrived_at, batching, on_grant, request.kind, reach

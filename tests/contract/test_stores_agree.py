@@ -31,7 +31,6 @@ from gateway.upstream.backends import BackendState, ModelPool
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
 from policies.quotas import Quota
-from policies.wait import work_before_grant
 from tests.redis_server import redis_url_or_skip, unique_prefix
 
 pytestmark = pytest.mark.redis
@@ -225,9 +224,7 @@ class StoresAgree(RuleBasedStateMachine):
         queue.estimates.observe(queue.counters, self.now)  # the offer's own first step: the work a
         # hand-over takes may move with it, and with it the room the request takes
         stats, handover = self.memory.stats(MODEL), queue.estimates.handover_cost
-        arriving = stats.arriving_ahead(band, tenant, handover, reach)
-        queued = stats.work_ahead(band, tenant, handover)
-        ahead = work_before_grant(queued, stats.free_for(band), handover, cost, arriving)
+        ahead = stats.work_before_grant(band, tenant, handover, cost, reach)
         answer = self.offer_to_both(band, tenant, cost, ahead + side, 10.0, None, False, reach)
         if not self.quotas:  # the edge is where it was read (with quotas, work a quota holds back
             # while a slot is free counts in the stores' check beyond what the stats tell: the two

@@ -18,7 +18,7 @@ from gateway.upstream.backends import ModelPool
 from policies.displacement import OVERDUE_CHECKED, OVERDUE_SIGMAS, displacement_handovers_per_s
 from policies.fairness import FairTurns
 from policies.reservations import usable_by_band
-from policies.wait import QueueStats, Throughput, work_before_grant
+from policies.wait import QueueStats, Throughput
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,10 +136,7 @@ class View:
         the offer script counts it: what is queued ahead up to its turn, what of the other flows'
         `reach` goes ahead of it, and the room it takes (none with a slot free and nothing queued
         ahead)."""
-        stats = self.stats
-        ahead = stats.work_ahead(band, tenant, handover_cost)
-        arriving = stats.arriving_ahead(band, tenant, handover_cost, reach)
-        return work_before_grant(ahead, stats.free_for(band), handover_cost, cost, arriving)
+        return self.stats.work_before_grant(band, tenant, handover_cost, cost, reach)
 
 
 def _fair_turns(raw: Any) -> FairTurns | None:

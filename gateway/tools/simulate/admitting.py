@@ -23,7 +23,7 @@ from gateway.queues.estimates import PoolEstimates, StoreCounters
 from gateway.settings import Estimation
 from policies.admission import AdmissionConfig, AdmissionRequest, allowed_wait_s, offer_reach
 from policies.steps import Steps, finished
-from policies.wait import QueueStats, Throughput, work_before_grant
+from policies.wait import QueueStats, Throughput
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +85,9 @@ class Admitting:
         admitted; -inf when admission refuses it."""
         throughput, band = self.throughput(now), request.band
         limit = self.model.limit(request, stats, throughput, 0.0, now)
-        handover = throughput.handover_cost
-        ahead = stats.work_ahead(band, request.tenant, handover) if any(stats.queued_by_band) else 0.0
-        arriving = stats.arriving_ahead(band, request.tenant, handover, offer_reach(request, throughput))
-        if (
-            limit < 0
-            or work_before_grant(ahead, stats.free_for(band), handover, request.cost, arriving) > limit
-        ):
+        reach = offer_reach(request, throughput)
+        checked = stats.work_before_grant(band, request.tenant, throughput.handover_cost, request.cost, reach)
+        if limit < 0 or checked > limit:
             return -math.inf
         return now + allowed_wait_s(request, throughput)
 

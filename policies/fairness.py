@@ -120,7 +120,7 @@ def turn_ahead(turns: FairTurns, tenant: str, slack: float) -> float:
 def arrivals_in_turn(turns: FairTurns, tenant: str, slack: float, reach: Mapping[str, float]) -> float:
     """The work the band's other flows will still queue ahead of a request of `tenant` joining now,
     beyond what they hold queued (which `turn_ahead` counts); `reach`: the most work each flow may
-    send within the horizon asked about (tenant -> its rate times the horizon; policies.wait.reach).
+    send within the horizon asked about (tenant -> its rate times the horizon; policies.wait.arrival_reach).
 
     A flow g may send at most (S - v) * w_g + `slack` of work with tags below the request's start
     tag S (as in `work_ahead_in_turn`), and within the horizon at most what it holds queued plus its

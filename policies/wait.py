@@ -120,8 +120,8 @@ class Throughput:
     """How far back the fast estimate remembers (its time constant)."""
     tenant_rate_by_band: tuple[Mapping[str, float], ...] = field(default=(), compare=False)
     """Per band, the work per second admitted for each tenant flow recently ("" for the unnamed
-    flow): the rate its arrivals take turns ahead of others' (policies.fairness.arrivals_in_turn);
-    empty where not kept."""
+    flow), read a little up while its estimate is young (what it may send): the rate its arrivals
+    take turns ahead of others' (policies.fairness.arrivals_in_turn); empty where not kept."""
     tenant_granted_by_band: tuple[Mapping[str, float], ...] = field(default=(), compare=False)
     """Per band, the work per second granted slots for each tenant flow recently: what each gets
     (the shares reported); empty where not kept."""
@@ -149,21 +149,10 @@ def work_to_drain(
     given) gets one, its own hand-over included (0: a slot is free). Each free slot takes one
     hand-over's work at once. Given the request's `cost`, its own part is the room it takes in the
     queue (`room_taken`): what admission checks against the work limit. `arriving`: the work other
-    flows will still send ahead of its turn (`arriving_ahead`)."""
+    flows will still send ahead of its turn (`QueueStats.arriving_ahead`)."""
     ahead = stats.work_ahead(band, tenant, handover_cost) + stats.external_waiting + arriving
     own = handover_cost if cost is None else room_taken(ahead, handover_cost, cost)
     return max(0.0, ahead + own - handover_cost * stats.free_for(band))
-
-
-def arriving_ahead(
-    stats: QueueStats, throughput: Throughput, band: int, tenant: str | None, horizon_s: float
-) -> float:
-    """The work the other flows of a fair-queued `band` will still queue ahead of a request of
-    `tenant` within `horizon_s`, at the rates they were recently admitted (`arrival_reach`), as
-    `stats` show the band's turns. The stores count the same from their live state when they check
-    an offer (`work_before_grant`)."""
-    slack = throughput.handover_cost
-    return stats.arriving_ahead(band, tenant, slack, arrival_reach(throughput, band, tenant, horizon_s))
 
 
 def arrival_reach(
@@ -176,7 +165,16 @@ def arrival_reach(
     if tenant is None or horizon_s <= 0 or not throughput.tenant_rate_by_band:
         return {}
     rates = throughput.tenant_rate_by_band[band]
-    return {name: rate * horizon_s for name, rate in rates.items() if name != tenant and rate > 0}
+    # A flow long quiet, whose estimate decays for minutes, would cost the store's check a read.
+    least = NEGLIGIBLE_REACH * throughput.handover_cost
+    return {
+        name: most for name, rate in rates.items() if name != tenant and (most := rate * horizon_s) >= least
+    }
+
+
+NEGLIGIBLE_REACH = 1e-3
+"""A thousandth of a hand-over's work: what a flow that may send less within a request's allowance
+adds to its wait is left out of the offer's reach."""
 
 
 def room_taken(queued_ahead: float, handover_cost: float, cost: float) -> float:

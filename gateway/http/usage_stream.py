@@ -42,19 +42,27 @@ class UsageChunkDropper:
     until it is whole; what is left when the stream ends is passed on as it is.
     """
 
-    __slots__ = ("_pending",)
+    __slots__ = ("_dropped_cr", "_pending")
 
     def __init__(self) -> None:
         self._pending = b""
+        self._dropped_cr = False
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._pending + chunk if self._pending else chunk
+        if self._dropped_cr and data.startswith(b"\n"):
+            data = data[1:]  # the LF of the CRLF that ended the event taken out
+        self._dropped_cr = False
         kept: list[bytes] = []
         start = 0
         while (end := _event_end(data, start)) >= 0:
             event = data[start:end]
             if not _is_usage_chunk(event):
                 kept.append(event)
+            elif end == len(data) and event.endswith(b"\r"):
+                # Its blank line ended in a CR at the end of this read: an LF in the next one is
+                # the rest of that line's CRLF, and goes with the event.
+                self._dropped_cr = True
             start = end
         self._pending = data[start:]
         return b"".join(kept)

@@ -90,22 +90,40 @@ class _Rates:
     first_at: float | None = None
     """When the first totals were taken in: the rates' memory starts there, from 0."""
     drained_at: float = float("-inf")
-    admitted_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
-    """Work per second admitted for each flow (forgotten like the arrival rates): what it queues
-    (or starts at once), and so what it may still send ahead of another flow's turn. Its grants
-    would read a flood's flow at its share of the pool while its queue fills at its whole rate."""
-    granted_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
+    admitted_by_flow: FlowRates = field(default_factory=lambda: FlowRates())
+    """Work per second admitted for each flow: what it queues (or starts at once), and so what it
+    may still send ahead of another flow's turn. Its grants would read a flood's flow at its share
+    of the pool while its queue fills at its whole rate."""
+    granted_by_flow: FlowRates = field(default_factory=lambda: FlowRates())
     """Work per second granted slots for each flow: what it gets (the shares reported)."""
-    granted_fast_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
-    admitted_fast_by_flow: dict[tuple[int, str], float] = field(default_factory=dict)
-    """The same, forgotten as fast as the quick arrival rates: a flood's flows are seen at their
-    rate within a second, while the slow estimate still ramps up and admission would let a light
-    tenant's requests in behind arrivals it did not count (they expired in the queue)."""
-    flow_since: dict[tuple[int, str], float] = field(default_factory=dict)
-    """When each flow's totals were last taken in before it first showed: its rates' memory
-    starts there, from 0 (the pool's, `first_at`, may be long before: a replica's first view of
-    a shared store comes at its start, not at the flood's)."""
     snapshot: Throughput | None = field(default=None)
+
+
+@dataclass(slots=True)
+class FlowRates:
+    """Each flow's work per second, forgotten like the arrival rates (`slow`) and as fast as the
+    quick ones (`fast`: a flood's flows are seen at their rate within a second, while the slow
+    estimate still ramps up and admission would let a light tenant's requests in behind arrivals
+    it did not count; they expired in the queue); and when each began, for the correction of the
+    0 its estimates start from (`since`)."""
+
+    slow: dict[tuple[int, str], float] = field(default_factory=dict)
+    fast: dict[tuple[int, str], float] = field(default_factory=dict)
+    since: dict[tuple[int, str], float] = field(default_factory=dict)
+    """When each flow's totals were last taken in before it first showed: its estimates start
+    there, from 0. The pool's first totals may be long before (a replica's first view of a shared
+    store comes at its start, not at the flood's). A flow that floods again after a long rest is
+    read from its first start: its estimates have decayed, not started over, and are not corrected
+    for the rest (open: a restart would read a sparse flow's every request as a flood)."""
+
+    def observe(
+        self, flow: tuple[int, str], work: float, elapsed_s: float, last_at: float, taus: tuple[float, float]
+    ) -> None:
+        """`work` of `flow` over the `elapsed_s` since the totals taken in at `last_at`."""
+        slow_tau_s, fast_tau_s = taus
+        self.since.setdefault(flow, last_at)
+        self.slow[flow] = blend_rate(self.slow.get(flow, 0.0), work, elapsed_s, slow_tau_s)
+        self.fast[flow] = blend_rate(self.fast.get(flow, 0.0), work, elapsed_s, fast_tau_s)
 
 
 def rate_taus(config: Estimation) -> tuple[float, float]:
@@ -223,25 +241,14 @@ class PoolEstimates:
                 counter_increase(last.drained_work, counters.drained_work), drained_s
             )
             rates.drained_at = counters.drained_at
-        for totals, before, slow, fast in (
-            (
-                counters.admitted_by_flow,
-                last.admitted_by_flow,
-                rates.admitted_by_flow,
-                rates.admitted_fast_by_flow,
-            ),
-            (
-                counters.granted_by_flow,
-                last.granted_by_flow,
-                rates.granted_by_flow,
-                rates.granted_fast_by_flow,
-            ),
+        taus = (self._slow_tau_s, self._fast_tau_s)
+        for totals, before, flow_rates in (
+            (counters.admitted_by_flow, last.admitted_by_flow, rates.admitted_by_flow),
+            (counters.granted_by_flow, last.granted_by_flow, rates.granted_by_flow),
         ):
             for flow, total in totals.items():
-                rates.flow_since.setdefault(flow, rates.last_at)
                 work = counter_increase(before.get(flow, 0.0), total)
-                slow[flow] = blend_rate(slow.get(flow, 0.0), work, elapsed_s, self._slow_tau_s)
-                fast[flow] = blend_rate(fast.get(flow, 0.0), work, elapsed_s, self._fast_tau_s)
+                flow_rates.observe(flow, work, elapsed_s, rates.last_at, taus)
         handovers = counter_increase(last.handovers, counters.handovers)
         if handovers > 0 and self._config.handover_cost_weight > 0:
             # A plain mean of the hand-overs seen until the memory is full, an EWMA remembering
@@ -278,20 +285,13 @@ class PoolEstimates:
                 fast_memory_s=self._fast_tau_s,
                 settled_rate_by_band=_settled(rates.settled),
                 capacity_by_band=self._capacity_by_band(slots, reserved_by_band),
-                tenant_rate_by_band=self._by_band(
-                    rates.admitted_by_flow, rates.admitted_fast_by_flow, upper_z=REACH_Z
-                ),
-                tenant_granted_by_band=self._by_band(rates.granted_by_flow, rates.granted_fast_by_flow),
+                tenant_rate_by_band=self._by_band(rates.admitted_by_flow, upper_z=REACH_Z),
+                tenant_granted_by_band=self._by_band(rates.granted_by_flow),
             )
             self._snapshot_key = key
         return rates.snapshot
 
-    def _by_band(
-        self,
-        slow_by_flow: dict[tuple[int, str], float],
-        fast_by_flow: dict[tuple[int, str], float],
-        upper_z: float = 0.0,
-    ) -> tuple[dict[str, float], ...]:
+    def _by_band(self, flow_rates: FlowRates, upper_z: float = 0.0) -> tuple[dict[str, float], ...]:
         """Each band's recent work per second by tenant (admitted, or granted): the quick level, the
         larger of the slow and the fast estimate (as for the bands' arrival rates), each corrected
         for the 0 it started from. Uncorrected, and read from grants (a flood's flow is granted its
@@ -302,9 +302,9 @@ class PoolEstimates:
         the estimate has seen (`rate_upper_bound`)."""
         rates = self._rates
         by_band: list[dict[str, float]] = [{} for _ in rates.offered]
-        for (band, tenant), slow in slow_by_flow.items():
-            fast = fast_by_flow.get((band, tenant), 0.0)
-            since = rates.flow_since.get((band, tenant), rates.first_at)
+        for (band, tenant), slow in flow_rates.slow.items():
+            fast = flow_rates.fast.get((band, tenant), 0.0)
+            since = flow_rates.since.get((band, tenant), rates.first_at)
             age_s = 0.0 if since is None or rates.last_at is None else rates.last_at - since
             level = max(
                 unbiased_rate(slow, age_s, self._slow_tau_s), unbiased_rate(fast, age_s, self._fast_tau_s)

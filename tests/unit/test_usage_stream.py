@@ -107,3 +107,12 @@ def test_an_event_is_passed_on_as_soon_as_its_blank_line_is_read_whatever_its_li
 def test_a_named_event_with_usage_is_not_an_openai_usage_chunk():
     named = b"event: usage\n" + USAGE
     assert UsageChunkDropper().feed(named) == named
+
+
+def test_a_usage_event_whose_last_crlf_is_split_between_reads_leaves_with_its_lf():
+    # Found by the property above: the blank line's CR ended one read, its LF began the next; the
+    # event was taken out at the CR and its LF passed on as an empty line of its own.
+    dropper = UsageChunkDropper()
+    usage = USAGE.strip() + b"\r\n\r"
+    assert dropper.feed(usage) == b""
+    assert dropper.feed(b"\n" + DONE) == DONE

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.outcomes import Outcome
 from policies.wait import Throughput
+
+log = logging.getLogger("gateway.redis")
 
 # An offer's reply comes within a command timeout, or never: a grant unclaimed this long is freed.
 UNCLAIMED_AFTER_S = 10.0
@@ -142,7 +145,7 @@ class ModelState:
         work, self.refused_locally = self.refused_locally, [0.0] * len(self.refused_locally)
         return work
 
-    def hold(self, lease: str, url: str, cost: float, band: int, now: float = 0.0, kind: str = "") -> Slot:
+    def hold(self, lease: str, url: str, cost: float, band: int, kind: str = "") -> Slot:
         backend = self.backend(url)
         backend.inflight += 1  # this replica's share, for its metrics
         slot = Slot(self.pool.name, backend, cost, band=band, lease=lease, kind=kind)
@@ -191,7 +194,7 @@ class ModelState:
 
     def deliver(self, grant: Grant, now: float) -> Slot | None:
         """Hand a grant's slot to its waiting tickets; the slot to give back when none takes it."""
-        pending = _Pending(self.hold(grant.lease, grant.url, grant.cost, grant.band, now, grant.kind), now)
+        pending = _Pending(self.hold(grant.lease, grant.url, grant.cost, grant.band, grant.kind), now)
         batch = len(grant.tickets) > 1
         for ticket_id in grant.tickets:
             ticket = self.waiting.pop(ticket_id, None)
@@ -310,7 +313,8 @@ async def expire_in_order(
         return
     try:
         removed = await withdrawn()
-    except Exception:  # the waiter's own withdrawal asks again (and a failover takes it from there)
+    except Exception as error:  # the waiter's own withdrawal asks again (a failover takes it on)
+        log.warning("model %s: withdrawing expired ticket %s: %r", ticket.model, ticket.id, error)
         ticket.interrupt(Outcome.DEADLINE_EXPIRED_IN_QUEUE)
         return
     if removed:

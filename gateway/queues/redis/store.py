@@ -196,7 +196,7 @@ class RedisQueue:
             raise ReplicaAbsent(f"model {flow.model}: this replica's heartbeat lapsed")
         self._take_view(state, reply["view"])
         if reply["kind"] == "granted":
-            return Granted(state.hold(reply["lease"], reply["url"], cost, flow.band, self._clock(), kind))
+            return Granted(state.hold(reply["lease"], reply["url"], cost, flow.band, kind))
         if reply["kind"] == "queued":
             ticket = state.queued(flow, cost, reply["ticket"], batching, now + allowed_wait_s, on_grant, kind)
             return Queued(ticket)

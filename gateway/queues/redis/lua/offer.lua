@@ -5,9 +5,9 @@
 --    overdue_checked (absent: no displacement of overdue work), kind (the request's, or ''), reach
 --    (tenant -> the most work it may send within allowed_s: policies.admission.offer_reach), now (tests).
 -- The check (gateway/queues/base.RequestQueue.offer): refuse when the work queued ahead of it in
--- its band (up to its flow's turn) and the more urgent ones, plus the room it takes (its cost
--- behind queued work, else one hand-over), exceeds max_work (none with a slot free and nothing
--- ahead); a negative limit refuses even then.
+-- its band (up to its flow's turn) and the more urgent ones, what of the other flows' reach goes
+-- ahead of its turn, and the room it takes (its cost behind queued work, else one hand-over)
+-- exceed max_work (none with a slot free and nothing queued ahead); a negative limit refuses even then.
 -- A replica whose heartbeat lapsed takes nothing: it must rejoin first (rejoin.lua).
 -- At the model's queue cap (A.cap) it displaces the newest queued work of less urgent bands, each
 -- victim told through its replica's list ({d = ticket id}), or is refused with cap = true.

@@ -101,7 +101,9 @@ class FailoverQueue:
                         self._local.charge(slot)
                 self._open_fallback(model, holding, now)
         for ticket in self._redis.abandon():
-            if self._serving(ticket.model):
+            if ticket.leave_by <= now:  # waiting for a grant Redis made before its withdrawal
+                ticket.interrupt(Outcome.DEADLINE_EXPIRED_IN_QUEUE)
+            elif self._serving(ticket.model):
                 self._local.adopt(ticket, now)
             else:
                 ticket.interrupt(Outcome.STORE_UNAVAILABLE)

@@ -94,6 +94,22 @@ async def test_the_fallback_uses_no_more_than_the_share_redis_holds_for_it(clust
     assert isinstance(await cut_off.offer(), Queued)
 
 
+async def test_a_ticket_past_its_leave_by_when_redis_is_lost_is_not_adopted_by_the_fallback(cluster, cut_off):
+    # Its leave-by passed while its replica asked Redis whether it had granted it first
+    # (RequestQueue.expire): the fallback must not serve it late.
+    other = await cluster.start("b")
+    for _ in range(SLOTS // 2):  # the other replica holds half the slots, this one its share
+        assert isinstance(await other.offer(Flow(MODEL, 0), 1.0, 60.0, 100.0, cut_off.now), Granted)
+        await cut_off.take()
+    waiting = await cut_off.store.offer(Flow(MODEL, 0), 1.0, 5.0, 100.0, cut_off.now)  # 5 s to wait
+    assert isinstance(waiting, Queued) and waiting.ticket.id, "queued in Redis"
+    cut_off.now += 5.1  # well within the fallback's time
+    cut_off.store.redis_failed(RedisError("injected: the link to Redis is cut"))
+    assert waiting.ticket.wakeup.done(), "adopted by the fallback, to be served past its leave-by"
+    assert waiting.ticket.wakeup.result() is Outcome.DEADLINE_EXPIRED_IN_QUEUE
+    assert cut_off.local.stats(MODEL).queued_by_band == (0,)
+
+
 async def test_a_replica_that_holds_nothing_serves_nothing_from_its_fallback(cluster, cut_off):
     cut_off.store.redis_failed(RedisError("injected: the link to Redis is cut"))
     refused = await cut_off.offer()

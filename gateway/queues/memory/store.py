@@ -121,9 +121,8 @@ class MemoryQueue:
         handover = queue.estimates.handover_cost
         ahead = queue.work_ahead(flow.band, flow.tenant, handover) if queue.live else 0.0
         free = queue.usable(flow.band)
-        arriving = (
-            queue.arriving_ahead(flow.band, flow.tenant, handover, reach) if reach and queue.live else 0.0
-        )
+        waits = ahead > 0 or free == 0  # arrivals count only where it waits, as offer.lua reads them
+        arriving = queue.arriving_ahead(flow.band, flow.tenant, handover, reach) if reach and waits else 0.0
         to_drain = work_before_grant(ahead, free, handover, cost, arriving)
         if to_drain > max_work:
             return Full(queue.stats())

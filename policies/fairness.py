@@ -1,19 +1,25 @@
 """Which tenant's flow goes next within a band? Start-time fair queuing on cost, by weight.
 
-Flows are (model, band, tenant). Each request gets, at enqueue, a start tag and a finish tag in
-virtual time (Goyal, Vin and Cheng's start-time fair queuing, SFQ, the scheme VTC adapts to LLM
-serving): with v the band's virtual time, F the finish tag of the flow's previous request, c the
-request's cost and w the flow's weight,
+Flows are (model, band, tenant), each first come, first served. A flow's head (its oldest queued
+request) gets, as it becomes the head, a start tag in virtual time (Goyal, Vin and Cheng's
+start-time fair queuing, SFQ, the scheme VTC adapts to LLM serving): with v the band's virtual
+time, F the flow's finish tag, c the cost of the request handed a slot and w the flow's weight,
 
-    start = max(v, F)        finish = start + c / w
+    head's start = max(v, F)        F = start + c / w, once the head is handed a slot
 
-and the band hands its next slot to the queued request with the lowest start tag (ties by arrival).
-v is the start tag of the last request handed a slot. The rules this keeps:
+and the band hands its next slot to the head with the lowest start tag (ties by arrival). v is the
+start tag of the last request handed a slot. The rules this keeps:
 
 - Work-conserving: a flow with nothing queued takes nothing; the others split its share at once.
 - No credit for idleness: a flow that comes back after an idle spell starts at v, not at the finish
   tag it left with, so it cannot claim the service it did not ask for.
-- Within a flow, requests leave in arrival order (each start tag is the previous finish tag or later).
+- Only work handed a slot moves a flow's clock. SFQ as published tags each request as it arrives;
+  then a request that leaves the queue unserved (its allowance ran out, it was displaced, its
+  client left) has taken its flow's turn all the same, and every request behind it waits a turn
+  more. Under overload those leave mostly from the lighter flows, the ones that wait longest: with
+  weights 8:1 and exponential service times, the weight-1 flow was handed 1.2% less work than its
+  share, and its admitted requests expired more often (the simulator, 3 seeds). Tagged as heads,
+  the tags are the same as long as nothing leaves unserved.
 - With one flow, the order is plain first come, first served.
 - The bound (SFQ's, on work handed slots): over any interval in which flows f and g are both
   continuously backlogged, the work each is handed, divided by its weight, differs by at most
@@ -21,15 +27,17 @@ v is the start tag of the last request handed a slot. The rules this keeps:
   holds whatever the slots' count and service times; the work *finished* lags it by what is in
   flight.
 
-The tag is a plain number, the request's ordering score, so that a heap in memory and a sorted set
-in Redis order requests the same way (the Redis store computes the same two lines in its offer
-script, atomically).
+The tag is a plain number, the head's ordering score, so that a heap in memory and a sorted set in
+Redis order heads the same way (the Redis store computes the same lines in its scripts,
+atomically).
 
-Admission reads the same clock (`work_ahead_in_turn`): a request waits for the work handed out
-before its turn, not for everything its band holds. A light tenant's request behind a heavy
+Admission reads the same clock (`work_ahead_in_turn`): a request joining a flow starts, once its
+flow's queued work is handed out before it, at the flow's head's start tag plus that work by
+weight (`joining_start`), and waits for the work handed out before that turn, not for everything
+its band holds. A light tenant's request behind a heavy
 tenant's backlog is served within its share, and is admitted on that. What the other flows have
 queued is not all that goes first: while the request waits, their new arrivals are tagged from
-their own finish tags, which may lie below its start tag, and are handed slots before it
+from their own flows' tags, which may lie below its start tag, and are handed slots before it
 (`arrivals_in_turn`). Counting only what was queued, a light-weight tenant under sustained
 overload was admitted far into virtual time and then overtaken by the heavier flows' arrivals:
 with weights 3:1 at 2.5x the pool's capacity it was handed 15% of the work, and its admitted
@@ -58,13 +66,41 @@ the band's clock to where floats no longer tell costs of 1 apart: every tag afte
 and fair queuing would fall back to first come, first served for every flow of the band."""
 
 
-def tags(virtual_time: float, flow_finish: float, cost: float, weight: float) -> Tags:
-    """The tags of a request of `cost` enqueued on a flow of `weight` (> 0) whose previous request
-    finishes at `flow_finish`, in a band whose virtual time is `virtual_time`."""
+def head_start(virtual_time: float, flow_finish: float) -> float:
+    """The start tag of the request that becomes the head of a flow whose finish tag is
+    `flow_finish`, in a band whose virtual time is `virtual_time`."""
+    return max(virtual_time, flow_finish)
+
+
+def finish_after(start: float, cost: float, weight: float) -> float:
+    """A flow's finish tag once a request of `cost` that started at `start` is handed a slot, on a
+    flow of `weight` (> 0); a batch's followers each move it on from the one before."""
     if not weight > 0:
         raise ValueError(f"a flow's weight must be > 0, got {weight}")
-    start = max(virtual_time, flow_finish)
-    return Tags(start, start + min(max(cost, 0.0), TAG_COST_MAX) / weight)
+    return start + min(max(cost, 0.0), TAG_COST_MAX) / weight
+
+
+def tags(virtual_time: float, flow_finish: float, cost: float, weight: float) -> Tags:
+    """The tags of a request of `cost` as it becomes the head of a flow of `weight` (> 0) whose
+    finish tag is `flow_finish`, in a band whose virtual time is `virtual_time`."""
+    start = head_start(virtual_time, flow_finish)
+    return Tags(start, finish_after(start, cost, weight))
+
+
+def joining_start(
+    virtual_time: float, flow_finish: float, head: float | None, queued: float, weight: float
+) -> float:
+    """Where a request joining a flow now starts in virtual time, at the earliest: behind the
+    flow's queued work (`queued`, its head's start tag `head`; None while nothing waits in it),
+    each request tagged as it becomes the head, or at `head_start` when nothing waits.
+
+    It is the flow's finish tag as SFQ tagged on arrival would hold it, less what left unserved.
+    The work is not capped per request as `finish_after` caps it: this is a reading for admission,
+    never a tag.
+    """
+    if head is None or queued <= 0:
+        return head_start(virtual_time, flow_finish)
+    return head + queued / weight
 
 
 def virtual_time_after(virtual_time: float, handed_start: float) -> float:
@@ -82,7 +118,7 @@ class FairTurns:
 
     virtual_time: float
     finish: Mapping[str, float] = field(default_factory=dict)
-    """Each flow's finish tag."""
+    """Where a request joining each flow now starts (`joining_start`)."""
     queued: Mapping[str, float] = field(default_factory=dict)
     """Each backlogged flow's queued work."""
     weights: Mapping[str, float] = field(default_factory=dict)
@@ -96,11 +132,11 @@ def work_ahead_in_turn(
     others: Iterable[tuple[float, float]],
     slack: float,
 ) -> float:
-    """The band's queued work handed slots before a request joining a flow whose finish tag is
-    `own_finish` and which has `own_queued` work queued; `others` are the other backlogged flows'
-    (queued work, weight).
+    """The band's queued work handed slots before a request joining a flow whose queued work is
+    `own_queued` and behind which it starts at `own_finish` (`joining_start`); `others` are the
+    other backlogged flows' (queued work, weight).
 
-    The request starts at S = max(v, own_finish). A flow g's queued requests carry tags from v on,
+    The request starts at S = max(v, own_finish). A flow g's queued requests take tags from v on,
     spaced by cost / w_g, so those with tags below S carry at most (S - v) * w_g of work, and one
     more request that straddles S: `slack`, the largest (or, as the stores pass it, the mean)
     request cost. With every queued tag at v or later (true of SFQ: the band hands out the lowest

@@ -56,11 +56,10 @@ class BackfillMachine(RuleBasedStateMachine):
         """Each flow's live head: (band, its key in dispatch order, the ticket)."""
         found = []
         for index, band in enumerate(self.queue.bands):
-            for heap in band.flows.values():
-                live = [entry for entry in heap if entry[2] in self.queue.live]
-                if live:
-                    score, sequence, ticket = min(live, key=lambda entry: entry[:2])
-                    found.append((index, (score, sequence), ticket))
+            for head in self.queue.heads(index):
+                ticket = band.flows[head.tenant][0][2]
+                assert ticket in self.queue.live
+                found.append((index, (head.score, head.sequence), ticket))
         return found
 
     def first_in_line(self) -> Ticket | None:

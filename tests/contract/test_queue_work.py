@@ -146,6 +146,18 @@ async def test_a_flow_back_from_idleness_starts_at_the_bands_virtual_time(make_s
     assert [t.flow.tenant for t in later] == ["back", "busy", "back", "busy"]
 
 
+async def test_a_request_that_leaves_unserved_costs_its_flow_no_turn(make_store):
+    sut = await make_store(slots=(1,))
+    slot = await take_the_slot(sut)
+    a1, a2, b1, b2 = [(await offer(sut, tenant=tenant)).ticket for tenant in ("a", "a", "b", "b")]
+    # Its allowance ran out (or its client left) before its turn. Tagged on arrival, a2 would
+    # start at a1's finish (1), behind b1 (0); tagged as it becomes a's head, it starts at 0 and
+    # goes first, its tie with b1 settled by arrival.
+    await sut.store.withdraw(a1, Outcome.DEADLINE_EXPIRED_IN_QUEUE)
+    assert sut.store.stats(MODEL).work_ahead(1, "a", 1.0) == pytest.approx(1 + 1 + 1)
+    assert await granted_in_order(sut, slot, [a2, b1, b2]) == [a2, b1, b2]
+
+
 async def test_a_light_flow_is_admitted_on_its_turn_not_on_the_backlog_of_a_heavy_one(make_store):
     sut = await make_store(slots=(1,), weights={"heavy": 1.0, "light": 3.0})
     await take_the_slot(sut)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import heapq
+import collections
 import itertools
 
 import pytest
@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from policies.fairness import (
     FairTurns,
     arrivals_in_turn,
+    finish_after,
+    head_start,
+    joining_start,
     shares,
-    tags,
     turn_ahead,
     virtual_time_after,
     work_ahead_in_turn,
@@ -21,55 +23,104 @@ from policies.fairness import (
 
 
 class Band:
-    """A band as a store keeps it: each flow's finish tag, the virtual time, one heap of start tags."""
+    """A band as a store keeps it: each flow's finish tag and its queue, first come, first served,
+    its head's start tag taken as it becomes the head; the virtual time."""
 
     def __init__(self, weights: dict[str, float]) -> None:
         self.weights = weights
         self.finish = dict.fromkeys(weights, 0.0)
         self.virtual_time = 0.0
-        self.heap: list[tuple[float, int, str, float]] = []
+        self.flows: dict[str, collections.deque[tuple[int, float]]] = {
+            f: collections.deque() for f in weights
+        }
+        self.head: dict[str, float] = {}
         self.sequence = itertools.count()
+        self.enqueued_sequence = self.handed_sequence = -1
+
+    def _follow_head(self, flow: str) -> None:
+        if self.flows[flow]:
+            self.head[flow] = head_start(self.virtual_time, self.finish[flow])
+
+    def joining(self, flow: str) -> float:
+        """Where a request of `flow` enqueued now starts (if nothing ahead of it leaves)."""
+        queue = self.flows[flow]
+        queued = sum(cost for _, cost in queue)
+        head = self.head[flow] if queue else None
+        return joining_start(self.virtual_time, self.finish[flow], head, queued, self.weights[flow])
 
     def enqueue(self, flow: str, cost: float) -> float:
-        tagged = tags(self.virtual_time, self.finish[flow], cost, self.weights[flow])
-        self.finish[flow] = tagged.finish
-        heapq.heappush(self.heap, (tagged.start, next(self.sequence), flow, cost))
-        return tagged.start
+        start = self.joining(flow)
+        self.enqueued_sequence = next(self.sequence)
+        self.flows[flow].append((self.enqueued_sequence, cost))
+        if len(self.flows[flow]) == 1:
+            self._follow_head(flow)
+        return start
 
     def hand_over(self) -> tuple[str, float]:
-        start, _, flow, cost = heapq.heappop(self.heap)
+        flow = min((f for f, q in self.flows.items() if q), key=lambda f: (self.head[f], self.flows[f][0][0]))
+        self.handed_sequence, cost = self.flows[flow].popleft()
+        start = self.head[flow]
         self.virtual_time = virtual_time_after(self.virtual_time, start)
+        self.finish[flow] = finish_after(start, cost, self.weights[flow])
+        self._follow_head(flow)
         return flow, cost
 
-    def run(self, steps: list[tuple[str, float] | None]) -> None:
-        """Enqueues (flow, cost) and hand-overs (None, skipped while nothing waits), in order."""
+    def leave(self, flow: str, index: int) -> None:
+        """The `index`-th queued request of `flow` (if any) leaves unserved."""
+        queue = self.flows[flow]
+        if index < len(queue):
+            del queue[index]
+            if index == 0:
+                self._follow_head(flow)
+
+    def run(self, steps: list[Step]) -> None:
+        """Enqueues (flow, cost), leaves (flow, -index - 1) and hand-overs (None, skipped while
+        nothing waits), in order."""
         for step in steps:
             if step is None:
-                if self.heap:
+                if self.queued_work():
                     self.hand_over()
+            elif step[1] < 0:
+                self.leave(step[0], int(-step[1]) - 1)
             else:
                 self.enqueue(*step)
 
     def queued(self, flow: str) -> int:
-        return sum(entry[2] == flow for entry in self.heap)
+        return len(self.flows[flow])
+
+    def queued_work(self) -> float:
+        return sum(cost for queue in self.flows.values() for _, cost in queue)
 
     def work_before(self, flow: str, cost: float) -> float:
-        """The queued work that would be handed out before a request of `flow` enqueued now (its
-        start tag is higher, or equal and it came later)."""
-        start = tags(self.virtual_time, self.finish[flow], cost, self.weights[flow]).start
-        return sum(entry[3] for entry in self.heap if entry[0] <= start)
+        """The queued work that would be handed out before a request of `flow` enqueued now: each
+        queued request's start tag, once those ahead of it in its flow are handed out, is at most
+        the joining one's (queued earlier, it goes first on a tie)."""
+        start, before = self.joining(flow), 0.0
+        for name, queue in self.flows.items():
+            tag = self.head.get(name, 0.0)
+            for _, queued_cost in queue:
+                if tag > start:
+                    break
+                before += queued_cost
+                tag = finish_after(tag, queued_cost, self.weights[name])
+        return before
 
     def turns(self) -> FairTurns:
-        queued: dict[str, float] = {}
-        for _, _, flow, cost in self.heap:
-            queued[flow] = queued.get(flow, 0.0) + cost
-        return FairTurns(self.virtual_time, dict(self.finish), queued, self.weights)
+        queued = {f: sum(cost for _, cost in q) for f, q in self.flows.items() if q}
+        finish = {f: self.joining(f) for f in self.flows}
+        return FairTurns(self.virtual_time, finish, queued, self.weights)
 
 
-def band_steps(most: int) -> st.SearchStrategy[list[tuple[str, float] | None]]:
-    """Enqueues (flow, cost) and hand-overs (None) of a band of flows a, b and c, in any order."""
-    enqueue = st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([1.0, 2.0, 8.0]))
-    return st.lists(st.one_of(st.none(), enqueue), max_size=most)
+Step = tuple[str, float] | None
+
+
+def band_steps(most: int) -> st.SearchStrategy[list[Step]]:
+    """Enqueues (flow, cost), leaves unserved (flow, -index - 1) and hand-overs (None) of a band of
+    flows a, b and c, in any order."""
+    flows = st.sampled_from(["a", "b", "c"])
+    enqueue = st.tuples(flows, st.sampled_from([1.0, 2.0, 8.0]))
+    leave = st.tuples(flows, st.sampled_from([-1.0, -2.0, -4.0]))
+    return st.lists(st.one_of(st.none(), enqueue, leave), max_size=most)
 
 
 costs = st.lists(st.sampled_from([1.0, 2.0, 4.0, 8.0, 16.0]), min_size=1, max_size=8)
@@ -169,7 +220,7 @@ def test_virtual_time_never_goes_back():
 
 def test_a_weight_must_be_positive():
     with pytest.raises(ValueError, match="weight"):
-        tags(0.0, 0.0, 1.0, 0.0)
+        finish_after(0.0, 1.0, 0.0)
 
 
 @settings(max_examples=300, deadline=None)
@@ -183,7 +234,7 @@ def test_the_work_ahead_of_a_turn_is_never_less_than_what_goes_first(steps, join
     band.run(steps)
     exact = band.work_before(joining, 1.0)
     assert turn_ahead(band.turns(), joining, slack=8.0) >= exact - 1e-9
-    assert turn_ahead(band.turns(), joining, slack=8.0) <= sum(entry[3] for entry in band.heap) + 1e-9
+    assert turn_ahead(band.turns(), joining, slack=8.0) <= band.queued_work() + 1e-9
 
 
 def test_a_light_flow_behind_a_heavy_backlog_waits_for_its_turn_not_for_the_band():
@@ -227,20 +278,21 @@ def test_what_goes_before_a_turn_while_others_keep_arriving_is_within_the_count(
     band.run(steps)
     sent: dict[str, float] = {}
     for step in later:
-        if step is not None and step[0] != joining:
+        if step is not None and step[0] != joining and step[1] > 0:
             sent[step[0]] = sent.get(step[0], 0.0) + step[1]
     turns = band.turns()
     bound = turn_ahead(turns, joining, slack=8.0) + arrivals_in_turn(turns, joining, 8.0, sent)
-    own_start = band.enqueue(joining, 1.0)
+    band.enqueue(joining, 1.0)
+    own = band.enqueued_sequence
     handed = 0.0
     for step in later:
         if step is None:
-            flow, cost = band.hand_over()
-            if flow == joining and cost == 1.0 and band.virtual_time >= own_start:
+            _, cost = band.hand_over()
+            if band.handed_sequence == own:
                 break
             handed += cost
         elif step[0] != joining:
-            band.enqueue(*step)
+            band.run([step])
     assert handed <= bound + 1e-9
 
 

@@ -1,13 +1,23 @@
 """One band's waiting tickets in the memory store: a heap per flow (tenant) by score, the live
-count and work, and the band's fair-queuing clock (policies.fairness)."""
+count and work, and the band's fair-queuing clock (policies.fairness): the flows' heads' start
+tags, taken as each becomes its flow's head."""
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.queues.base import Ticket
-from policies.fairness import FairTurns, tags, work_ahead_in_turn, work_arriving_in_turn
+from policies.fairness import (
+    FairTurns,
+    finish_after,
+    head_start,
+    joining_start,
+    virtual_time_after,
+    work_ahead_in_turn,
+    work_arriving_in_turn,
+)
 
 HeapEntry = tuple[float, int, Ticket]
 
@@ -15,7 +25,8 @@ HeapEntry = tuple[float, int, Ticket]
 @dataclass(slots=True, eq=False)
 class BandQueue:
     """One band's waiting tickets: a heap per flow (by tenant), and the live count and work; and
-    its fair-queuing clock (policies.fairness): the virtual time and each flow's finish tag."""
+    its fair-queuing clock (policies.fairness): the virtual time, each flow's finish tag and its
+    live head's start tag. Under EDF the heaps order by deadline and the clock stands still."""
 
     flows: dict[str, list[HeapEntry]] = field(default_factory=dict)
     count: int = 0
@@ -26,20 +37,54 @@ class BandQueue:
     """Each backlogged flow's live tickets in the order they were queued (policies.displacement)."""
     virtual_time: float = 0.0
     finish: dict[str, float] = field(default_factory=dict)
+    """Each flow's finish tag: moved only by work handed a slot."""
+    heads: dict[str, tuple[Ticket, float]] = field(default_factory=dict)
+    """Each backlogged flow's live head and its start tag."""
+    weights: dict[str, float] = field(default_factory=dict)
+    """The weight of each flow that has queued, backlogged or not (as the Redis store keeps them)."""
 
-    def fair_start(self, tenant: str, cost: float, weight: float) -> float:
-        """The start tag of a request of `cost` joining `tenant`'s flow, which moves its finish tag."""
-        tagged = tags(self.virtual_time, self.finish.get(tenant, 0.0), cost, weight)
-        self.finish[tenant] = tagged.finish
-        return tagged.start
+    def follow_head(self, tenant: str, live: set[Ticket]) -> None:
+        """Drop withdrawn tickets off the top of `tenant`'s heap (lazy deletion) and tag its live
+        head if it has just become the head; forget the flow once it is empty."""
+        heap = self.flows.get(tenant)
+        while heap and heap[0][2] not in live:
+            heapq.heappop(heap)
+        if not heap:
+            self.flows.pop(tenant, None)
+            self.heads.pop(tenant, None)
+            return
+        ticket = heap[0][2]
+        known = self.heads.get(tenant)
+        if known is None or known[0] is not ticket:
+            self.heads[tenant] = (ticket, head_start(self.virtual_time, self.finish.get(tenant, 0.0)))
+
+    def handed(self, tenant: str, tickets: list[Ticket]) -> None:
+        """`tenant`'s head, and the batch it leads, were handed a slot: the clock moves on."""
+        start = self.heads[tenant][1]
+        self.virtual_time = virtual_time_after(self.virtual_time, start)
+        finish, weight = start, self.weights[tenant]
+        for ticket in tickets:
+            finish = finish_after(finish, ticket.cost, weight)
+        self.finish[tenant] = finish
+
+    def joining_start(self, tenant: str) -> float:
+        """policies.fairness.joining_start for `tenant`'s flow."""
+        head = self.heads.get(tenant)
+        return joining_start(
+            self.virtual_time,
+            self.finish.get(tenant, 0.0),
+            head[1] if head is not None else None,
+            self.queued.get(tenant, 0.0),
+            self.weights.get(tenant, 1.0),
+        )
 
     def work_ahead(self, tenant: str, weight_of: Callable[[str], float], slack: float) -> float:
         """policies.fairness.work_ahead_in_turn for a request of `tenant` joining now."""
         if not self.queued:
             return 0.0
         others = ((work, weight_of(name)) for name, work in self.queued.items() if name != tenant)
-        own_finish = self.finish.get(tenant, self.virtual_time)
-        return work_ahead_in_turn(self.virtual_time, own_finish, self.queued.get(tenant, 0.0), others, slack)
+        own_queued = self.queued.get(tenant, 0.0)
+        return work_ahead_in_turn(self.virtual_time, self.joining_start(tenant), own_queued, others, slack)
 
     def arriving_ahead(
         self, tenant: str, weight_of: Callable[[str], float], slack: float, reach: Mapping[str, float]
@@ -48,13 +93,12 @@ class BandQueue:
         tells the band (a flow that has not queued weighs 1)."""
         if not self.queued:
             return 0.0
-        finish = self.finish
         others = (
-            (self.queued.get(name, 0.0), weight_of(name) if name in finish else 1.0, most)
+            (self.queued.get(name, 0.0), weight_of(name) if name in self.weights else 1.0, most)
             for name, most in reach.items()
             if name != tenant
         )
-        return work_arriving_in_turn(self.virtual_time, finish.get(tenant, self.virtual_time), others, slack)
+        return work_arriving_in_turn(self.virtual_time, self.joining_start(tenant), others, slack)
 
     def turns(self, weight_of: Callable[[str], float]) -> FairTurns | None:
         """The band's fair queuing as admission reads it (QueueStats.fair_turns); None while
@@ -62,5 +106,6 @@ class BandQueue:
         if not self.queued:
             return None
         # Every flow that has queued, backlogged or not (policies.fairness.arrivals_in_turn).
-        weights = {name: weight_of(name) for name in self.finish}
-        return FairTurns(self.virtual_time, dict(self.finish), dict(self.queued), weights)
+        weights = {name: weight_of(name) for name in self.weights}
+        finish = {name: self.joining_start(name) for name in self.weights}
+        return FairTurns(self.virtual_time, finish, dict(self.queued), weights)

@@ -1,5 +1,6 @@
 """The memory store's state of one model: its bands' waiting tickets, in a heap per flow ordered
-by score, each band's fair-queuing clock, the backends' slot counts and the slots in use.
+by score (first come, first served in fair queuing; by deadline under EDF), each band's
+fair-queuing clock, the backends' slot counts and the slots in use.
 
 It is the memory store's (gateway/queues/memory/store.py) and keeps no rule of its own beyond the order:
 withdrawn tickets stay in their heap until they reach its top (lazy deletion), while the band's
@@ -29,7 +30,6 @@ from policies.displacement import (
     owners_ahead,
     requests_per_handover,
 )
-from policies.fairness import virtual_time_after
 from policies.outcomes import Outcome
 from policies.quotas import Quota, under_quota
 from policies.reservations import usable_by_band, usable_free_slots
@@ -175,10 +175,17 @@ class ModelQueue:
         return inflight
 
     def heads(self, band: int) -> list[Head]:
-        """The live head of each of `band`'s flows (withdrawn tickets dropped on the way)."""
+        """The live head of each of `band`'s flows (withdrawn tickets dropped on the way), scored
+        by its start tag in fair queuing, by its heap's score (the deadline) under EDF."""
+        queue = self.bands[band]
+        if self.weight_of is not None:
+            return [
+                Head(start, queue.flows[tenant][0][1], tenant, ticket.cost)
+                for tenant, (ticket, start) in queue.heads.items()
+            ]
         return [
             Head(heap[0][0], heap[0][1], tenant, heap[0][2].cost)
-            for tenant, heap in self.bands[band].flows.items()
+            for tenant, heap in queue.flows.items()
             if self._clean_head(heap)
         ]
 
@@ -284,6 +291,8 @@ class ModelQueue:
         return slot
 
     def insert(self, ticket: Ticket, rank: float, sequence: int) -> None:
+        """Queue `ticket` in its flow's heap at `rank` (its deadline under EDF; in fair queuing
+        the same for all, so that its flow is first come, first served by `sequence`)."""
         band = self.bands[ticket.band]
         tenant = ticket.flow.tenant
         heapq.heappush(band.flows.setdefault(tenant, []), (rank, sequence, ticket))
@@ -292,8 +301,21 @@ class ModelQueue:
         band.queued[tenant] = band.queued.get(tenant, 0.0) + ticket.cost
         band.arrivals.setdefault(tenant, {})[ticket] = None
         self.live.add(ticket)
+        if self.weight_of is not None:
+            band.weights[tenant] = self.weight_of(tenant)
+            band.follow_head(tenant, self.live)
 
     def remove(self, ticket: Ticket) -> bool:
+        """Take a queued ticket out (withdrawn, expired, displaced); False when it was not queued.
+        Its flow's next request becomes the head, tagged as it does."""
+        if not self._forget(ticket):
+            return False
+        band, tenant = self.bands[ticket.band], ticket.flow.tenant
+        if self.weight_of is not None and (head := band.heads.get(tenant)) is not None and head[0] is ticket:
+            band.follow_head(tenant, self.live)
+        return True
+
+    def _forget(self, ticket: Ticket) -> bool:
         if ticket not in self.live:
             return False
         self.live.discard(ticket)
@@ -331,13 +353,15 @@ class ModelQueue:
         index, head = found
         band = self.bands[index]
         heap = band.flows[head.tenant]
-        rank, _, leader = heapq.heappop(heap)
-        band.virtual_time = virtual_time_after(band.virtual_time, rank)
-        self.remove(leader)
+        _, _, leader = heapq.heappop(heap)
+        self._forget(leader)
         taken = [leader]
         if leader.batching is not None:
             taken += self._batch_behind(heap, leader.batching, leader.cost)
-        if not heap:
+        if self.weight_of is not None:
+            band.handed(head.tenant, taken)
+            band.follow_head(head.tenant, self.live)
+        elif not heap:
             del band.flows[head.tenant]
         return taken
 
@@ -350,7 +374,7 @@ class ModelQueue:
             if cost + ticket.cost > batching.max_cost:
                 break
             heapq.heappop(heap)
-            self.remove(ticket)
+            self._forget(ticket)
             followers.append(ticket)
             cost += ticket.cost
         return followers

@@ -61,8 +61,6 @@ class MemoryQueue:
         }
         self._sequence = itertools.count()
         self._ordering = ordering
-        self._weight_of = weights
-        """A tenant's weight in its bands' fair queuing now; a tenant not named (and "") weighs 1."""
         self._loop_factory = loop_factory
         self.shared_returns = ALONE
 
@@ -143,7 +141,7 @@ class MemoryQueue:
             kind=kind,
             on_grant=on_grant,
         )
-        queue.insert(ticket, self._rank(queue, ticket, leave_by), next(self._sequence))
+        queue.insert(ticket, self._rank(leave_by), next(self._sequence))
         reclaim = queue.reclaims(flow.tenant, cost)
         if reclaim or any(b.count for b in queue.bands[flow.band + 1 :]):
             self._displace_overdue(queue, flow.band, now, reclaim)
@@ -168,20 +166,18 @@ class MemoryQueue:
             band, now, handovers_per_s, throughput.service_cv, in_arrival_order=fifo, reclaim=reclaim
         )
 
-    def _rank(self, queue: ModelQueue, ticket: Ticket, leave_by: float) -> float:
-        """The ticket's ordering score: its deadline under EDF, else its start tag in its band's
-        fair queuing, first come, first served within its flow (policies.ordering, policies.fairness)."""
-        if self._ordering is Ordering.EDF:
-            return leave_by
-        weight = self._weight_of(ticket.flow.tenant)
-        return queue.bands[ticket.band].fair_start(ticket.flow.tenant, ticket.cost, weight)
+    def _rank(self, leave_by: float) -> float:
+        """A ticket's ordering score in its flow: its deadline under EDF, else none (first come,
+        first served within its flow; its flow's turn is its head's start tag: policies.ordering,
+        policies.fairness)."""
+        return leave_by if self._ordering is Ordering.EDF else 0.0
 
     def adopt(self, ticket: Ticket, now: float) -> None:
         """Take over a ticket another store held (its wait goes on here, behind those waiting)."""
         queue = self._models[ticket.model]
         ticket.id = ""
         # Under EDF its deadline is not known here: `now` puts it before those queued here.
-        queue.insert(ticket, self._rank(queue, ticket, now), next(self._sequence))
+        queue.insert(ticket, self._rank(now), next(self._sequence))
         self._dispatch(queue, now=None)
 
     def dispatch_held(self, model: str) -> None:

@@ -140,8 +140,9 @@ class View:
 
 
 def _fair_turns(raw: Any) -> FairTurns | None:
-    """A band's fair-queuing state as the view script sends it: 0, or [virtual time, finish tags,
-    queued work, weights] with each table as HGETALL's flat list."""
+    """A band's fair-queuing state as the view script sends it: 0, or [virtual time, where a
+    request joining each flow starts, queued work, weights] with each table as a flat list of
+    tenant, value pairs."""
     if not raw:
         return None
     virtual_time, finish, queued, weights = as_list(raw)

@@ -5,11 +5,12 @@ It decides nothing itself; the gateway's policies do, called where the memory st
 - An arrival that finds a slot it may use free (`policies.reservations.usable_free_slots` when
   classes reserve slots) and nothing queued in its own or a more urgent band is handed one at once,
   untagged, as the store grants it.
-- Otherwise it is tagged by `policies.fairness.tags` and queued in its tenant's flow, a heap on
-  (start tag, arrival number) as in the memory store.
+- Otherwise it is queued in its tenant's flow, first come, first served, and tagged
+  (`policies.fairness.head_start`) as it becomes the flow's head, as in the memory store.
 - A slot that frees goes where `policies.dispatch.next_flow` sends it, the memory store's own
   decision (strict priority between bands, reservations, the lowest flow head, quotas), and the
-  band's virtual time moves by `policies.fairness.virtual_time_after`.
+  band's virtual time moves by `policies.fairness.virtual_time_after`, the flow's finish tag by
+  `policies.fairness.finish_after`.
 - With `Admission` and a class `max_wait_s`, the gateway's admission (gateway/tools/simulate/admitting.py)
   refuses at arrival, and a queued request leaves the queue when its allowance runs out; it stays in its
   heap until it reaches the top (lazy deletion, as in the memory store) but no longer counts.
@@ -39,13 +40,13 @@ from functools import partial
 from typing import NamedTuple
 
 from gateway.tools.simulate.admitting import Admission, Admitting
-from gateway.tools.simulate.flows import Entry, Flow, band_heads, every_head, new_flow
+from gateway.tools.simulate.flows import Entry, Flow, band_heads, every_head, follow_head, new_flow
 from gateway.tools.simulate.leaving import displace_overdue, leave_queue
 from gateway.tools.simulate.quota_book import QuotaBook
 from gateway.tools.simulate.tally import Run
 from gateway.tools.simulate.workload import Arrival
 from policies.dispatch import next_flow
-from policies.fairness import FairTurns, tags, virtual_time_after
+from policies.fairness import FairTurns, finish_after, joining_start, virtual_time_after
 from policies.quotas import Quota
 from policies.reservations import usable_by_band, usable_free_slots
 from policies.wait import QueueStats
@@ -156,7 +157,7 @@ def simulate(
     last_arrival = now = 0.0
     push, pop, inf = heapq.heappush, heapq.heappop, math.inf
 
-    heads_of = partial(band_heads, active, gone)  # each band's live flow heads (policies.dispatch)
+    heads_of = partial(band_heads, active, vtime, gone)  # each band's live flow heads (policies.dispatch)
 
     def per_slot() -> float:
         return admitting.estimates.handover_cost if admitting is not None else 1.0
@@ -187,7 +188,7 @@ def simulate(
             now, seq = pop(expiries)
             if seq in waiting:
                 assert admitting is not None  # only admitted requests expire
-                flow = leave_queue(seq, waiting, gone, depth, work, admitting)
+                flow = leave_queue(seq, waiting, gone, depth, work, vtime, admitting)
                 queued -= 1
                 if waiting[seq][6]:
                     flow.tally.expired += 1
@@ -244,16 +245,18 @@ def simulate(
             if (
                 usable
                 and ahead == 0
-                and (book is None or book.state(per_slot()).allows(tenant, cost, every_head(active, gone)))
+                and (
+                    book is None
+                    or book.state(per_slot()).allows(tenant, cost, every_head(active, vtime, gone))
+                )
             ):
                 granted = (0.0, index, now, cost, service, flow, measured)  # untagged, as the store
             else:
-                tagged = tags(vtime[band], flow.finish, cost, flow.weight)
-                flow.finish = tagged.finish
-                entry = (tagged.start, index, now, cost, service, flow, measured)
+                entry = (0.0, index, now, cost, service, flow, measured)
                 if not flow.heap:
                     active[band][tenant] = flow
                 push(flow.heap, entry)
+                follow_head(flow, gone, vtime[band])
                 flow.queued += cost
                 depth[band] += 1
                 work[band] += cost
@@ -264,7 +267,9 @@ def simulate(
                     push(expiries, (expire_at, index))
                     if displacing and any(depth[band + 1 :]):
                         assert admitting is not None
-                        queued -= displace_overdue(band, now, known, waiting, gone, depth, work, admitting)
+                        queued -= displace_overdue(
+                            band, now, known, waiting, gone, depth, work, vtime, admitting
+                        )
         # Hand slots over: to the arrival granted at once, or, while slots are free, to the queue.
         while granted is not None or (free and queued):
             if granted is None:
@@ -280,7 +285,8 @@ def simulate(
                     break  # held back by quotas or kept by a reservation
                 band, head = found
                 flow = active[band][head.tenant]
-                start, seq, at, cost, service, _, measured = pop(flow.heap)
+                _, seq, at, cost, service, _, measured = pop(flow.heap)
+                start = flow.head_start
                 flow.queued = flow.queued - cost if flow.heap else 0.0
                 if not flow.heap:
                     del active[band][flow.tenant]
@@ -294,6 +300,8 @@ def simulate(
                     del flow.live[seq]
                     admitting.settled(band, flow.tenant, expired=False)
                 vtime[band] = virtual_time_after(vtime[band], start)
+                flow.finish = finish_after(start, cost, flow.weight)
+                follow_head(flow, gone, vtime[band])
                 from_queue = True
             else:
                 _, seq, at, cost, service, flow, measured = granted
@@ -350,7 +358,9 @@ def _stats(
 def _turns(flow: Flow, virtual_time: float, nbands: int) -> tuple[FairTurns | None, ...]:
     """The fair-queuing state of `flow`'s band while work waits in it, as the stores tell it."""
     queued = {f.tenant: f.queued for f in flow.siblings.values() if f.queued > 0}
-    # Every flow that has queued (its finish tag moved), backlogged or not, as the stores name them.
-    weights = {f.tenant: f.weight for f in flow.siblings.values() if f.finish > 0}
-    turns = FairTurns(virtual_time, {flow.tenant: flow.finish}, queued, weights)
+    # Every flow that has queued, backlogged or not, as the stores name them.
+    weights = {f.tenant: f.weight for f in flow.siblings.values() if f.head >= 0}
+    head = flow.head_start if flow.heap else None
+    own = joining_start(virtual_time, flow.finish, head, flow.queued, flow.weight)
+    turns = FairTurns(virtual_time, {flow.tenant: own}, queued, weights)
     return tuple(turns if b == flow.band else None for b in range(nbands))

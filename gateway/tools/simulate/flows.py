@@ -1,5 +1,6 @@
-"""The simulator's queued flows: one heap per (band, tenant) on (start tag, arrival number), as in
-the memory store, and the heads policies.dispatch picks among."""
+"""The simulator's queued flows: one heap per (band, tenant) in arrival order, its head tagged as it
+becomes the head (policies.fairness), as in the memory store, and the heads policies.dispatch picks
+among."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from dataclasses import dataclass, field
 
 from gateway.tools.simulate.tally import FlowTally
 from policies.dispatch import Head
+from policies.fairness import head_start
 
-# A queued request: (start tag, arrival number, arrived at, cost, service_s, its flow, measured).
-# A plain tuple: the heap orders it by its first two fields, which never tie.
+# A queued request: (0, arrival number, arrived at, cost, service_s, its flow, measured).
+# A plain tuple: the heap orders it by its first two fields, which never tie (the first is the
+# memory store's ordering score, which fair queuing leaves at 0).
 Entry = tuple[float, int, float, float, float, "Flow", bool]
 
 
@@ -25,6 +28,10 @@ class Flow:
     tally: FlowTally
     finish: float = 0.0
     """Its finish tag (policies.fairness)."""
+    head: int = -1
+    """Its live head's arrival number, -1 before it ever queued."""
+    head_start: float = 0.0
+    """Its live head's start tag."""
     queued: float = 0.0
     """Its live queued work (expired requests still in the heap do not count)."""
     heap: list[Entry] = field(default_factory=list)
@@ -40,20 +47,28 @@ def new_flow(flows: dict[str, Flow], band: int, tenant: str, weights: Mapping[st
     return flow
 
 
-def band_heads(active: list[dict[str, Flow]], gone: set[int], band: int) -> list[Head]:
-    """The live head of each of the band's flows, as policies.dispatch reads them; heads that left
-    the queue are dropped on the way, and flows left empty taken off the band's active ones. (On
-    every hand-over: one pass, no copy of the band's flows unless one empties.)"""
+def follow_head(flow: Flow, gone: set[int], virtual_time: float) -> None:
+    """Drop the requests that left `flow` off its heap's top (lazy deletion), and tag its live head
+    if it has just become the head, in a band whose virtual time is `virtual_time`."""
+    heap = flow.heap
+    while heap and heap[0][1] in gone:
+        gone.discard(heapq.heappop(heap)[1])
+    if heap and heap[0][1] != flow.head:
+        flow.head = heap[0][1]
+        flow.head_start = head_start(virtual_time, flow.finish)
+
+
+def band_heads(active: list[dict[str, Flow]], vtime: list[float], gone: set[int], band: int) -> list[Head]:
+    """The live head of each of the band's flows, as policies.dispatch reads them; flows left empty
+    are taken off the band's active ones. (On every hand-over: one pass, no copy of the band's
+    flows unless one empties.)"""
     band_flows = active[band]
     heads: list[Head] = []
     emptied: list[str] = []
     for tenant, flow in band_flows.items():
-        heap = flow.heap
-        while heap and heap[0][1] in gone:
-            gone.discard(heapq.heappop(heap)[1])
-        if heap:
-            top = heap[0]
-            heads.append(Head(top[0], top[1], tenant, top[3]))
+        follow_head(flow, gone, vtime[band])
+        if flow.heap:
+            heads.append(Head(flow.head_start, flow.head, tenant, flow.heap[0][3]))
         else:
             emptied.append(tenant)
     for tenant in emptied:
@@ -61,6 +76,6 @@ def band_heads(active: list[dict[str, Flow]], gone: set[int], band: int) -> list
     return heads
 
 
-def every_head(active: list[dict[str, Flow]], gone: set[int]) -> list[Head]:
+def every_head(active: list[dict[str, Flow]], vtime: list[float], gone: set[int]) -> list[Head]:
     """The live head of every queued flow."""
-    return [head for band in range(len(active)) for head in band_heads(active, gone, band)]
+    return [head for band in range(len(active)) for head in band_heads(active, vtime, gone, band)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 
 from gateway.tools.simulate.admitting import Admitting
-from gateway.tools.simulate.flows import Entry, Flow
+from gateway.tools.simulate.flows import Entry, Flow, follow_head
 from policies.displacement import OVERDUE_CHECKED, displacement_handovers_per_s, overdue_in_flow
 
 
@@ -19,14 +19,17 @@ def leave_queue(
     gone: set[int],
     depth: list[int],
     work: list[float],
+    vtime: list[float],
     admitting: Admitting,
 ) -> Flow:
     """Take the admitted request `seq` out of the queue before its turn (it expired, or was
     displaced), as a miss for its flow's calibration; it stays in its heap until it reaches the top
-    (lazy deletion). Returns its flow."""
+    (lazy deletion); the flow's next request becomes its head, tagged as it does. Returns its flow."""
     entry = waiting[seq]
     gone.add(seq)
     flow, cost = entry[5], entry[3]
+    if seq == flow.head:
+        follow_head(flow, gone, vtime[flow.band])
     del flow.live[seq]
     flow.queued -= cost
     depth[flow.band] -= 1
@@ -45,6 +48,7 @@ def displace_overdue(
     gone: set[int],
     depth: list[int],
     work: list[float],
+    vtime: list[float],
     admitting: Admitting,
 ) -> int:
     """The memory store's displacement (ModelQueue.displace_overdue, policies.displacement) after
@@ -70,7 +74,7 @@ def displace_overdue(
             )
             victims += (newest[i][0] for i in found)
     for seq in victims:
-        flow = leave_queue(seq, waiting, gone, depth, work, admitting)
+        flow = leave_queue(seq, waiting, gone, depth, work, vtime, admitting)
         if waiting.pop(seq)[6]:
             flow.tally.displaced += 1
     return len(victims)

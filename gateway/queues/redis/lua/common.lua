@@ -10,12 +10,14 @@
 --
 -- All keys of one model share the hash tag in KEYS[1] ("{<prefix>:<model>}"), so a model's
 -- state lives in one slot and the scripts also run on Redis Cluster:
---   <tag>:q:<band>:<tenant> zset  ticket id -> ordering score (FIFO: fair-queuing start tag; EDF: leave-by)
+--   <tag>:q:<band>:<tenant> zset  ticket id -> ordering score (FIFO: 0, so ids keep the order of
+--                                 arrival; EDF: leave-by)
 --   <tag>:vt:<band>         string the band's virtual time (policies.fairness)
---   <tag>:finish:<band>     hash  tenant -> its flow's finish tag
+--   <tag>:finish:<band>     hash  tenant -> its flow's finish tag (moved by work handed a slot)
 --   <tag>:fwork:<band>      hash  tenant -> its flow's queued work (backlogged flows only)
---   <tag>:fweight:<band>    hash  tenant -> the weight its flow was last queued with
---   <tag>:flows:<band>      zset  tenant -> its flow's head score (the band's flows with work)
+--   <tag>:fweight:<band>    hash  tenant -> the weight its flow was last queued with (FIFO only)
+--   <tag>:flows:<band>      zset  tenant -> its flow's head score (the band's flows with work; FIFO:
+--                                 the head's start tag, taken as it became the head)
 --   <tag>:tickets           hash  ticket id -> JSON {r: replica, b: band, t: tenant, c: cost,
 --                                 e: leave-by time, k: batch key, m: batch cost limit,
 --                                 q: its kind of request, policies.request_kinds}
@@ -169,11 +171,22 @@ local function queued_total(nbands)
   return total
 end
 
+-- policies.fairness.joining_start: where a request joining `tenant`'s flow of `band` now starts,
+-- behind the flow's queued work.
+local function joining_start(band, tenant, virtual)
+  local queued = tonumber(redis.call('HGET', tag .. ':fwork:' .. band, tenant) or '0')
+  local head = redis.call('ZSCORE', tag .. ':flows:' .. band, tenant)
+  if head and queued > 0 then
+    return tonumber(head) + queued / tonumber(redis.call('HGET', tag .. ':fweight:' .. band, tenant) or '1')
+  end
+  return math.max(virtual, tonumber(redis.call('HGET', tag .. ':finish:' .. band, tenant)) or 0)
+end
+
 -- policies.fairness.work_ahead_in_turn, here where it must be atomic with the insert: the band's
 -- queued work handed out before a request of `tenant` joining now, one request's `slack` per flow.
 local function turn_ahead(band, tenant, slack)
   local virtual = tonumber(redis.call('GET', tag .. ':vt:' .. band)) or 0
-  local own_finish = tonumber(redis.call('HGET', tag .. ':finish:' .. band, tenant)) or virtual
+  local own_finish = joining_start(band, tenant, virtual)
   local span = math.max(0, own_finish - virtual)
   local flat = redis.call('HGETALL', tag .. ':fwork:' .. band)
   local ahead = 0
@@ -194,8 +207,7 @@ end
 -- now, each at most its `reach` (tenant -> work); a flow that has not queued weighs 1.
 local function arriving_ahead(band, tenant, slack, reach)
   local virtual = tonumber(redis.call('GET', tag .. ':vt:' .. band)) or 0
-  local own_finish = tonumber(redis.call('HGET', tag .. ':finish:' .. band, tenant)) or virtual
-  local span = math.max(0, own_finish - virtual)
+  local span = math.max(0, joining_start(band, tenant, virtual) - virtual)
   local extra = 0
   for name, most in pairs(reach) do
     if name ~= tenant and most > 0 then
@@ -208,9 +220,9 @@ local function arriving_ahead(band, tenant, slack, reach)
   return extra
 end
 
--- Whether `band` holds fair-queued flows (finish tags are kept only under FIFO ordering).
+-- Whether `band` holds fair-queued flows (weights are kept only under FIFO ordering).
 local function fair_band(band)
-  return redis.call('EXISTS', tag .. ':fwork:' .. band, tag .. ':finish:' .. band) == 2
+  return redis.call('EXISTS', tag .. ':fwork:' .. band, tag .. ':fweight:' .. band) == 2
 end
 
 -- policies.wait.QueueStats.work_ahead: more urgent bands' work, and the own band's up to the
@@ -236,13 +248,19 @@ local function flow_key(band, tenant)
   return tag .. ':q:' .. band .. ':' .. tenant
 end
 
--- The band's flows are ordered by their heads' scores: keep a flow's entry equal to its head's.
-local function refresh_head(band, tenant)
+-- The band's flows are ordered by their heads' scores: under EDF, a flow's entry is its head's
+-- deadline; in fair queuing, its head's start tag (policies.fairness.head_start), taken when the
+-- head changed (`new_head`).
+local function refresh_head(band, tenant, new_head)
   local head = redis.call('ZRANGE', flow_key(band, tenant), 0, 0, 'WITHSCORES')
   if #head == 0 then
     redis.call('ZREM', tag .. ':flows:' .. band, tenant)
-  else
+  elseif redis.call('HEXISTS', tag .. ':fweight:' .. band, tenant) == 0 then
     redis.call('ZADD', tag .. ':flows:' .. band, head[2], tenant)
+  elseif new_head then
+    local virtual = tonumber(redis.call('GET', tag .. ':vt:' .. band)) or 0
+    local finish = tonumber(redis.call('HGET', tag .. ':finish:' .. band, tenant)) or 0
+    redis.call('ZADD', tag .. ':flows:' .. band, string.format('%.17g', math.max(virtual, finish)), tenant)
   end
 end
 
@@ -259,16 +277,10 @@ local function count_queued(info, sign)
   end
 end
 
--- policies.fairness.tags, here where it must be atomic with the insert: the start tag of a request
--- of `cost` joining `tenant`'s flow of `weight`, which moves the flow's finish tag.
-local function fair_start(band, tenant, cost, weight)
-  local virtual = tonumber(redis.call('GET', tag .. ':vt:' .. band)) or 0
-  local finish = tonumber(redis.call('HGET', tag .. ':finish:' .. band, tenant)) or 0
-  local start = math.max(virtual, finish)
-  local counted = math.min(math.max(cost, 0), 1e9)  -- policies.fairness.TAG_COST_MAX
-  redis.call('HSET', tag .. ':finish:' .. band, tenant, string.format('%.17g', start + counted / weight))
+-- A request joins `tenant`'s fair-queued flow of `band` with `weight`; the flow's head takes its
+-- start tag as it becomes the head (refresh_head), and the weight counts its work in turns.
+local function join_fair_flow(band, tenant, weight)
   redis.call('HSET', tag .. ':fweight:' .. band, tenant, string.format('%.17g', weight))
-  return start
 end
 
 local function enqueue(id, info, score)
@@ -276,7 +288,7 @@ local function enqueue(id, info, score)
   redis.call('HSET', tag .. ':tickets', id, cjson.encode(info))
   redis.call('SADD', tag .. ':waiting:' .. info.r, id)
   count_queued(info, 1)
-  refresh_head(info.b, info.t)
+  refresh_head(info.b, info.t, redis.call('ZCARD', flow_key(info.b, info.t)) == 1)
 end
 
 -- Forget a ticket that left its flow's zset (popped by the caller, or removed here).
@@ -296,9 +308,10 @@ end
 local function unqueue(id)
   local info = ticket_info(id)
   if info == nil then return false end
+  local was_head = redis.call('ZRANK', flow_key(info.b, info.t), id) == 0
   redis.call('ZREM', flow_key(info.b, info.t), id)
   forget_ticket(id, info)
-  refresh_head(info.b, info.t)
+  refresh_head(info.b, info.t, was_head)
   return true
 end
 
@@ -659,15 +672,16 @@ local function take_next(nbands, backends)
         end
       end
       local key = flow_key(band, tenant)
+      local start = redis.call('ZSCORE', tag .. ':flows:' .. band, tenant)
       local popped = redis.call('ZPOPMIN', key)
       if #popped > 0 then
         local id = popped[1]
         -- policies.fairness.virtual_time_after: the clock never goes back.
         local virtual = tonumber(redis.call('GET', tag .. ':vt:' .. band)) or 0
-        if tonumber(popped[2]) > virtual then redis.call('SET', tag .. ':vt:' .. band, popped[2]) end
+        if tonumber(start) > virtual then redis.call('SET', tag .. ':vt:' .. band, start) end
         local info = ticket_info(id)
         forget_ticket(id, info)
-        local ids, cost = {id}, info.c
+        local ids, cost, costs = {id}, info.c, {info.c}
         if info.k then
           while true do
             local behind = redis.call('ZRANGE', key, 0, 0)
@@ -677,10 +691,20 @@ local function take_next(nbands, backends)
             redis.call('ZREM', key, behind[1])
             forget_ticket(behind[1], next_info)
             ids[#ids + 1] = behind[1]
+            costs[#costs + 1] = next_info.c
             cost = cost + next_info.c
           end
         end
-        refresh_head(band, tenant)
+        local weight = redis.call('HGET', tag .. ':fweight:' .. band, tenant)
+        if weight then
+          -- policies.fairness.finish_after, for the head and each follower of its batch.
+          local finish = tonumber(start)
+          for _, handed in ipairs(costs) do
+            finish = finish + math.min(math.max(handed, 0), 1e9) / tonumber(weight)  -- TAG_COST_MAX
+          end
+          redis.call('HSET', tag .. ':finish:' .. band, tenant, string.format('%.17g', finish))
+        end
+        refresh_head(band, tenant, true)
         return ids, info, cost
       end
       redis.call('ZREM', tag .. ':flows:' .. band, tenant)  -- an empty flow's stale entry
@@ -772,9 +796,15 @@ end
 -- only where requests come in tenants' flows (A.tenants): with one flow a turn is the whole band.
 local function fair_turns(band)
   if not fair_band(band) then return 0 end
+  local virtual = tonumber(redis.call('GET', tag .. ':vt:' .. band)) or 0
+  local starts = {}
+  for _, tenant in ipairs(redis.call('HKEYS', tag .. ':fweight:' .. band)) do
+    starts[#starts + 1] = tenant
+    starts[#starts + 1] = string.format('%.17g', joining_start(band, tenant, virtual))
+  end
   return {
     redis.call('GET', tag .. ':vt:' .. band) or '0',
-    redis.call('HGETALL', tag .. ':finish:' .. band),
+    starts,
     redis.call('HGETALL', tag .. ':fwork:' .. band),
     redis.call('HGETALL', tag .. ':fweight:' .. band),
   }

@@ -55,7 +55,12 @@ if immediate and not held then
 end
 local id = next_id()
 local score
-if A.edf then score = now + A.allowed_s else score = fair_start(A.band, A.tenant, A.cost, A.weight) end
+if A.edf then
+  score = now + A.allowed_s
+else
+  score = 0  -- first come, first served within its flow: ids order by creation
+  join_fair_flow(A.band, A.tenant, A.weight)
+end
 local info = {r = A.replica, b = A.band, t = A.tenant, c = A.cost, e = fmt(now + A.allowed_s)}
 if A.kind ~= nil and A.kind ~= '' then info.q = A.kind end
 if A.batch then

@@ -146,13 +146,15 @@ def work_to_drain(
     arriving: float = 0.0,
 ) -> float:
     """The work that must be handed slots before a new request of `band` (of `tenant`'s flow, when
-    given) gets one, its own hand-over included (0: a slot is free). Each free slot takes one
-    hand-over's work at once. Given the request's `cost`, its own part is the room it takes in the
-    queue (`room_taken`): what admission checks against the work limit. `arriving`: the work other
-    flows will still send ahead of its turn (`QueueStats.arriving_ahead`)."""
-    ahead = stats.work_ahead(band, tenant, handover_cost) + stats.external_waiting + arriving
-    own = handover_cost if cost is None else room_taken(ahead, handover_cost, cost)
-    return max(0.0, ahead + own - handover_cost * stats.free_for(band))
+    given) gets one, its own hand-over included (0: a slot is free and nothing waits ahead of it):
+    what the store checks (`work_before_grant`), with the work waiting inside the backends
+    (`external_waiting`) ahead of it too. Given the request's `cost`, its own part is the room it
+    takes in the queue (`room_taken`): what admission checks against the work limit; else one
+    hand-over. `arriving`: the work other flows will still send ahead of its turn
+    (`QueueStats.arriving_ahead`)."""
+    ahead = stats.work_ahead(band, tenant, handover_cost) + stats.external_waiting
+    own = handover_cost if cost is None else cost
+    return work_before_grant(ahead, stats.free_for(band), handover_cost, own, arriving)
 
 
 def arrival_reach(

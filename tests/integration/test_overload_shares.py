@@ -37,59 +37,77 @@ HTTP_OVERHEAD_S = 0.001  # a hand-over to the simulated backend and its answer b
 COUNTED_FROM_S = 4.0  # the queue has filled and the gateway has measured the flows' rates
 
 
-def schedule(seed: int) -> list[float]:
-    """When a tenant sends: Poisson arrivals at PER_TENANT_RATE for SEND_S."""
+def schedule(seed: int, rate: float = PER_TENANT_RATE) -> list[float]:
+    """When a tenant sends: Poisson arrivals at `rate` for SEND_S."""
     rng, due, times = random.Random(seed), 0.0, []
-    while (due := due + rng.expovariate(PER_TENANT_RATE)) < SEND_S:
+    while (due := due + rng.expovariate(rate)) < SEND_S:
         times.append(due)
     return times
 
 
-async def open_loop(url: str, tenant: str, seed: int, started: float, served: list, refused: list):
-    """`tenant` sends its `schedule` whatever the answers; each answer is recorded with the time it
-    came, from `started`, and a served one with its wait in the queue (Server-Timing, ms)."""
+async def open_loop(
+    url: str,
+    tenant: str,
+    seed: int,
+    started: float,
+    served: list,
+    refused: list,
+    body: dict = INFER,
+    rate: float = PER_TENANT_RATE,
+):
+    """`tenant` sends `body` on its `schedule` whatever the answers; each answer is recorded with
+    the time it came, from `started`, and a served one with its wait in the queue (Server-Timing,
+    ms)."""
 
     async def send(http):
-        async with http.post(url + PATH, json=INFER, headers={"X-Tenant": tenant}) as reply:
-            body = await reply.read()
+        async with http.post(url + PATH, json=body, headers={"X-Tenant": tenant}) as reply:
+            answer = await reply.read()
         at = time.monotonic() - started
         if reply.status == 200:
             queue_ms = float(re.search(r"queue;dur=([0-9.]+)", reply.headers["Server-Timing"]).group(1))
             served.append((at, tenant, queue_ms))
         else:
-            assert reply.status == 429, body
-            refused.append((at, tenant, body))
+            assert reply.status == 429, answer
+            refused.append((at, tenant, answer))
 
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
         sends = []
-        for due in schedule(seed):
+        for due in schedule(seed, rate):
             await asyncio.sleep(max(0.0, started + due - time.monotonic()))
             sends.append(asyncio.ensure_future(send(http)))
         await asyncio.gather(*sends)
 
 
-async def flood(start_sim, start_gateway, store_section, weights=None):
-    """Each tenant (tenant -> weight; team-a 3, team-b 1 unless told) floods for SEND_S; the
+async def flood(
+    start_sim, start_gateway, store_section, weights=None, sends=None, service_ms=SERVICE_MS, per_item_ms=0.0
+):
+    """Each tenant (tenant -> weight; team-a 3, team-b 1 unless told) floods for SEND_S, at
+    PER_TENANT_RATE with INFER unless `sends` tells it (tenant -> (rate, body); then the model is
+    priced in batch items, each item `per_item_ms` more at the backend than `service_ms`); the
     answers: (served, refused), each stamped with its time."""
     weights = weights or {"team-a": 3, "team-b": 1}
-    sim = start_sim(slots=SLOTS, base_ms=SERVICE_MS)
+    sends = sends or {}
+    sim = start_sim(slots=SLOTS, base_ms=service_ms, per_item_ms=per_item_ms)
     overrides = {} if store_section is None else {"store": store_section}
     config = gateway_config(
         [(sim.url, SLOTS)],
         priorities=[{"name": "low", "max_wait_ms": ALLOWED_MS}],
-        expected_service_ms=SERVICE_MS,
+        expected_service_ms=service_ms,
         tenants=[{"name": name, "weight": weight} for name, weight in weights.items()],
         **overrides,
     )
+    if sends:
+        config["models"][0]["cost"] = "batch_items"
     gateway = start_gateway(config)
     served: list[tuple[float, str, float]] = []
     refused: list[tuple[float, str, bytes]] = []
     started = time.monotonic()
     await asyncio.gather(
         *(
-            open_loop(gateway.url, name, seed, started, served, refused)
+            open_loop(gateway.url, name, seed, started, served, refused, body, rate)
             for seed, name in enumerate(weights, start=1)
+            for rate, body in [sends.get(name, (PER_TENANT_RATE, INFER))]
         )
     )
     assert sim.stats()["peak_inflight"] <= SLOTS
@@ -208,3 +226,30 @@ async def test_other_weights_and_counts_of_tenants_flooding_are_served_by_weight
     lightest = min(weights, key=weights.__getitem__)  # overloaded: even its flood mostly refused
     assert sum(who == lightest for _, who, _ in refused) > 0.5 * PER_TENANT_RATE * SEND_S
     check_admitted_served_in_time(served, refused, tuple(weights))
+
+
+BATCH_OF_8 = {"inputs": [{"name": "INPUT0", "shape": [8, 1], "datatype": "FP32", "data": [1] * 8}]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_a_tenant_of_8_item_batches_flooding_beside_single_items_is_handed_its_weight_in_items(
+    start_sim, start_gateway, store_section
+):
+    """The issue's first report, in work: priced by batch items on a backend of 20 ms + 5 ms per
+    item, team-b's batches of 8 against team-a's single items, weighted 3:1, both at 2x their
+    share: team-b was handed 6.7 times less work where 3 was asked. Its share of the items is its
+    weight's, and what admission lets in of either is served in time."""
+    base_ms, per_item_ms = 20.0, 5.0
+    # The pool's items per second, split 3:1: team-a's take 25 ms each, team-b's 8 take 60 ms.
+    items_per_s = SLOTS / (0.75 * (base_ms + per_item_ms) + 0.25 / 8 * (base_ms + 8 * per_item_ms)) * 1000
+    sends = {"team-a": (2 * 0.75 * items_per_s, INFER), "team-b": (2 * 0.25 * items_per_s / 8, BATCH_OF_8)}
+    served, refused = await flood(
+        start_sim, start_gateway, store_section, sends=sends, service_ms=base_ms, per_item_ms=per_item_ms
+    )
+    counted = [tenant for at, tenant, _ in served if COUNTED_FROM_S <= at <= SEND_S]
+    items = {"team-a": counted.count("team-a"), "team-b": 8 * counted.count("team-b")}
+    assert items["team-b"] / sum(items.values()) == pytest.approx(0.25, rel=0.10), items
+    assert sum(items.values()) >= 0.85 * items_per_s * (SEND_S - COUNTED_FROM_S)  # no slot idles
+    assert sum(who == "team-b" for _, who, _ in refused) > 0.2 * sends["team-b"][0] * SEND_S  # overloaded
+    check_admitted_served_in_time(served, refused)

@@ -8,7 +8,9 @@ counts the refused clients told to come back before it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,3 +46,41 @@ def header_values(advice_s: float) -> tuple[str, str]:
     millisecond."""
     millis = max(1, round(advice_s * 1000))
     return str(-(-millis // 1000)), str(millis)
+
+
+def upstream_advice_s(
+    headers: Iterable[tuple[bytes, bytes]], now_epoch_s: float, max_s: float
+) -> float | None:
+    """A backend's own advice in its answer's `headers` (names lower case), as the gateway passes it
+    on: `retry-after-ms`, else `Retry-After` (delta-seconds, or an HTTP-date read against
+    `now_epoch_s`); None where it gives none that a client should follow: not a number, negative,
+    a date past, or beyond `max_s` (a backend's `-5`, or a date in 2099, would park an SDK that
+    obeys it)."""
+    found: dict[bytes, bytes] = {}
+    for name, value in headers:
+        if name in (b"retry-after", b"retry-after-ms"):
+            found.setdefault(name, value.strip())
+    advice = None
+    if (millis := found.get(b"retry-after-ms")) is not None:
+        advice = _number(millis, 1000.0)
+    if advice is None and (raw := found.get(b"retry-after")) is not None:
+        advice = _number(raw, 1.0) if raw.isdigit() else _until_date(raw, now_epoch_s)
+    return advice if advice is not None and 0.0 <= advice <= max_s else None
+
+
+def _number(raw: bytes, per_second: float) -> float | None:
+    try:
+        value = float(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return value / per_second if value == value else None  # NaN is not advice
+
+
+def _until_date(raw: bytes, now_epoch_s: float) -> float | None:
+    try:
+        when = parsedate_to_datetime(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError, TypeError, IndexError):
+        return None
+    if when.tzinfo is None:  # RFC 9110's IMF-fixdate is GMT
+        return None
+    return when.timestamp() - now_epoch_s

@@ -20,6 +20,7 @@ class Cut(StrEnum):
     BODY_TIMEOUT = "body_timeout"
     HEADERS_TOO_LARGE = "headers_too_large"
     TOO_MANY_HEADERS = "too_many_headers"
+    BAD_HOST = "bad_host"  # a request without its one Host field (RFC 9112, 3.2): 400
     SEND_TIMEOUT = "send_timeout"  # the client did not take its answer's bytes
     EVICTED = "evicted"  # closed for a new connection at `max_connections`
     REFUSED = "refused"  # a new connection at `max_connections`, every other one busy
@@ -58,10 +59,17 @@ class ClientLimits:
         )
 
 
+REFUSAL_STATUS = {Cut.BAD_HOST: 400}
+"""The status a refused head is answered with: 431 unless named here."""
+
+
 def refusal_body(cut: Cut, limits: ClientLimits, *, openai: bool) -> bytes:
-    """The 431's JSON, shaped like the gateway's other errors (gateway.errors) for the route's style."""
+    """The refused head's JSON (431, or 400 for its Host), shaped like the gateway's other errors
+    (gateway.errors) for the route's style."""
     if cut is Cut.TOO_MANY_HEADERS:
         message = f"too many request header fields: more than {limits.max_headers}"
+    elif cut is Cut.BAD_HOST:
+        message = "an HTTP/1.1 request carries exactly one Host header field (RFC 9112, section 3.2)"
     else:
         message = f"request header fields too large: more than {limits.max_header_bytes} bytes"
     payload: dict[str, Any]

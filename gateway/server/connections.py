@@ -10,15 +10,17 @@ The rules this module keeps:
   never cut by them, however long it queues or is served;
 - a head over `max_header_bytes` (request line, fields and their separators, as sent by a client
   that writes `Name: value`) or with more than `max_headers` fields is answered 431 with a JSON
-  error, and the connection closes. Bytes are counted as they are read, so a head that never ends is
-  cut at the limit (give or take the one read it began in), never buffered whole. Trailers of a
-  chunked body are held to the same byte bound; they cut the connection, as the app owns the answer;
+  error, and the connection closes; so is, with a 400, an HTTP/1.1 request without a Host field or
+  any request with two (RFC 9112, 3.2: the target's authority would be ambiguous). Bytes are
+  counted as they are read, so a head that never ends is cut at the limit (give or take the one
+  read it began in), never buffered whole. Trailers of a chunked body are held to the same byte
+  bound; they cut the connection, as the app owns the answer;
 - an answer's bytes must be taken by the client: once the connection's write buffer is full (the
   client stopped reading), it must drain within `send_timeout_ms` or the connection is cut. The app
   then sees its client leave, so a slot held for a client that stopped reading goes back as for one
   that left (the backend's `on_abandon`), instead of waiting on it up to the upstream timeout;
-- after a 431 the connection reads and drops what the client still sends, for up to LINGER_S, so
-  that the client reads the answer instead of a reset;
+- after a refused head the connection reads and drops what the client still sends, for up to
+  LINGER_S, so that the client reads the answer instead of a reset;
 - an Upgrade (WebSocket, h2c) is ignored and its request served as plain HTTP/1.1: the parser ends
   such a request at its head, so a Content-Length body is read past it, and the connection closes
   after the answer (a chunked one is a 400);
@@ -41,7 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.fields import decimal
-from gateway.server.client_limits import ClientLimits, Cut, refusal_body
+from gateway.server.client_limits import REFUSAL_STATUS, ClientLimits, Cut, refusal_body
 from gateway.server.connection_table import ConnectionTable
 from gateway.server.head_with_body import HeadWithBody
 
@@ -49,7 +51,8 @@ if TYPE_CHECKING:
     from gateway.settings import Limits
 
 LINGER_S = 2.0
-"""After a 431, how long what the client still sends is read and dropped before the connection closes."""
+"""After a refused head, how long what the client still sends is read and dropped before the
+connection closes."""
 
 # A request line is `METHOD SP target SP HTTP/1.1 CRLF`; the head ends with an empty line.
 _REQUEST_LINE_AND_END = len(b"  HTTP/1.1\r\n") + len(b"\r\n")
@@ -81,7 +84,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._limits = self.clients.limits
         self._clock: tuple[Cut | None, float] | None = None
-        """What is cut when the time is up (None: the linger after a 431 ends), and how long it is."""
+        """What is cut when the time is up (None: the linger after a refused head ends), and how
+        long it is."""
         self._timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
         """Runs while the write buffer is full: the client has that long to take its answer."""
@@ -185,6 +189,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._check_head_bytes(len(self.parser.get_method()) + _REQUEST_LINE_AND_END)
+        hosts = sum(name == b"host" for name, _ in self.headers)
+        if hosts > 1 or (hosts == 0 and self.parser.get_http_version() == "1.1"):
+            self._refusal = Cut.BAD_HOST
+            raise _Refused
         self._disarm()
         self._reading_head, self._in_body, self._head_ended_in_read = False, True, True
         self._trailer_bytes = 0
@@ -245,7 +253,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             raise _Refused
 
     def _refuse(self, cut: Cut) -> None:
-        """Answer 431 once the requests before this one are answered, dropping what else comes."""
+        """Answer 431 (or 400: REFUSAL_STATUS) once the requests before this one are answered,
+        dropping what else comes."""
         self.clients.count(cut)
         self._lingering = True
         self._disarm()
@@ -255,10 +264,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._answer_refusal(cut)
 
     def _answer_refusal(self, cut: Cut) -> None:
-        """Write the 431, then linger: read and drop what comes until the client closes, or LINGER_S."""
+        """Write the refusal, then linger: read and drop what comes until the client closes, or LINGER_S."""
         self._refusal_due = None
         body = refusal_body(cut, self._limits, openai=getattr(self, "url", b"").startswith(b"/v1/"))
-        head = [STATUS_LINE[431]]
+        head = [STATUS_LINE[REFUSAL_STATUS.get(cut, 431)]]
         for name, value in self.server_state.default_headers:
             head += (name, b": ", value, b"\r\n")
         head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
@@ -312,7 +321,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _time_up(self) -> None:
         self._timer = None
         cut = self._clock[0] if self._clock is not None else None
-        if cut is None:  # the linger after a 431 is over
+        if cut is None:  # the linger after a refused head is over
             self._disarm()
             self.transport.abort()
         else:
@@ -344,7 +353,7 @@ class ClientConnections:
         )
         closed = CounterMetricFamily(
             "gateway_client_connections_closed",
-            "Client connections the gateway closed for a limit (431 answers included), by limit.",
+            "Client connections the gateway closed for a limit (its 431 and 400 answers included), by limit.",
             labels=["reason"],
         )
         for cut, count in self.cuts.items():

@@ -97,7 +97,7 @@ class Settings(Frozen):
         _unique("priorities", class_names)
         _unique("models", [m.name for m in self.models])
         _unique("tenants", [t.name for t in self.tenants])
-        _unique("tenants api_keys", [key for t in self.tenants for key in t.api_keys])
+        _unique_keys(self.tenants)
         keyed = [t.name for t in self.tenants if t.api_keys]
         if keyed and len(keyed) != len(self.tenants):
             keyless = [t.name for t in self.tenants if not t.api_keys]
@@ -193,6 +193,22 @@ def _unique(what: str, names: list[str]) -> None:
         if name in seen:
             raise ValueError(f"{what}: {name!r} appears twice")
         seen.add(name)
+
+
+def _unique_keys(tenants: list[Tenant]) -> None:
+    """Every api key names one tenant; an error says whose keys collide, never the key."""
+    holder: dict[bytes, str] = {}
+    for tenant in tenants:
+        for index, key in enumerate(tenant.api_keys):
+            digest = key_digest(key)
+            if (first := holder.get(digest)) is not None:
+                both = first if first == tenant.name else f"{first!r} and {tenant.name!r}"
+                whose = f"tenant {first!r}" if first == tenant.name else f"tenants {both}"
+                raise ValueError(
+                    f"{whose}: one api key is listed twice (api_keys[{index}] of {tenant.name!r};"
+                    " the key is not shown)"
+                )
+            holder[digest] = tenant.name
 
 
 def parse_settings(data: Any, source: str = "config") -> Settings:

@@ -7,12 +7,14 @@ decompression, no default headers the client did not send, no cookie jar shared 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
 
 from gateway.settings import Settings
+from policies.retry_after import RetryAfterConfig, header_values, upstream_advice_s
 
 RawHeaders = list[tuple[bytes, bytes]]
 
@@ -77,11 +79,24 @@ def upstream_request_headers(
     return kept
 
 
+_ADVICE = frozenset({b"retry-after", b"retry-after-ms"})
+UPSTREAM_ADVICE_MAX_S = RetryAfterConfig().max_s
+"""The longest advice of a backend the gateway passes on (its own default ceiling)."""
+
+
 def downstream_response_headers(raw: Sequence[tuple[bytes, bytes]]) -> RawHeaders:
-    """The backend's response headers as the client should see them (names lower-cased)."""
+    """The backend's response headers as the client should see them (names lower-cased). Its own
+    Retry-After passes only where a client should follow it (policies.retry_after.upstream_advice_s),
+    written as the gateway writes its own: `Retry-After` and `retry-after-ms` naming one moment."""
     headers = [(k.lower(), v) for k, v in raw]
-    drop = HOP_BY_HOP | _RESPONSE_REWRITTEN | _connection_tokens(headers)
-    return [(k, v) for k, v in headers if k not in drop]
+    drop = HOP_BY_HOP | _RESPONSE_REWRITTEN | _connection_tokens(headers) | _ADVICE
+    kept = [(k, v) for k, v in headers if k not in drop]
+    if any(k in _ADVICE for k, _ in headers):
+        advice = upstream_advice_s(headers, time.time(), UPSTREAM_ADVICE_MAX_S)
+        if advice is not None:
+            seconds, millis = header_values(advice)
+            kept += [(b"retry-after", seconds.encode()), (b"retry-after-ms", millis.encode())]
+    return kept
 
 
 def create_session() -> aiohttp.ClientSession:

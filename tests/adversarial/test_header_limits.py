@@ -1,4 +1,5 @@
-"""Request heads have a size and a field count the gateway holds them to (gateway.server.connections).
+"""Request heads have a size, a field count and one Host the gateway holds them to
+(gateway.server.connections).
 
 Real processes, the shipped defaults: a head (request line and fields) of at most 32 KiB and 100
 fields. One byte or one field more is answered 431 with the gateway's JSON error, the connection
@@ -219,3 +220,33 @@ async def test_concurrent_16_mib_heads_are_cut_at_the_limit_and_leave_memory_as_
     grown = rss_bytes(gateway.process.pid) - start
     assert grown < 32 << 20, f"the gateway grew by {grown >> 20} MiB over 8 heads of 16 MiB"
     assert (await exchange(gateway, padded_to(1024))).status == 200
+
+
+def without_host(request: bytes) -> bytes:
+    return request.replace(b"Host: gateway\r\n", b"")
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        pytest.param(without_host(infer_request()), id="no-host"),
+        pytest.param(infer_request(("Host", "other")), id="two-hosts"),
+        pytest.param(infer_request(("Host", "other")).replace(b"HTTP/1.1", b"HTTP/1.0"), id="two-hosts-1.0"),
+    ],
+)
+async def test_a_request_without_its_one_host_field_is_400_and_the_backend_never_sees_it(
+    gateway, sim, request_bytes
+):
+    # RFC 9112, section 3.2: an HTTP/1.1 request carries exactly one Host; none, or two, is a 400.
+    before = served(sim)
+    counted = gateway.metric("gateway_client_connections_closed_total", reason="bad_host")
+    answer = await refusal(gateway, request_bytes)
+    assert (answer.status, answer.json()["reason"]) == (400, "bad_host")
+    assert "exactly one Host" in answer.json()["error"]
+    assert served(sim) == before
+    assert gateway.metric("gateway_client_connections_closed_total", reason="bad_host") - counted == 1
+
+
+async def test_an_http_1_0_request_may_come_without_host(gateway, sim):
+    request = without_host(infer_request()).replace(b"HTTP/1.1", b"HTTP/1.0")
+    assert (await exchange(gateway, request)).status == 200

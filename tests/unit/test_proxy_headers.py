@@ -115,3 +115,10 @@ def test_the_upstream_request_carries_the_clients_address():
     }
     request = upstream_request(scope, b"{}", HeaderRules(forwarded_for=True))
     assert (b"x-forwarded-for", b"127.0.0.7") in request.headers
+
+
+def test_a_backends_retry_after_passes_as_the_gateway_writes_its_own_or_not_at_all():
+    sane = downstream_response_headers([(b"Content-Type", b"text/plain"), (b"Retry-After", b"5")])
+    assert sane == [(b"content-type", b"text/plain"), (b"retry-after", b"5"), (b"retry-after-ms", b"5000")]
+    for insane in (b"-5", b"Tue, 01 Dec 2099 00:00:00 GMT", b"soon"):
+        assert downstream_response_headers([(b"Retry-After", insane), (b"retry-after-ms", b"-1")]) == []

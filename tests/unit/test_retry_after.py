@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.retry_after import RetryAfterConfig, header_values, retry_after_s
+from policies.retry_after import RetryAfterConfig, header_values, retry_after_s, upstream_advice_s
 
 NO_JITTER = RetryAfterConfig(min_s=0.01, max_s=60.0, jitter=0.0)
 
@@ -51,3 +51,31 @@ def test_advice_stays_within_bounds(excess, drain, u):
     seconds, millis = header_values(advice)
     assert int(seconds) >= 1
     assert int(seconds) == -(-int(millis) // 1000)
+
+
+NOW = 1_796_600_000.0  # 2026-12-06
+A_MINUTE = 60.0
+
+
+@pytest.mark.parametrize(
+    ("headers", "advice"),
+    [
+        ([(b"retry-after", b"5")], 5.0),
+        ([(b"retry-after", b"0")], 0.0),
+        ([(b"retry-after-ms", b"1500"), (b"retry-after", b"2")], 1.5),  # the finer one first
+        ([(b"retry-after-ms", b"nonsense"), (b"retry-after", b"2")], 2.0),
+        ([(b"retry-after", b"Sun, 06 Dec 2026 23:33:50 GMT")], 30.0),  # an HTTP-date, 30 s ahead
+        ([(b"retry-after", b"-5")], None),
+        ([(b"retry-after", b"5.5")], None),  # delta-seconds are whole
+        ([(b"retry-after-ms", b"-1")], None),
+        ([(b"retry-after-ms", b"nan")], None),
+        ([(b"retry-after", b"Tue, 01 Dec 2099 00:00:00 GMT")], None),  # far past the ceiling
+        ([(b"retry-after", b"Sun, 06 Dec 2026 23:32:00 GMT")], None),  # a date past
+        ([(b"retry-after", b"3601")], None),
+        ([(b"retry-after", b"\xff")], None),
+        ([(b"content-type", b"application/json")], None),
+    ],
+)
+def test_a_backends_own_advice_passes_only_where_a_client_should_follow_it(headers, advice):
+    found = upstream_advice_s(headers, NOW, A_MINUTE * 60)
+    assert found == (None if advice is None else pytest.approx(advice))

@@ -53,7 +53,7 @@ def test_defaults_fill_the_rest():
                     {"name": "b", "api_keys": ["same-key-123"]},
                 ]
             },
-            "api_keys: 'same-key-123' appears twice",
+            "tenants 'a' and 'b': one api key is listed twice (api_keys[0] of 'b'",
         ),
         ({"tenants": [{"name": "t", "api_keys": ["short"]}]}, "tenants[0].api_keys[0]"),
         ({"ordering": "lifo"}, "ordering"),
@@ -80,6 +80,19 @@ def test_defaults_fill_the_rest():
 )
 def test_config_errors_name_the_field(overrides, message):
     assert any(message in problem for problem in problems(config(**overrides)))
+
+
+@pytest.mark.parametrize(
+    "tenants",
+    [
+        [{"name": "a", "api_keys": ["same-key-123"]}, {"name": "b", "api_keys": ["same-key-123"]}],
+        [{"name": "a", "api_keys": ["other-key-1", "same-key-123", "same-key-123"]}],
+    ],
+)
+def test_a_key_listed_twice_is_an_error_that_never_shows_the_key(tenants):
+    found = problems(config(tenants=tenants))
+    assert any("one api key is listed twice" in problem for problem in found), found
+    assert not any("same-key-123" in problem for problem in found)
 
 
 def test_a_backend_needs_its_slots_unless_triton_discovers_them():

@@ -37,10 +37,10 @@ HTTP_OVERHEAD_S = 0.001  # a hand-over to the simulated backend and its answer b
 COUNTED_FROM_S = 4.0  # the queue has filled and the gateway has measured the flows' rates
 
 
-def schedule(seed: int, rate: float = PER_TENANT_RATE) -> list[float]:
-    """When a tenant sends: Poisson arrivals at `rate` for SEND_S."""
+def schedule(seed: int, rate: float = PER_TENANT_RATE, send_s: float = SEND_S) -> list[float]:
+    """When a tenant sends: Poisson arrivals at `rate` for `send_s`."""
     rng, due, times = random.Random(seed), 0.0, []
-    while (due := due + rng.expovariate(rate)) < SEND_S:
+    while (due := due + rng.expovariate(rate)) < send_s:
         times.append(due)
     return times
 
@@ -54,6 +54,7 @@ async def open_loop(
     refused: list,
     body: dict = INFER,
     rate: float = PER_TENANT_RATE,
+    send_s: float = SEND_S,
 ):
     """`tenant` sends `body` on its `schedule` whatever the answers; each answer is recorded with
     the time it came, from `started`, and a served one with its wait in the queue (Server-Timing,
@@ -73,16 +74,23 @@ async def open_loop(
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
         sends = []
-        for due in schedule(seed, rate):
+        for due in schedule(seed, rate, send_s):
             await asyncio.sleep(max(0.0, started + due - time.monotonic()))
             sends.append(asyncio.ensure_future(send(http)))
         await asyncio.gather(*sends)
 
 
 async def flood(
-    start_sim, start_gateway, store_section, weights=None, sends=None, service_ms=SERVICE_MS, per_item_ms=0.0
+    start_sim,
+    start_gateway,
+    store_section,
+    weights=None,
+    sends=None,
+    service_ms=SERVICE_MS,
+    per_item_ms=0.0,
+    send_s=SEND_S,
 ):
-    """Each tenant (tenant -> weight; team-a 3, team-b 1 unless told) floods for SEND_S, at
+    """Each tenant (tenant -> weight; team-a 3, team-b 1 unless told) floods for `send_s`, at
     PER_TENANT_RATE with INFER unless `sends` tells it (tenant -> (rate, body); then the model is
     priced in batch items, each item `per_item_ms` more at the backend than `service_ms`); the
     answers: (served, refused), each stamped with its time."""
@@ -105,7 +113,7 @@ async def flood(
     started = time.monotonic()
     await asyncio.gather(
         *(
-            open_loop(gateway.url, name, seed, started, served, refused, body, rate)
+            open_loop(gateway.url, name, seed, started, served, refused, body, rate, send_s)
             for seed, name in enumerate(weights, start=1)
             for rate, body in [sends.get(name, (PER_TENANT_RATE, INFER))]
         )
@@ -236,20 +244,27 @@ BATCH_OF_8 = {"inputs": [{"name": "INPUT0", "shape": [8, 1], "datatype": "FP32",
 async def test_a_tenant_of_8_item_batches_flooding_beside_single_items_is_handed_its_weight_in_items(
     start_sim, start_gateway, store_section
 ):
-    """The issue's first report, in work: priced by batch items on a backend of 20 ms + 5 ms per
-    item, team-b's batches of 8 against team-a's single items, weighted 3:1, both at 2x their
-    share: team-b was handed 6.7 times less work where 3 was asked. Its share of the items is its
-    weight's, and what admission lets in of either is served in time."""
-    base_ms, per_item_ms = 20.0, 5.0
-    # The pool's items per second, split 3:1: team-a's take 25 ms each, team-b's 8 take 60 ms.
+    """The issue's first report, in work: priced by batch items, team-b's batches of 8 against
+    team-a's single items, weighted 3:1, both at 2x their share: team-b was handed 6.7 times less
+    work where 3 was asked. Its share of the items is its weight's, and what admission lets in of
+    either is served in time. (A backend of 40 ms + 5 ms per item, and 14 s of it: a window of 10 s
+    holds some 35 of team-b's batches, each 3% of its share.)"""
+    base_ms, per_item_ms, send_s = 40.0, 5.0, 14.0
+    # The pool's items per second, split 3:1: team-a's take 45 ms each, team-b's 8 take 80 ms.
     items_per_s = SLOTS / (0.75 * (base_ms + per_item_ms) + 0.25 / 8 * (base_ms + 8 * per_item_ms)) * 1000
     sends = {"team-a": (2 * 0.75 * items_per_s, INFER), "team-b": (2 * 0.25 * items_per_s / 8, BATCH_OF_8)}
     served, refused = await flood(
-        start_sim, start_gateway, store_section, sends=sends, service_ms=base_ms, per_item_ms=per_item_ms
+        start_sim,
+        start_gateway,
+        store_section,
+        sends=sends,
+        service_ms=base_ms,
+        per_item_ms=per_item_ms,
+        send_s=send_s,
     )
-    counted = [tenant for at, tenant, _ in served if COUNTED_FROM_S <= at <= SEND_S]
+    counted = [tenant for at, tenant, _ in served if COUNTED_FROM_S <= at <= send_s]
     items = {"team-a": counted.count("team-a"), "team-b": 8 * counted.count("team-b")}
     assert items["team-b"] / sum(items.values()) == pytest.approx(0.25, rel=0.10), items
-    assert sum(items.values()) >= 0.85 * items_per_s * (SEND_S - COUNTED_FROM_S)  # no slot idles
-    assert sum(who == "team-b" for _, who, _ in refused) > 0.2 * sends["team-b"][0] * SEND_S  # overloaded
+    assert sum(items.values()) >= 0.85 * items_per_s * (send_s - COUNTED_FROM_S), items  # no slot idles
+    assert sum(who == "team-b" for _, who, _ in refused) > 0.2 * sends["team-b"][0] * send_s  # overloaded
     check_admitted_served_in_time(served, refused)

@@ -1,4 +1,5 @@
-"""Operator routes: liveness, readiness and Prometheus metrics."""
+"""Operator routes: liveness, readiness and Prometheus metrics; and `/health`, the probe load
+testers send to the serving port before a run."""
 
 from __future__ import annotations
 
@@ -10,10 +11,17 @@ from starlette.routing import BaseRoute, Route
 from gateway.flow.readiness import Readiness
 
 
-def ops_routes(readiness: Readiness, registry: CollectorRegistry) -> list[BaseRoute]:
-    async def healthz(request: Request) -> JSONResponse:
-        return JSONResponse({"live": True})
+async def _live(request: Request) -> JSONResponse:
+    return JSONResponse({"live": True})
 
+
+def health_route() -> BaseRoute:
+    """`GET /health` on the client listener, whatever `admin_listen` says: what load testers
+    (GuideLLM, AIPerf, `vllm bench serve`) probe on the port they will load; /healthz's answer."""
+    return Route("/health", _live, methods=["GET"])
+
+
+def ops_routes(readiness: Readiness, registry: CollectorRegistry) -> list[BaseRoute]:
     async def readyz(request: Request) -> JSONResponse:
         ready = readiness.ready
         body = {
@@ -28,7 +36,7 @@ def ops_routes(readiness: Readiness, registry: CollectorRegistry) -> list[BaseRo
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return [
-        Route("/healthz", healthz, methods=["GET"]),
+        Route("/healthz", _live, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]

@@ -28,7 +28,7 @@ from gateway.http.hot_routes import InferenceRoutes
 from gateway.http.intake import Intake
 from gateway.http.kserve import InferEndpoint, ModelPassthrough, kserve_routes
 from gateway.http.openai import OpenAIEndpoint, openai_routes
-from gateway.http.ops import ops_routes
+from gateway.http.ops import health_route, ops_routes
 from gateway.http.request_meta import RequestClassifier
 from gateway.programs.runtime import Runtime, running, supervisors_of
 from gateway.queues.configured import configured_store
@@ -181,7 +181,11 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp
 
     errors = {404: not_found, 405: not_found}
     ops = ops_routes(rt.readiness, rt.metrics.registry)
-    client_routes = [*kserve_routes(rt.readiness, passthrough), *openai_routes(rt.pools, classifier)]
+    client_routes = [
+        *kserve_routes(rt.readiness, passthrough),
+        *openai_routes(rt.pools, classifier),
+        health_route(),
+    ]
     if settings.admin_listen is None:
         client_routes += ops
     app = _GatewayApp(routes=client_routes, lifespan=lifespan, exception_handlers=errors)

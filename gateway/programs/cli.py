@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -37,9 +38,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inference-gateway", description=__doc__)
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the gateway from a YAML config")
@@ -89,7 +94,16 @@ def _parser() -> argparse.ArgumentParser:
 
     plan.register(commands)
     add_simulate(commands)
+    for command in commands.choices.values():  # `serve --log-level debug` as well as before it
+        command.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS)
     return parser
+
+
+def _version() -> str:
+    try:
+        return metadata.version("inference-gateway")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def _continuous_arguments(sim: argparse.ArgumentParser) -> None:

@@ -227,10 +227,26 @@ def load_settings(path: str | Path) -> Settings:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ConfigError(source, [f"not valid YAML: {error}"]) from None
+        raise ConfigError(source, [_yaml_problem(error)]) from None
     if not isinstance(data, dict):
         raise ConfigError(source, ["the top level must be a mapping of keys"])
     return parse_settings(data, source)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML syntax error as `line L, column C: what` (the file is named by ConfigError), not as
+    PyYAML prints it, which names the text it was given ("<unicode string>") for the file."""
+
+    def at(mark: Any) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    mark, context_mark = getattr(error, "problem_mark", None), getattr(error, "context_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    where = f"{at(mark)}: " if mark is not None else ""
+    context = getattr(error, "context", None)
+    if context and context_mark is not None:
+        context += f" begun at {at(context_mark)}"
+    return f"not valid YAML: {where}{problem}" + (f" ({context})" if context else "")
 
 
 def _describe(error: Any) -> str:

@@ -33,6 +33,13 @@ async def test_operator_routes_answer_on_the_admin_port_only(gateway):
             assert "gateway_requests_total" in await reply.text()
 
 
+async def test_the_load_testers_health_probe_answers_on_the_client_port(gateway):
+    # GuideLLM and its kind probe /health on the port they will load, before a run.
+    async with aiohttp.ClientSession() as http:
+        async with http.get(gateway.url + "/health") as reply:
+            assert (reply.status, await reply.json()) == (200, {"live": True})
+
+
 async def test_clients_are_served_on_the_client_port_only(gateway):
     async with aiohttp.ClientSession() as http:
         async with http.post(gateway.url + "/v2/models/sim/infer", json=INFER) as reply:

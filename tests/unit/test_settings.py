@@ -119,3 +119,15 @@ def test_the_admin_listener_needs_a_port_of_its_own():
 def test_a_number_that_is_not_finite_is_refused_with_its_path(value):
     found = problems(config(priorities=[{"name": "low", "max_wait_ms": value}]))
     assert found == ["priorities[0].max_wait_ms: Input should be a finite number"]
+
+
+def test_a_yaml_syntax_error_names_the_file_and_where_in_it(tmp_path):
+    path = tmp_path / "gateway.yaml"
+    path.write_text("listen:\n  port: [1\nmodels: x\n")
+    with pytest.raises(ConfigError) as raised:
+        load_settings(path)
+    message = str(raised.value)
+    assert str(path) in message
+    assert "line 3, column 7: expected ',' or ']'" in message
+    assert "begun at line 2, column 9" in message
+    assert "<unicode string>" not in message

@@ -131,3 +131,66 @@ async def test_a_killed_replicas_slots_are_not_reused_while_its_work_may_still_r
             await asyncio.gather(*waiting, return_exceptions=True)
     assert sim.stats()["peak_inflight"] <= SLOTS, [f"{at - killed_at:.1f}:{n}" for at, n in watch.samples]
     admin.close()
+
+
+SHORT_S = 0.1  # the load's service: 2 slots serve 20 requests a second
+ALLOWED_MS = 1000
+LOAD_RPS, LOAD_S = 40.0, 6.0  # twice what the slots left to the survivor serve
+
+
+async def test_after_a_kill_the_survivor_admits_only_what_the_slots_left_to_it_serve_in_time(
+    start_sim, start_gateway
+):
+    # The dead replica's share stays reserved (it might be serving from its fallback), so the
+    # survivor has half the slots. Read as the whole pool, with the reserved slots' requests as
+    # work long overdue, due to end any moment, it admitted work that then waited past its allowance.
+    url = redis_url_or_skip()
+    prefix = unique_prefix()
+    tag = f"{{{prefix}:sim}}"
+    admin = redis.Redis.from_url(url)
+    admin.hset(f"{tag}:stats", "epoch", "1")
+    sim = start_sim(slots=2 * SLOTS, base_ms=SHORT_S * 1000)
+    configs = [replica_config(sim.url, url, prefix, "local") for _ in range(2)]
+    for config in configs:
+        config["priorities"] = [{"name": "low", "max_wait_ms": ALLOWED_MS}]
+        config["models"][0]["expected_service_ms"] = SHORT_S * 1000
+    doomed, survivor = (start_gateway(config) for config in configs)
+    watch = Watch(sim)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        busy = asyncio.Event()
+
+        async def keep_busy() -> None:
+            while not busy.is_set():  # bounded: the kill ends it
+                await infer(http, doomed)
+
+        doomed_work = [asyncio.ensure_future(keep_busy()) for _ in range(2 * SLOTS)]
+        await eventually(lambda: watch.look() == SLOTS, what="the doomed replica on every slot")
+        doomed.signal(signal.SIGKILL)
+        busy.set()
+        await asyncio.gather(*doomed_work, return_exceptions=True)
+        # Reaped: its share reserved, the slots beyond it back once their requests are surely over.
+        await eventually(
+            lambda: sum(int(v) for v in admin.hvals(f"{tag}:slots")) == SHARE,
+            timeout_s=BOUND_S + SLACK_S,
+            what="the dead replica's share alone held",
+        )
+        answers: list[tuple[int, bytes]] = []
+
+        async def send() -> None:
+            async with http.post(survivor.url + PATH, json=INFER) as reply:
+                answers.append((reply.status, await reply.read()))
+
+        sends, started = [], time.monotonic()
+        for k in range(int(LOAD_RPS * LOAD_S)):
+            await asyncio.sleep(max(0.0, started + k / LOAD_RPS - time.monotonic()))
+            sends.append(asyncio.ensure_future(send()))
+        await asyncio.gather(*sends)
+    served = sum(status == 200 for status, _ in answers)
+    expired = sum(b"deadline_expired_in_queue" in body for _, body in answers)
+    assert all(status in (200, 429) for status, _ in answers), answers
+    # What admission lets in is served in time (its 1% target, and a few of slack for the first
+    # second), and the slots left are kept busy.
+    assert expired <= 0.03 * (served + expired), (served, expired)
+    assert served >= 0.85 * SHARE / SHORT_S * LOAD_S, (served, expired)
+    assert sim.stats()["peak_inflight"] <= SLOTS
+    admin.close()

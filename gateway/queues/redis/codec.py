@@ -92,6 +92,9 @@ class View:
     """When the script ran, on Redis's clock (replies may arrive out of order)."""
     stats: QueueStats
     counters: StoreCounters
+    held_absent: int = 0
+    """Slots held for absent replicas (their leases reserved until their work may have ended):
+    left out of the pool admission reads, and of `stats.started_at`."""
 
     @classmethod
     def empty(cls, bands: int, seen_at: float) -> View:
@@ -127,7 +130,7 @@ class View:
             granted_by_flow=_granted(as_list(raw.get("g"))),
             admitted_by_flow=_granted(as_list(raw.get("a"))),
         )
-        return cls(seen_at, redis_now, stats, counters)
+        return cls(seen_at, redis_now, stats, counters, int(raw.get("ra") or 0))
 
     def work_to_drain(
         self, band: int, handover_cost: float, tenant: str, cost: float, reach: Mapping[str, float]

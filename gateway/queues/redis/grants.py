@@ -91,8 +91,13 @@ class ModelState:
         return cls(pool, f"{{{key_prefix}:{pool.name}}}", estimates, bands, now)
 
     def throughput(self, now: float, reservations: tuple[int, ...]) -> Throughput:
+        """The pool's speeds, of the slots its requests can use: those Redis holds for absent
+        replicas serve none until their reservations end (seconds to minutes), so a pool that
+        lost a replica is read as the smaller one it is, and refuses at once what it cannot serve
+        in time instead of admitting it to expire."""
         at = self.view.redis_now + (now - self.view.seen_at)  # the estimates run on Redis's clock
-        return self.estimates.throughput(self.pool.total_slots, at, reservations)
+        usable = max(0, self.pool.total_slots - self.view.held_absent)
+        return self.estimates.throughput(usable, at, reservations)
 
     def record_service(self, service_s: float, slot: Slot | None) -> None:
         """A request's service time; a lease's is taken when Redis frees it (`released`), unless

@@ -777,19 +777,37 @@ end
 -- What admission, metrics and the estimators need (gateway/queues/redis/codec.py: View).
 -- When each slot in use was handed over, and the kind of request it serves ('' where not told): the
 -- ages of the work in flight, and which service times to read their residuals from, for admission.
+-- The leases Redis holds for absent replicas (reserve_absent): slots no request gets back before
+-- their reservations end, however long their work has run.
+local function reserved_for_absent()
+  local reserved = {}
+  for _, replica in ipairs(redis.call('ZRANGE', tag .. ':absent', 0, -1)) do
+    for _, lease in ipairs(redis.call('SMEMBERS', tag .. ':held:' .. replica)) do reserved[lease] = true end
+  end
+  return reserved
+end
+
+-- The grant times (and kinds) of the requests running on the pool's slots, and how many slots
+-- absent replicas' reservations hold: admission reads the running ones' ages as work that ends
+-- by its service times, which a reservation does not.
 local function started_times()
+  local reserved, held_absent = reserved_for_absent(), 0
   local started = redis.call('ZRANGE', tag .. ':started', 0, -1, 'WITHSCORES')
   local times, leases, kinds = {}, {}, {}
   for i = 2, #started, 2 do
-    times[#times + 1] = started[i]
-    leases[#leases + 1] = started[i - 1]
+    if reserved[started[i - 1]] then
+      held_absent = held_absent + 1
+    else
+      times[#times + 1] = started[i]
+      leases[#leases + 1] = started[i - 1]
+    end
   end
   if #leases > 0 then
     for i, kind in ipairs(redis.call('HMGET', tag .. ':lease_kind', unpack(leases))) do
       kinds[i] = kind or ''
     end
   end
-  return times, kinds
+  return times, kinds, held_absent
 end
 
 -- A fair-queued band's state (policies.fairness.FairTurns) while flows wait in it, else 0; sent
@@ -812,7 +830,7 @@ end
 
 local function view(nbands, backends, now)
   local n, w, off, adm, ft = {}, {}, {}, {}, {}
-  local started, kinds = started_times()
+  local started, kinds, held_absent = started_times()
   for band = 0, nbands - 1 do
     n[#n + 1] = tonumber(redis.call('HGET', tag .. ':queued', 'n' .. band) or '0')
     w[#w + 1] = tonumber(redis.call('HGET', tag .. ':queued', 'w' .. band) or '0')
@@ -825,7 +843,7 @@ local function view(nbands, backends, now)
     ft = ft,
     dw = stat('drained_work'), ds = stat('drained_s'),
     da = redis.call('HGET', tag .. ':stats', 'drained_at') or '',
-    h = stat('handovers'), hw = stat('handed_work'), st = started, sk = kinds,
+    h = stat('handovers'), hw = stat('handed_work'), st = started, sk = kinds, ra = held_absent,
     g = redis.call('HGETALL', tag .. ':granted'),
     a = redis.call('HGETALL', tag .. ':admitted'),
     th = redis.call('HGETALL', tag .. ':tenant_held'),

@@ -49,17 +49,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True, slots=True)
-class Tags:
-    """A request's place in virtual time."""
-
-    start: float
-    """Its ordering score."""
-    finish: float
-    """Where its flow's next request starts at the earliest."""
-
-
 TAG_COST_MAX = 1e9
 """Costs above it count as it in virtual time. A client's claim (a batch of 1e20 items) would move
 the band's clock to where floats no longer tell costs of 1 apart: every tag after it would tie,
@@ -78,13 +67,6 @@ def finish_after(start: float, cost: float, weight: float) -> float:
     if not weight > 0:
         raise ValueError(f"a flow's weight must be > 0, got {weight}")
     return start + min(max(cost, 0.0), TAG_COST_MAX) / weight
-
-
-def tags(virtual_time: float, flow_finish: float, cost: float, weight: float) -> Tags:
-    """The tags of a request of `cost` as it becomes the head of a flow of `weight` (> 0) whose
-    finish tag is `flow_finish`, in a band whose virtual time is `virtual_time`."""
-    start = head_start(virtual_time, flow_finish)
-    return Tags(start, finish_after(start, cost, weight))
 
 
 def joining_start(
@@ -106,8 +88,8 @@ def joining_start(
 def virtual_time_after(virtual_time: float, handed_start: float) -> float:
     """The band's virtual time once a request whose start tag is `handed_start` is handed a slot.
 
-    It never goes back: a request enqueued with an older start tag (before the clock moved past it)
-    does not rewind the clock for those enqueued after.
+    It never goes back: a head tagged before the clock moved past its tag (a flow whose head a
+    quota held back) does not rewind the clock for the heads tagged since.
     """
     return max(virtual_time, handed_start)
 

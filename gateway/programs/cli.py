@@ -156,6 +156,7 @@ def _gateway_server(settings: Settings, log_level: str, drain_timeout_s: float) 
         limits=settings.limits,
         backend_files=settings.backend_connections(),
         registry=runtime.metrics.registry,
+        admin_port=settings.admin_listen.port if settings.admin_listen is not None else None,
     )
     return DrainingServer(config, runtime.drain, drain_timeout_s)
 

@@ -41,6 +41,7 @@ class ClientLimits:
     body_timeout_s: float
     send_timeout_s: float
     max_connections: int
+    body_idle_s: float = 5.0
 
     @classmethod
     def from_settings(
@@ -56,6 +57,7 @@ class ClientLimits:
             body_timeout_s=limits.body_timeout_ms / 1000,
             send_timeout_s=limits.send_timeout_ms / 1000,
             max_connections=limits.max_connections or connections_for(open_files, backend_files),
+            body_idle_s=limits.body_idle_ms / 1000,
         )
 
 

@@ -24,10 +24,12 @@ The rules this module keeps:
 - an Upgrade (WebSocket, h2c) is ignored and its request served as plain HTTP/1.1: the parser ends
   such a request at its head, so a Content-Length body is read past it, and the connection closes
   after the answer (a chunked one is a 400);
-- the process holds at most `max_connections` client connections, every listener together (one
-  process, one open-file limit). At the limit a new connection closes the one that has waited
-  longest without a request in progress (idle between requests, or still sending its head); when
-  every other one has a request in progress, the new one is closed at once.
+- the process holds at most `max_connections` client connections, every client listener together
+  (one process, one open-file limit). At the limit a new connection closes the one that has waited
+  longest without a request in progress (idle between requests, still sending its head, or its
+  body stalled: nothing of it for `body_idle_ms`); when every other one has a request in
+  progress, the new one is closed at once. The admin listener keeps ADMIN_CONNECTIONS of its own,
+  so that a flood of clients never keeps a kubelet's probe or Prometheus out.
 
 The limits need httptools (a hard dependency); uvicorn's h11 protocol does not keep them.
 """
@@ -49,6 +51,9 @@ from gateway.server.head_with_body import HeadWithBody
 
 if TYPE_CHECKING:
     from gateway.settings import Limits
+
+ADMIN_CONNECTIONS = 32
+"""Connections the admin listener holds at most, apart from the clients' `max_connections`."""
 
 LINGER_S = 2.0
 """After a refused head, how long what the client still sends is read and dropped before the
@@ -100,10 +105,18 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._lingering = False  # a head was refused: what the client sends now is dropped
         self._upgrade_body_left: int | None = None
         """Of a request with Upgrade: bytes of its body still to come (-1 when chunked)."""
+        self._table = self.clients.table
+        """The connections this one counts among: the clients', or the admin listener's."""
+        self._idle_timer: asyncio.TimerHandle | None = None
+        """Runs while a body is read: nothing of it for `body_idle_s` makes it evictable."""
+        self._stalled = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        victim = self.clients.table.opened(self)
+        sockname = transport.get_extra_info("sockname")
+        if isinstance(sockname, tuple) and sockname[1] == self.clients.admin_port:
+            self._table = self.clients.admin_table
+        victim = self._table.opened(self)
         if victim is self:
             self.clients.count(Cut.REFUSED)
             transport.abort()
@@ -115,7 +128,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._stop_send_clock()
-        self.clients.table.closed(self)
+        self._stop_idle_clock()
+        self._table.closed(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -148,6 +162,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         elif self._in_body:
             if self._body_read:
                 self._trailer_bytes = 0
+                self._body_came()
             elif not self._head_ended_in_read:
                 self._trailer_bytes += len(data)
                 if self._trailer_bytes > limits.max_header_bytes:
@@ -200,7 +215,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if (cycle := self.cycle) is not None and cycle is not before:  # its task has not run yet
             cycle.transport = HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
-        self.clients.table.busy(self)
+        self._table.busy(self)
+        self._body_came()
 
     def on_body(self, body: bytes) -> None:
         self._body_read = True
@@ -215,6 +231,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 return
         super().on_message_complete()
         self._disarm()
+        self._stop_idle_clock()
+        if self._stalled:  # its last bytes came: the request is in progress
+            self._stalled = False
+            self._table.busy(self)
         self._in_body = self._head_begun = False
         self._reading_head = True
         self._head_bytes = 0
@@ -222,7 +242,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self._serving():
-            self.clients.table.waiting(self)
+            self._table.waiting(self)
             if self._refusal_due is not None:
                 self._answer_refusal(self._refusal_due)
         self._reschedule()
@@ -309,6 +329,31 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         elif self._timer is None:
             self._timer = self.loop.call_later(seconds, self._time_up)
 
+    def _body_came(self) -> None:
+        """Bytes of the body came (or its head ended): it is not stalled, for `body_idle_s` more."""
+        if self._stalled:
+            self._stalled = False
+            self._table.busy(self)
+        self._stop_idle_clock()
+        self._idle_timer = self.loop.call_later(self._limits.body_idle_s, self._body_idle)
+
+    def _body_idle(self) -> None:
+        """Nothing of the body for `body_idle_s`: evictable, unless the gateway is the one not
+        reading (its buffer full, or the request waits behind one still served on this connection)."""
+        self._idle_timer = None
+        if not self._in_body:
+            return
+        if self.flow.read_paused or self.pipeline:
+            self._idle_timer = self.loop.call_later(self._limits.body_idle_s, self._body_idle)
+            return
+        self._stalled = True
+        self._table.waiting(self)
+
+    def _stop_idle_clock(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
     def _stop_send_clock(self) -> None:
         if self._send_timer is not None:
             self._send_timer.cancel()
@@ -335,6 +380,9 @@ class ClientConnections:
     def __init__(self, limits: ClientLimits) -> None:
         self.limits = limits
         self.table: ConnectionTable[LimitedHttpToolsProtocol] = ConnectionTable(limits.max_connections)
+        self.admin_table: ConnectionTable[LimitedHttpToolsProtocol] = ConnectionTable(ADMIN_CONNECTIONS)
+        self.admin_port: int | None = None
+        """The admin listener's port (bound), whose connections count in `admin_table`."""
         self.cuts = dict.fromkeys(Cut, 0)
         # For uvicorn.Config(http=...): every listener of the process gets the same class.
         self.protocol = type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"clients": self})
@@ -344,7 +392,9 @@ class ClientConnections:
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
-            "gateway_client_connections", "Client connections open, every listener together.", len(self.table)
+            "gateway_client_connections",
+            "Client connections open, every listener together (the admin listener's too).",
+            len(self.table) + len(self.admin_table),
         )
         yield GaugeMetricFamily(
             "gateway_client_connections_max",

@@ -68,16 +68,19 @@ def uvicorn_config(
     limits: Limits | None = None,
     backend_files: int = 0,
     registry: CollectorRegistry | None = None,
+    admin_port: int | None = None,
 ) -> uvicorn.Config:
     """uvicorn's config for one listener. With `limits`, its clients are held to them, together with
     the process's other listeners (gateway.server.connections), leaving the open files `backend_files`
-    names to backend and Redis connections, and `registry` gets the connection counts;
+    names to backend and Redis connections, and `registry` gets the connection counts; the
+    admin listener's connections (on `admin_port`, bound) are held apart from the clients';
     without (the sim, load tests), uvicorn's own protocol serves as it comes."""
     http: type[asyncio.Protocol] | str = "httptools" if HAS_HTTPTOOLS else "h11"
     if limits is not None:
         from gateway.server.connections import process_connections
 
         clients = process_connections(limits, backend_files)
+        clients.admin_port = admin_port
         http = clients.protocol
         if registry is not None:
             registry.register(clients)

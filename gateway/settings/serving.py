@@ -293,6 +293,10 @@ class Limits(Frozen):
     """A request's head must arrive within this long of its first byte (of a new connection's start)."""
     body_timeout_ms: PositiveMs = 60_000.0
     """A request's body must arrive within this long of its headers."""
+    body_idle_ms: PositiveMs = 5_000.0
+    """A body of which nothing came for this long (while the gateway reads) is stalled: at
+    `max_connections` its connection is closed for a newcomer, as an idle one is, until it sends
+    again. It is still cut only at `body_timeout_ms`."""
     send_timeout_ms: PositiveMs = 30_000.0
     """A client that takes none of its answer for this long, once the socket's buffer is full, is
     cut: a slot it holds goes back as if it had left."""

@@ -29,6 +29,7 @@ from tests.integration.servers import gateway_config
 
 OPEN_ROUTES = {
     "/healthz": "kubelet's liveness probe carries no key",
+    "/health": "load testers probe the serving port before a run: liveness, nothing about the models",
     "/readyz": "kubelet's readiness probe carries no key (on the admin listener with admin_listen)",
     "/metrics": "Prometheus scrapes without a tenant key (on the admin listener with admin_listen)",
     "/v2/health/live": "KServe v2 server liveness: one boolean, no model, probed before any call",

@@ -23,6 +23,7 @@ from tests.adversarial.slow_client_support import (
     closed_within,
     connect,
     drip,
+    head_size,
     infer_request,
     open_file_limit,
     python_with_open_file_limit,
@@ -222,7 +223,11 @@ async def test_connections_with_requests_in_progress_are_never_evicted_and_a_new
     slots = 16  # the least max_connections there is
     sim = start_sim(slots=slots, base_ms=3000)
     config = gateway_config(
-        [(sim.url, slots)], expected_service_ms=3000, priorities=LONG_WAITS, limits={"max_connections": slots}
+        [(sim.url, slots)],
+        expected_service_ms=3000,
+        priorities=LONG_WAITS,
+        limits={"max_connections": slots},
+        admin_listen={"host": "127.0.0.1", "port": 0},
     )
     gateway = start_gateway(config)
     busy = [await connect(gateway) for _ in range(slots)]
@@ -232,8 +237,46 @@ async def test_connections_with_requests_in_progress_are_never_evicted_and_a_new
     newcomer, writer = await connect(gateway)
     assert await closed_within(newcomer, SLACK_S)
     writer.close()
+    # The admin listener holds connections of its own: a kubelet's probe still answers.
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        async with http.get(gateway.admin_url + "/readyz") as reply:
+            assert reply.status == 200
     answers = await asyncio.gather(*(read_answer(reader) for reader, _ in busy))
     assert [a.status for a in answers] == [200] * slots  # none was closed for the newcomer
     for _, writer in busy:
         writer.close()
     assert gateway.metric("gateway_client_connections_closed_total", reason="refused") == 1
+
+
+async def test_stalled_bodies_give_way_to_a_newcomer_at_the_connection_limit(start_sim, start_gateway):
+    # Under a low open-file limit, heads that stall their bodies held every connection for the
+    # whole body timeout (60 s): every newcomer, a probe's included, was closed at once.
+    most = 16  # the least max_connections there is
+    sim = start_sim(slots=2, base_ms=5)
+    limits = {"max_connections": most, "body_idle_ms": 300}  # the body timeout stays at its 60 s
+    gateway = start_gateway(gateway_config([(sim.url, 2)], limits=limits))
+    stalled = [await connect(gateway) for _ in range(most)]
+    request = infer_request()
+    for _, writer in stalled:
+        writer.write(request[: head_size(request) + 5])  # the head, and 5 bytes of its body
+    served: list[int] = []
+
+    async def newcomer_served() -> bool:
+        reader, writer = await connect(gateway)
+        try:
+            writer.write(infer_request())
+            served.append((await read_answer(reader)).status)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return False  # closed at once: every other connection still counts as busy
+        finally:
+            writer.close()
+        return served[-1] == 200
+
+    deadline = asyncio.get_running_loop().time() + SLACK_S + 1.0
+    while not await newcomer_served():  # until the stalled bodies are evictable (polled, as eventually)
+        assert asyncio.get_running_loop().time() < deadline, f"no newcomer served: {served}"
+        await asyncio.sleep(0.05)
+    assert gateway.metric("gateway_client_connections_closed_total", reason="evicted") >= 1
+    assert await closed_within(stalled[0][0], SLACK_S), "the longest stalled body was closed for it"
+    for _, writer in stalled:
+        writer.close()

@@ -37,23 +37,17 @@ The limits need httptools (a hard dependency); uvicorn's h11 protocol does not k
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import httptools
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.fields import decimal
-from gateway.server.client_limits import REFUSAL_STATUS, ClientLimits, Cut, refusal_body
-from gateway.server.connection_table import ConnectionTable
+from gateway.server.client_limits import REFUSAL_STATUS, Cut, refusal_body
 from gateway.server.head_with_body import HeadWithBody
 
 if TYPE_CHECKING:
-    from gateway.settings import Limits
-
-ADMIN_CONNECTIONS = 32
-"""Connections the admin listener holds at most, apart from the clients' `max_connections`."""
+    from gateway.server.client_connections import ClientConnections
 
 LINGER_S = 2.0
 """After a refused head, how long what the client still sends is read and dropped before the
@@ -81,7 +75,7 @@ class _Refused(Exception):
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, holding its client to `clients.limits` (see the module's rules).
-    ClientConnections makes the subclass that sets `clients`."""
+    gateway.server.client_connections.ClientConnections makes the subclass that sets `clients`."""
 
     clients: ClassVar[ClientConnections]
 
@@ -371,56 +365,3 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.abort()
         else:
             self._cut(cut)
-
-
-class ClientConnections:
-    """One process's client limits, its table of connections, and counts of the ones it cut; a
-    prometheus collector of them (registering it again in the same registry changes nothing)."""
-
-    def __init__(self, limits: ClientLimits) -> None:
-        self.limits = limits
-        self.table: ConnectionTable[LimitedHttpToolsProtocol] = ConnectionTable(limits.max_connections)
-        self.admin_table: ConnectionTable[LimitedHttpToolsProtocol] = ConnectionTable(ADMIN_CONNECTIONS)
-        self.admin_port: int | None = None
-        """The admin listener's port (bound), whose connections count in `admin_table`."""
-        self.cuts = dict.fromkeys(Cut, 0)
-        # For uvicorn.Config(http=...): every listener of the process gets the same class.
-        self.protocol = type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"clients": self})
-
-    def count(self, cut: Cut) -> None:
-        self.cuts[cut] += 1
-
-    def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(
-            "gateway_client_connections",
-            "Client connections open, every listener together (the admin listener's too).",
-            len(self.table) + len(self.admin_table),
-        )
-        yield GaugeMetricFamily(
-            "gateway_client_connections_max",
-            "Client connections held at most (limits.max_connections, or from the open-file limit).",
-            value=self.limits.max_connections,
-        )
-        closed = CounterMetricFamily(
-            "gateway_client_connections_closed",
-            "Client connections the gateway closed for a limit (its 431 and 400 answers included), by limit.",
-            labels=["reason"],
-        )
-        for cut, count in self.cuts.items():
-            closed.add_metric([cut.value], count)
-        yield closed
-
-
-_process_connections: ClientConnections | None = None
-
-
-def process_connections(limits: Limits, backend_files: int = 0) -> ClientConnections:
-    """The process's one ClientConnections, made on first use: every listener shares it, as they
-    share the process's open-file limit."""
-    global _process_connections
-    wanted = ClientLimits.from_settings(limits, backend_files=backend_files)
-    if _process_connections is None:
-        _process_connections = ClientConnections(wanted)
-    elif _process_connections.limits != wanted:
-        raise ValueError(f"client limits are set once per process: {_process_connections.limits}")
-    return _process_connections

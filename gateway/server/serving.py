@@ -77,7 +77,7 @@ def uvicorn_config(
     without (the sim, load tests), uvicorn's own protocol serves as it comes."""
     http: type[asyncio.Protocol] | str = "httptools" if HAS_HTTPTOOLS else "h11"
     if limits is not None:
-        from gateway.server.connections import process_connections
+        from gateway.server.client_connections import process_connections
 
         clients = process_connections(limits, backend_files)
         clients.admin_port = admin_port

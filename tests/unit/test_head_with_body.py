@@ -8,8 +8,8 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
+from gateway.server.client_connections import ClientConnections
 from gateway.server.client_limits import ClientLimits
-from gateway.server.connections import ClientConnections
 from gateway.server.head_with_body import HeadWithBody
 from tests.eventually import eventually
 

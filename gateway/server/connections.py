@@ -153,15 +153,16 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse(Cut.HEADERS_TOO_LARGE)
             elif self._head_begun and self._clock is None:
                 self._arm(Cut.HEADER_TIMEOUT, limits.header_timeout_s)
-        elif self._in_body:
+        elif self._in_body:  # the request's body is still to come (a whole request never gets here)
             if self._body_read:
                 self._trailer_bytes = 0
-                self._body_came()
             elif not self._head_ended_in_read:
                 self._trailer_bytes += len(data)
                 if self._trailer_bytes > limits.max_header_bytes:
                     self._cut(Cut.HEADERS_TOO_LARGE)
                     return
+            if self._body_read or self._head_ended_in_read:
+                self._body_came()
             if self._clock is None:
                 self._arm(Cut.BODY_TIMEOUT, limits.body_timeout_s)
 
@@ -210,7 +211,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if (cycle := self.cycle) is not None and cycle is not before:  # its task has not run yet
             cycle.transport = HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
         self._table.busy(self)
-        self._body_came()
 
     def on_body(self, body: bytes) -> None:
         self._body_read = True

@@ -26,6 +26,7 @@ from gateway.flow.controller import AdmissionController
 from gateway.flow.drain import DRAINING_RETRY_S, Drain
 from gateway.flow.verdicts import Lease, Refusal
 from gateway.queues.base import STORE_PROBE_INTERVAL_S, Batching, Flow, Slot
+from gateway.telemetry.access_log import AccessRecord
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import ModelPool
 from policies.outcomes import Outcome
@@ -131,8 +132,8 @@ class AdmittedCall:
     """One request holding (or waiting for) a backend slot. Use it once: `await call.run()`."""
 
     __slots__ = (
-        "_admission", "_batching", "_body_bytes", "_cost", "_ingress", "_kind", "_meta", "_pool", "_released",
-        "_slot", "_work",
+        "_access", "_admission", "_batching", "_body_bytes", "_cost", "_ingress", "_kind", "_meta", "_pool",
+        "_released", "_slot", "_work",
     )  # fmt: skip
 
     def __init__(
@@ -147,11 +148,14 @@ class AdmittedCall:
         cost: float = 1.0,
         batching: Batching | None = None,
         kind: str = "",
+        access: AccessRecord | None = None,
     ) -> None:
         """`body_bytes`: the request's body, which this replica holds while the request is queued;
         `cost`: its work units (1, its batch items, or its tokens, as its model prices requests);
         `batching`: what it may share a slot with (its work then serves a batch); `kind`: its kind
-        of request (policies.request_kinds), whose service times admission reads for it."""
+        of request (policies.request_kinds), whose service times admission reads for it; `access`:
+        its access line's record, told how it ended."""
+        self._access = access
         self._admission = admission
         self._batching = batching
         self._body_bytes = body_bytes
@@ -213,6 +217,8 @@ class AdmittedCall:
                     # Its wait ended as the shared store went away: back once the store is probed.
                     refusal = Refusal(Outcome.STORE_UNAVAILABLE, STORE_PROBE_INTERVAL_S)
         self._count(refusal.outcome)  # before the answer: whoever reads the answer sees it counted
+        if self._access is not None and refusal.rule is not None:
+            self._access.rule = refusal.rule
         try:
             await self._ingress.refuse(refusal)
         except asyncio.CancelledError:
@@ -229,6 +235,8 @@ class AdmittedCall:
 
     def _count(self, outcome: Outcome) -> None:
         self._admission.metrics.count(self._pool.name, self._meta.priority, outcome)
+        if (access := self._access) is not None:
+            access.outcome = outcome.value
 
     def _granted(self, slot: Slot) -> None:
         """The grant hook: runs inside the store's grant, before this call's task does."""

@@ -23,6 +23,7 @@ from gateway.http.batches import Batches, BatchRelay
 from gateway.http.relay import Relay, StreamRewrite, send_error
 from gateway.http.request_meta import RequestClassifier
 from gateway.queues.base import Batching
+from gateway.telemetry.access_log import AccessLog
 from gateway.tensors.batch import Part
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.client import HeaderRules, upstream_request_headers
@@ -30,6 +31,9 @@ from gateway.upstream.exchange import Forwarder, UpstreamRequest
 from policies.batching import BatchLimits
 from policies.outcomes import Outcome
 from policies.request_kinds import request_kind
+
+ACCESS_RECORD = "gateway.access"
+"""The scope key of the request's access record (gateway.telemetry.access_log.AccessRecord)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +47,8 @@ class Intake:
     max_body_bytes: int
     header_rules: HeaderRules
     batches: Batches
+    access: AccessLog | None = None
+    """Writes each request's access line (None: off)."""
 
 
 class AdmittedEndpoint:
@@ -56,6 +62,11 @@ class AdmittedEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         drain = self.intake.admission.drain
         drain.started()
+        access = self.intake.access
+        record = None
+        if access is not None:
+            record = scope[ACCESS_RECORD] = access.start(scope, self.route(scope))
+            send = access.watch(record, send)
         try:
             await self.serve(scope, receive, send)
         except asyncio.CancelledError:
@@ -66,6 +77,8 @@ class AdmittedEndpoint:
             await send_error(send, self.style, Outcome.DRAINING, drain, retry_after_s=DRAINING_RETRY_S)
         finally:
             drain.finished()
+            if record is not None and access is not None:
+                access.write(record)
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         raise NotImplementedError
@@ -76,6 +89,7 @@ class AdmittedEndpoint:
 
     async def fail(
         self,
+        scope: Scope,
         send: Send,
         outcome: Outcome,
         *,
@@ -86,6 +100,9 @@ class AdmittedEndpoint:
         """Count `outcome` and answer with its error: the request never reached admission."""
         admission = self.intake.admission
         admission.metrics.count(model, priority, outcome)
+        if (record := scope.get(ACCESS_RECORD)) is not None:
+            record.asks(model, priority)
+            record.outcome = outcome.value
         await send_error(send, self.style, outcome, admission.drain, detail=detail)
 
     def admit(
@@ -109,6 +126,8 @@ class AdmittedEndpoint:
         `stream`: its answer streams (its kind of request, with its route and cost)."""
         intake = self.intake
         kind = request_kind(self.route(scope), stream, cost)
+        if (record := scope.get(ACCESS_RECORD)) is not None:
+            record.asks(pool.name, meta.priority, meta.tenant or "", cost)
         intake.admission.metrics.observe_cost(pool.name, cost)
         in_body = self.style is ErrorStyle.OPENAI
         request = partial(
@@ -131,12 +150,13 @@ class AdmittedEndpoint:
                 cost=cost,
                 batching=shares,
                 kind=kind,
+                access=record,
             )
             return call.run()
         work = intake.forwarder.exchange(pool, request, meta.budget_s)
         relay = Relay(receive, send, self.style, work, drain, retry_s, observe, rewrite_stream)
         return AdmittedCall(
-            admission, pool, meta, work, relay, body_bytes=len(body), cost=cost, kind=kind
+            admission, pool, meta, work, relay, body_bytes=len(body), cost=cost, kind=kind, access=record
         ).run()
 
 

@@ -40,16 +40,16 @@ class InferEndpoint(AdmittedEndpoint):
         # The key first: a caller without one must not learn which model names exist.
         meta = intake.classifier.classify(scope["headers"])
         if isinstance(meta, Problem):
-            await self.fail(send, meta.outcome, detail=meta.detail)
+            await self.fail(scope, send, meta.outcome, detail=meta.detail)
             return
         model = scope["path_params"]["model"]
         pool = intake.pools.get(model)
         if pool is None:
-            await self.fail(send, Outcome.UNKNOWN_MODEL, priority=meta.priority, detail=repr(model))
+            await self.fail(scope, send, Outcome.UNKNOWN_MODEL, priority=meta.priority, detail=repr(model))
             return
         body = await read_body(scope, receive, intake.max_body_bytes)
         if isinstance(body, Outcome):
-            await self.fail(send, body, model=model, priority=meta.priority)
+            await self.fail(scope, send, body, model=model, priority=meta.priority)
             return
         limits = pool.batch_limits
         part = None if limits is None else batch_part(scope, body, limits, intake.header_rules)

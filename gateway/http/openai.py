@@ -35,20 +35,20 @@ class OpenAIEndpoint(AdmittedEndpoint):
         intake = self.intake
         meta = intake.classifier.classify(scope["headers"])
         if isinstance(meta, Problem):
-            await self.fail(send, meta.outcome, detail=meta.detail)
+            await self.fail(scope, send, meta.outcome, detail=meta.detail)
             return
         body = await read_body(scope, receive, intake.max_body_bytes)
         if isinstance(body, Outcome):
-            await self.fail(send, body, priority=meta.priority)
+            await self.fail(scope, send, body, priority=meta.priority)
             return
         parsed = await _parse(body) if len(body) > _PARSE_INLINE_BYTES else _request_in(body)
         if isinstance(parsed, Problem):
-            await self.fail(send, parsed.outcome, priority=meta.priority, detail=parsed.detail)
+            await self.fail(scope, send, parsed.outcome, priority=meta.priority, detail=parsed.detail)
             return
         model, payload = parsed
         pool = intake.pools.get(model)
         if pool is None:
-            await self.fail(send, Outcome.UNKNOWN_MODEL, priority=meta.priority, detail=repr(model))
+            await self.fail(scope, send, Outcome.UNKNOWN_MODEL, priority=meta.priority, detail=repr(model))
             return
         costs, stream = pool.token_costs, payload.get("stream") is True
         if costs is None or scope["path"] == "/v1/embeddings":

@@ -35,6 +35,7 @@ from gateway.queues.configured import configured_store
 from gateway.settings import Settings
 from gateway.signals.scraper import SignalBoard
 from gateway.supervision import Supervisor
+from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.scaling import ScalingHints
 from gateway.upstream.backends import ModelPool
@@ -157,6 +158,9 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp
         max_body_bytes=settings.limits.max_body_bytes,
         header_rules=header_rules,
         batches=Batches(rt.forwarder, rt.metrics, rt.admission.no_backend_retry_s),
+        access=AccessLog(settings.access_log.format, settings.access_log.max_lines_per_s)
+        if settings.access_log.enabled
+        else None,
     )
     passthrough = ModelPassthrough(
         rt.pools,

@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from gateway.settings.base import ConfigError, Frozen, Name, PositiveMs
 from gateway.settings.serving import (
+    AccessLog,
     Backend,
     BackendTls,
     Batching,
@@ -38,6 +39,7 @@ from policies.queued_bytes import ByteLimits
 from policies.quotas import Quota
 
 __all__ = [
+    "AccessLog",
     "Admission",
     "Autoscaling",
     "Backend",
@@ -90,6 +92,7 @@ class Settings(Frozen):
     estimation: Estimation = Estimation()
     forwarding: Forwarding = Forwarding()
     shutdown: Shutdown = Shutdown()
+    access_log: AccessLog = AccessLog()
 
     @model_validator(mode="after")
     def _cross_references(self) -> Settings:

@@ -282,6 +282,16 @@ class Tenant(Frozen):
     """The most of its unused quota others may borrow (none: all of it)."""
 
 
+class AccessLog(Frozen):
+    """One line per admitted-route request on the `gateway.access` logger (gateway.telemetry.access_log)."""
+
+    enabled: bool = True
+    format: Literal["text", "json"] = "text"
+    max_lines_per_s: float = Field(100.0, gt=0.0)
+    """Lines a second at most (a second's worth at once): a refusal storm must not fill the disk.
+    What is dropped is counted, and told in the next line."""
+
+
 class Limits(Frozen):
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1)
     max_priority_header_bytes: int = Field(64, ge=1)

@@ -1,0 +1,87 @@
+"""The access log through a real gateway: one line per request on its admitted routes, in JSON
+here, with what the request asked and how it ended; never a key; a storm cut to the rate."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import aiohttp
+import pytest
+
+from tests.eventually import eventually
+from tests.integration.servers import Gateway, gateway_config
+
+pytestmark = pytest.mark.anyio
+INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
+KEY = "team-a-key-0123456789"
+
+
+def access_lines(gateway: Gateway) -> list[dict]:
+    marker = " gateway.access: "
+    return [json.loads(line.split(marker, 1)[1]) for line in gateway.log().splitlines() if marker in line]
+
+
+async def post(http, gateway, path: str, request_id: str, key: str | None = KEY) -> int:
+    headers = {"X-Request-Id": request_id} | ({"Authorization": f"Bearer {key}"} if key else {})
+    async with http.post(gateway.url + path, json=INFER, headers=headers) as reply:
+        await reply.read()
+        return reply.status
+
+
+async def test_each_request_leaves_one_line_that_says_how_it_ended_and_never_the_key(
+    start_sim, start_gateway
+):
+    sim = start_sim(slots=1, base_ms=5)
+    config = gateway_config(
+        [(sim.url, 1)], tenants=[{"name": "team-a", "api_keys": [KEY]}], access_log={"format": "json"}
+    )
+    gateway = start_gateway(config)
+    async with aiohttp.ClientSession() as http:
+        assert await post(http, gateway, "/v2/models/sim/infer", "r-ok") == 200
+        assert await post(http, gateway, "/v2/models/nope/infer", "r-404") == 404
+        assert await post(http, gateway, "/v2/models/sim/infer", "r-401", key=None) == 401
+    await eventually(lambda: len(access_lines(gateway)) == 3, what="a line for each request")
+    lines = {line["id"]: line for line in access_lines(gateway)}
+    served = lines["r-ok"]
+    assert (served["status"], served["outcome"], served["model"], served["class"]) == (
+        200,
+        "ok",
+        "sim",
+        "low",
+    )
+    assert (served["tenant"], served["route"], served["cost"]) == ("team-a", "infer", 1.0)
+    assert served["queue_ms"] >= 0 and served["upstream_ms"] > 0
+    assert (lines["r-404"]["status"], lines["r-404"]["outcome"], lines["r-404"]["model"]) == (
+        404,
+        "unknown_model",
+        "",
+    )
+    assert (lines["r-401"]["status"], lines["r-401"]["outcome"]) == (401, "unauthorized")
+    assert KEY not in gateway.log()
+
+
+async def test_a_storm_of_refusals_is_cut_to_the_rate_and_what_was_dropped_is_told(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=5)
+    config = gateway_config([(sim.url, 1)], access_log={"format": "json", "max_lines_per_s": 5})
+    gateway = start_gateway(config)
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as http:
+        statuses = [
+            await post(http, gateway, "/v2/models/nope/infer", f"s-{i}", key=None) for i in range(200)
+        ]
+        elapsed = time.monotonic() - started
+        assert statuses == [404] * 200
+        await eventually(lambda: len(access_lines(gateway)) >= 5, what="the storm's first lines")
+        assert len(access_lines(gateway)) <= 5 + 5 * elapsed + 1
+        told: list[int] = []
+
+        async def one_more_tells() -> None:
+            await post(http, gateway, "/v2/models/nope/infer", "after", key=None)
+            told[:] = [line["suppressed"] for line in access_lines(gateway) if "suppressed" in line]
+
+        deadline = time.monotonic() + 10
+        while not told:  # each try waits on an answer: bounded by the deadline
+            assert time.monotonic() < deadline, "no line told what was dropped"
+            await one_more_tells()
+    assert sum(told) >= 200 - (5 + 5 * elapsed + 1)

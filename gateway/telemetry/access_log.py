@@ -1,7 +1,9 @@
 """The access log: one line per admitted-route request (KServe infer, OpenAI), as text or JSON, on
 the `gateway.access` logger at info.
 
-A line says who asked for what and how it ended: the client's `X-Request-Id` (or `-`), method and
+A line says who asked for what and how it ended: its request id (the client's `X-Request-Id`, or
+one made here; the answer carries it back as `x-request-id`, so a client or a load test can find
+its line), method and
 route, model, class, tenant (the configured name, never a key), cost, status, outcome and the rule
 that refused it, the wait for a slot and the time upstream (the answer's `Server-Timing`), the
 Retry-After told, and the request's time in the gateway. Never a header but the id, never a body.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -94,21 +97,31 @@ class AccessLog:
         """Lines dropped since the last one written, which it tells."""
 
     def start(self, scope: Scope, route: str) -> AccessRecord:
-        request_id = "-"
-        for name, value in scope["headers"]:
-            if name == b"x-request-id":
-                if _REQUEST_ID.fullmatch(value):
-                    request_id = value.decode("ascii")
-                break
+        """The record of a request: its id the client's `X-Request-Id` where it is one a log can
+        keep (1-128 visible ASCII characters), else a new one, which the backend is sent too
+        where the client sent none."""
+        headers = scope["headers"]
+        sent = next((value for name, value in headers if name == b"x-request-id"), None)
+        if sent is not None and _REQUEST_ID.fullmatch(sent):
+            request_id = sent.decode("ascii")
+        else:
+            request_id = os.urandom(8).hex()
+            if sent is None:  # the backend gets it too, so that its own log names the same id
+                headers.append((b"x-request-id", request_id.encode("ascii")))
         return AccessRecord(request_id, scope["method"], route, self._clock())
 
     def watch(self, record: AccessRecord, send: Send) -> Send:
-        """`send`, noting the status, the waits and the advice of the answer as it starts."""
+        """`send`, noting the status, the waits and the advice of the answer as it starts, which
+        carries the request's id back (`x-request-id`)."""
 
         async def watched(message: Message) -> None:
             if message["type"] == "http.response.start":
                 record.status = message["status"]
-                for name, value in message.get("headers", ()):
+                headers = [
+                    (name, value) for name, value in message.get("headers", ()) if name != b"x-request-id"
+                ]
+                message["headers"] = [*headers, (b"x-request-id", record.request_id.encode("ascii"))]
+                for name, value in headers:
                     if name == b"server-timing":
                         for part, ms in _TIMING.findall(value):
                             setattr(record, f"{part.decode()}_ms", float(ms))

@@ -26,6 +26,7 @@ async def post(http, gateway, path: str, request_id: str, key: str | None = KEY)
     headers = {"X-Request-Id": request_id} | ({"Authorization": f"Bearer {key}"} if key else {})
     async with http.post(gateway.url + path, json=INFER, headers=headers) as reply:
         await reply.read()
+        assert reply.headers["x-request-id"] == request_id  # carried back
         return reply.status
 
 
@@ -41,23 +42,21 @@ async def test_each_request_leaves_one_line_that_says_how_it_ended_and_never_the
         assert await post(http, gateway, "/v2/models/sim/infer", "r-ok") == 200
         assert await post(http, gateway, "/v2/models/nope/infer", "r-404") == 404
         assert await post(http, gateway, "/v2/models/sim/infer", "r-401", key=None) == 401
-    await eventually(lambda: len(access_lines(gateway)) == 3, what="a line for each request")
+        async with http.post(gateway.url + "/v2/models/sim/infer", json=INFER) as reply:  # no id sent
+            assert reply.status == 401
+            made = reply.headers["x-request-id"]
+    await eventually(lambda: len(access_lines(gateway)) == 4, what="a line for each request")
     lines = {line["id"]: line for line in access_lines(gateway)}
-    served = lines["r-ok"]
-    assert (served["status"], served["outcome"], served["model"], served["class"]) == (
-        200,
-        "ok",
-        "sim",
-        "low",
-    )
-    assert (served["tenant"], served["route"], served["cost"]) == ("team-a", "infer", 1.0)
-    assert served["queue_ms"] >= 0 and served["upstream_ms"] > 0
-    assert (lines["r-404"]["status"], lines["r-404"]["outcome"], lines["r-404"]["model"]) == (
-        404,
-        "unknown_model",
-        "",
-    )
-    assert (lines["r-401"]["status"], lines["r-401"]["outcome"]) == (401, "unauthorized")
+
+    def said(request_id: str, *fields: str) -> tuple:
+        return tuple(lines[request_id][field] for field in fields)
+
+    assert said("r-ok", "status", "outcome", "model", "class") == (200, "ok", "sim", "low")
+    assert said("r-ok", "tenant", "route", "cost") == ("team-a", "infer", 1.0)
+    assert lines["r-ok"]["queue_ms"] >= 0 and lines["r-ok"]["upstream_ms"] > 0
+    assert said("r-404", "status", "outcome", "model") == (404, "unknown_model", "")
+    assert said("r-401", "status", "outcome") == (401, "unauthorized")
+    assert said(made, "status", "outcome") == (401, "unauthorized")  # the id made here, told back
     assert KEY not in gateway.log()
 
 

@@ -82,10 +82,29 @@ async def test_the_text_line_is_key_value_pairs_with_a_dash_for_what_is_not_know
     record.asks("", "low")
     record.outcome = "unknown_model"
     access.write(record)
+    made = record.request_id  # one made here instead
+    assert len(made) == 16 and int(made, 16) >= 0
     assert lines() == [
-        "id=- method=POST route=chat model=- class=low tenant=- cost=- status=404 outcome=unknown_model"
+        f"id={made} method=POST route=chat model=- class=low tenant=- cost=- status=404 outcome=unknown_model"
         " rule=- queue_ms=- upstream_ms=- retry_after_s=- ms=0"
     ]
+
+
+@pytest.mark.anyio
+async def test_the_answer_carries_the_id_back_and_the_backend_gets_one_made_here():
+    access = AccessLog("json", 100.0, Clock())
+    sent_none = scope()
+    record = access.start(sent_none, "infer")
+    assert sent_none["headers"] == [(b"x-request-id", record.request_id.encode())]  # for the backend
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    await access.watch(record, send)(
+        {"type": "http.response.start", "status": 200, "headers": [(b"x-request-id", b"the-backends")]}
+    )
+    assert sent[0]["headers"] == [(b"x-request-id", record.request_id.encode())]  # one, the gateway's
 
 
 def test_a_storm_is_cut_to_the_rate_and_the_next_line_tells_what_was_dropped(lines):

@@ -3,13 +3,16 @@ sim, like Triton, finishes a request whose client went away), so the survivor mu
 slots at the TTL. It gets them back once the dead replica's work has surely ended: each lease when
 its request's upstream timeout (and a TTL) has passed since its grant, and, when the dead replica
 might have been serving from its fallback, its share only once that fallback's time is over too.
-The sim's own count of requests in flight is the judge."""
+The sim's own count of requests in flight is the judge. Meanwhile the survivor admits for the
+slots left to it, and its refusals' advice holds for them."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -138,12 +141,12 @@ ALLOWED_MS = 1000
 LOAD_RPS, LOAD_S = 40.0, 6.0  # twice what the slots left to the survivor serve
 
 
-async def test_after_a_kill_the_survivor_admits_only_what_the_slots_left_to_it_serve_in_time(
-    start_sim, start_gateway
-):
-    # The dead replica's share stays reserved (it might be serving from its fallback), so the
-    # survivor has half the slots. Read as the whole pool, with the reserved slots' requests as
-    # work long overdue, due to end any moment, it admitted work that then waited past its allowance.
+@contextlib.asynccontextmanager
+async def survivor_of_a_kill(start_sim, start_gateway) -> AsyncIterator[Gateway]:
+    """Two replicas on SLOTS slots of requests of SHORT_S; one is killed -9 while it runs on every
+    slot. Yields the survivor once the dead one's share alone is held: reserved, as it
+    might be serving from its fallback (the slots beyond it come back once their requests are
+    surely over). The survivor then has half the slots, for minutes."""
     url = redis_url_or_skip()
     prefix = unique_prefix()
     tag = f"{{{prefix}:sim}}"
@@ -168,23 +171,36 @@ async def test_after_a_kill_the_survivor_admits_only_what_the_slots_left_to_it_s
         doomed.signal(signal.SIGKILL)
         busy.set()
         await asyncio.gather(*doomed_work, return_exceptions=True)
-        # Reaped: its share reserved, the slots beyond it back once their requests are surely over.
-        await eventually(
-            lambda: sum(int(v) for v in admin.hvals(f"{tag}:slots")) == SHARE,
-            timeout_s=BOUND_S + SLACK_S,
-            what="the dead replica's share alone held",
-        )
+    await eventually(
+        lambda: sum(int(v) for v in admin.hvals(f"{tag}:slots")) == SHARE,
+        timeout_s=BOUND_S + SLACK_S,
+        what="the dead replica's share alone held",
+    )
+    try:
+        yield survivor
+    finally:
+        admin.close()
+    assert sim.stats()["peak_inflight"] <= SLOTS
+
+
+async def test_after_a_kill_the_survivor_admits_only_what_the_slots_left_to_it_serve_in_time(
+    start_sim, start_gateway
+):
+    # Read as the whole pool, with the reserved slots' requests as work long overdue, due to end any
+    # moment, the survivor admitted work that then waited past its allowance.
+    async with survivor_of_a_kill(start_sim, start_gateway) as survivor:
         answers: list[tuple[int, bytes]] = []
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
 
-        async def send() -> None:
-            async with http.post(survivor.url + PATH, json=INFER) as reply:
-                answers.append((reply.status, await reply.read()))
+            async def send() -> None:
+                async with http.post(survivor.url + PATH, json=INFER) as reply:
+                    answers.append((reply.status, await reply.read()))
 
-        sends, started = [], time.monotonic()
-        for k in range(int(LOAD_RPS * LOAD_S)):
-            await asyncio.sleep(max(0.0, started + k / LOAD_RPS - time.monotonic()))
-            sends.append(asyncio.ensure_future(send()))
-        await asyncio.gather(*sends)
+            sends, started = [], time.monotonic()
+            for k in range(int(LOAD_RPS * LOAD_S)):
+                await asyncio.sleep(max(0.0, started + k / LOAD_RPS - time.monotonic()))
+                sends.append(asyncio.ensure_future(send()))
+            await asyncio.gather(*sends)
     served = sum(status == 200 for status, _ in answers)
     expired = sum(b"deadline_expired_in_queue" in body for _, body in answers)
     assert all(status in (200, 429) for status, _ in answers), answers
@@ -192,5 +208,32 @@ async def test_after_a_kill_the_survivor_admits_only_what_the_slots_left_to_it_s
     # second), and the slots left are kept busy.
     assert expired <= 0.03 * (served + expired), (served, expired)
     assert served >= 0.85 * SHARE / SHORT_S * LOAD_S, (served, expired)
-    assert sim.stats()["peak_inflight"] <= SLOTS
-    admin.close()
+
+
+BURST = 60  # three seconds of what the slots left serve, at once
+
+
+async def test_after_a_kill_a_burst_refused_by_the_survivor_is_told_when_to_come_back_and_is_served_then(
+    start_sim, start_gateway
+):
+    # Advice read from a pool of SLOTS slots, half of them reserved, sent clients back before the
+    # queue had room for them: they waited out their allowance or were refused again.
+    async with survivor_of_a_kill(start_sim, start_gateway) as survivor:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+            async def client() -> tuple[int, int]:
+                """(attempts, the last status), following Retry-After up to 3 times."""
+                for attempt in range(1, 5):
+                    async with http.post(survivor.url + PATH, json=INFER) as reply:
+                        await reply.read()
+                        if reply.status != 429 or attempt == 4:
+                            return attempt, reply.status
+                        await asyncio.sleep(int(reply.headers["retry-after-ms"]) / 1000)
+                raise AssertionError("unreachable")
+
+            outcomes = await asyncio.gather(*(client() for _ in range(BURST)))
+    refused_first = [o for o in outcomes if o[0] > 1]
+    assert refused_first, "the burst was more than the slots left serve within the allowance"
+    on_first_retry = sum(1 for attempts, status in refused_first if attempts == 2 and status == 200)
+    assert on_first_retry >= 0.8 * len(refused_first), outcomes
+    assert all(status == 200 for _, status in outcomes), outcomes

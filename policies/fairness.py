@@ -104,7 +104,8 @@ class FairTurns:
     queued: Mapping[str, float] = field(default_factory=dict)
     """Each backlogged flow's queued work."""
     weights: Mapping[str, float] = field(default_factory=dict)
-    """The weight of each flow that has queued, backlogged or not (1 where not named)."""
+    """The weight of each flow admitted, queued or granted at once, backlogged or not (1 where not
+    named: a flow the store has not seen)."""
 
 
 def work_ahead_in_turn(
@@ -146,7 +147,7 @@ def arrivals_in_turn(turns: FairTurns, tenant: str, slack: float, reach: Mapping
     flow's work and each flow's smaller bound: past its turn nothing of g's goes first, and before
     it g cannot have sent more than it does by then. So admission, asking whether the request
     starts within its allowance, reads this at the allowance. A flow with no reach adds nothing;
-    `turns` names the weight of every flow that has queued (a flow it does not name weighs 1).
+    `turns` names the weight of every flow admitted (a flow it does not name weighs 1).
     """
     others = (
         (turns.queued.get(name, 0.0), turns.weights.get(name, 1.0), most)

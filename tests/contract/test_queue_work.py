@@ -158,6 +158,19 @@ async def test_a_request_that_leaves_unserved_costs_its_flow_no_turn(make_store)
     assert await granted_in_order(sut, slot, [a2, b1, b2]) == [a2, b1, b2]
 
 
+async def test_a_flow_granted_at_once_is_weighed_by_its_weight_in_the_turns_of_the_others(make_store):
+    sut = await make_store(slots=(1,), weights={"heavy": 8.0})
+    # The heavy flow is admitted, and granted at once: it never queued.
+    assert isinstance(await offer(sut, tenant="heavy"), Granted)
+    for _ in range(2):
+        assert isinstance(await offer(sut, tenant="light"), Queued)
+    # A third light request starts two turns on (its flow's two ahead, weight 1): within them the
+    # heavy flow may send 2 x 8 of what it will, and one request of slack, not 2 x 1 (+1), as a
+    # flow never seen queued read.
+    stats = sut.store.stats(MODEL)
+    assert stats.arriving_ahead(1, "light", 1.0, {"heavy": 100.0}) == pytest.approx(17.0)
+
+
 async def test_a_light_flow_is_admitted_on_its_turn_not_on_the_backlog_of_a_heavy_one(make_store):
     sut = await make_store(slots=(1,), weights={"heavy": 1.0, "light": 3.0})
     await take_the_slot(sut)

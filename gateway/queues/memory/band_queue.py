@@ -41,7 +41,7 @@ class BandQueue:
     heads: dict[str, tuple[Ticket, float]] = field(default_factory=dict)
     """Each backlogged flow's live head and its start tag."""
     weights: dict[str, float] = field(default_factory=dict)
-    """The weight of each flow that has queued, backlogged or not (as the Redis store keeps them)."""
+    """The weight of each flow admitted, queued or granted at once (as the Redis store keeps them)."""
 
     def follow_head(self, tenant: str, live: set[Ticket]) -> None:
         """Drop withdrawn tickets off the top of `tenant`'s heap (lazy deletion) and tag its live
@@ -90,7 +90,7 @@ class BandQueue:
         self, tenant: str, weight_of: Callable[[str], float], slack: float, reach: Mapping[str, float]
     ) -> float:
         """policies.fairness.arrivals_in_turn for a request of `tenant` joining now, as `turns`
-        tells the band (a flow that has not queued weighs 1)."""
+        tells the band (a flow never admitted weighs 1)."""
         if not self.queued:
             return 0.0
         others = (
@@ -105,7 +105,7 @@ class BandQueue:
         nothing waits."""
         if not self.queued:
             return None
-        # Every flow that has queued, backlogged or not (policies.fairness.arrivals_in_turn).
+        # Every flow admitted, backlogged or not (policies.fairness.arrivals_in_turn).
         weights = {name: weight_of(name) for name in self.weights}
         finish = {name: self.joining_start(name) for name in self.weights}
         return FairTurns(self.virtual_time, finish, dict(self.queued), weights)

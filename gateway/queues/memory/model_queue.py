@@ -290,6 +290,12 @@ class ModelQueue:
         self.running[slot] = self.clock()
         return slot
 
+    def joins(self, flow: Flow) -> None:
+        """An admitted request of `flow`, queued or granted at once: under fair queuing its weight
+        counts in the others' turns from now on (policies.fairness.arrivals_in_turn)."""
+        if self.weight_of is not None:
+            self.bands[flow.band].weights[flow.tenant] = self.weight_of(flow.tenant)
+
     def insert(self, ticket: Ticket, rank: float, sequence: int) -> None:
         """Queue `ticket` in its flow's heap at `rank` (its deadline under EDF; in fair queuing
         the same for all, so that its flow is first come, first served by `sequence`)."""
@@ -302,7 +308,7 @@ class ModelQueue:
         band.arrivals.setdefault(tenant, {})[ticket] = None
         self.live.add(ticket)
         if self.weight_of is not None:
-            band.weights[tenant] = self.weight_of(tenant)
+            band.weights[tenant] = self.weight_of(tenant)  # an adopted ticket joins here
             band.follow_head(tenant, self.live)
 
     def remove(self, ticket: Ticket) -> bool:

@@ -128,6 +128,7 @@ class MemoryQueue:
         if not immediate and not queue.room_for(flow.band, cost):
             return Full(queue.stats(), at_cap=True)
         counters.count_admitted(flow.band, flow.tenant, cost)
+        queue.joins(flow)
         held = batching is not None and batching.hold
         if immediate and not held and (index := pick_backend(queue.capacity)) is not None:
             return Granted(queue.take(index, cost, flow, kind=kind))

@@ -237,6 +237,7 @@ def simulate(
                         if advice is not None:
                             flow.tally.retry_after_s.append(advice)
                     continue
+            flow.admitted = True  # its weight counts in the others' turns from now on, as the stores'
             if admitting is not None:
                 admitting.admitted(band, tenant, cost)
             # As the memory store: at once with a usable slot free and no work ahead in its turn.
@@ -358,8 +359,8 @@ def _stats(
 def _turns(flow: Flow, virtual_time: float, nbands: int) -> tuple[FairTurns | None, ...]:
     """The fair-queuing state of `flow`'s band while work waits in it, as the stores tell it."""
     queued = {f.tenant: f.queued for f in flow.siblings.values() if f.queued > 0}
-    # Every flow that has queued, backlogged or not, as the stores name them.
-    weights = {f.tenant: f.weight for f in flow.siblings.values() if f.head >= 0}
+    # Every flow admitted, queued or granted at once, backlogged or not, as the stores name them.
+    weights = {f.tenant: f.weight for f in flow.siblings.values() if f.admitted}
     head = flow.head_start if flow.heap else None
     own = joining_start(virtual_time, flow.finish, head, flow.queued, flow.weight)
     turns = FairTurns(virtual_time, {flow.tenant: own}, queued, weights)

@@ -28,6 +28,8 @@ class Flow:
     tally: FlowTally
     finish: float = 0.0
     """Its finish tag (policies.fairness)."""
+    admitted: bool = False
+    """Whether a request of it was ever admitted: its weight counts in the others' turns."""
     head: int = -1
     """Its live head's arrival number, -1 before it ever queued."""
     head_start: float = 0.0

@@ -15,7 +15,7 @@
 --   <tag>:vt:<band>         string the band's virtual time (policies.fairness)
 --   <tag>:finish:<band>     hash  tenant -> its flow's finish tag (moved by work handed a slot)
 --   <tag>:fwork:<band>      hash  tenant -> its flow's queued work (backlogged flows only)
---   <tag>:fweight:<band>    hash  tenant -> the weight its flow was last queued with (FIFO only)
+--   <tag>:fweight:<band>    hash  tenant -> the weight its flow was last admitted with (FIFO only)
 --   <tag>:flows:<band>      zset  tenant -> its flow's head score (the band's flows with work; FIFO:
 --                                 the head's start tag, taken as it became the head)
 --   <tag>:tickets           hash  ticket id -> JSON {r: replica, b: band, t: tenant, c: cost,
@@ -204,7 +204,7 @@ end
 
 -- policies.fairness.arrivals_in_turn, here where it must be atomic with turn_ahead, which it
 -- complements: what the band's other flows will still send ahead of a request of `tenant` joining
--- now, each at most its `reach` (tenant -> work); a flow that has not queued weighs 1.
+-- now, each at most its `reach` (tenant -> work); a flow never admitted weighs 1.
 local function arriving_ahead(band, tenant, slack, reach)
   local virtual = tonumber(redis.call('GET', tag .. ':vt:' .. band)) or 0
   local span = math.max(0, joining_start(band, tenant, virtual) - virtual)
@@ -277,8 +277,9 @@ local function count_queued(info, sign)
   end
 end
 
--- A request joins `tenant`'s fair-queued flow of `band` with `weight`; the flow's head takes its
--- start tag as it becomes the head (refresh_head), and the weight counts its work in turns.
+-- A request of `tenant`'s fair-queued flow of `band` is admitted with `weight`, which counts its
+-- flow's work in the others' turns from now on; a queued head takes its start tag as it becomes
+-- the head (refresh_head).
 local function join_fair_flow(band, tenant, weight)
   redis.call('HSET', tag .. ':fweight:' .. band, tenant, string.format('%.17g', weight))
 end

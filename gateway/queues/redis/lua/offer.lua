@@ -42,6 +42,8 @@ if not immediate and A.cap ~= nil and not room_for(A.band, A.cost, nbands) then
 end
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'adm:' .. A.band, A.cost)
 redis.call('HINCRBYFLOAT', tag .. ':admitted', A.band .. ':' .. A.tenant, A.cost)
+-- Under fair queuing its flow's weight counts in the others' turns from now on, queued or not.
+if not A.edf then join_fair_flow(A.band, A.tenant, A.weight) end
 
 -- A batch held for companions (A.batch.hold) queues even so; it leaves with the next dispatch.
 local held = A.batch ~= nil and A.batch.hold == true
@@ -59,7 +61,6 @@ if A.edf then
   score = now + A.allowed_s
 else
   score = 0  -- first come, first served within its flow: ids order by creation
-  join_fair_flow(A.band, A.tenant, A.weight)
 end
 local info = {r = A.replica, b = A.band, t = A.tenant, c = A.cost, e = fmt(now + A.allowed_s)}
 if A.kind ~= nil and A.kind ~= '' then info.q = A.kind end

@@ -74,6 +74,8 @@ class AdmittedEndpoint:
                 raise
             # Cut before admission (reading its body): nothing was sent; an admitted call answers its own.
             self.intake.admission.metrics.count("", "", Outcome.DRAINING)
+            if record is not None:
+                record.outcome = Outcome.DRAINING.value
             await send_error(send, self.style, Outcome.DRAINING, drain, retry_after_s=DRAINING_RETRY_S)
         finally:
             drain.finished()

@@ -32,7 +32,10 @@ SLOTS, SERVICE_MS = 4, 50  # 80 requests a second
 PER_TENANT_RATE = 100.0  # 2.5x the backend's capacity between them
 SEND_S = 9.0
 ALLOWED_MS = 3000  # the class's max_wait_ms
-GRANT_WAY_MS = 50  # a grant's way from Redis to its replica and the slot's to the request, at most
+# A grant's way from Redis to its replica and the slot's to the request, at most: 50 ms alone; with
+# the suite's other load tests beside the flood on this 2-core machine, 205 ms was seen. Either is
+# well short of the grace a withdrawn ticket's grant is waited for (GRANT_ON_ITS_WAY_S, 0.5 s).
+GRANT_WAY_MS = 250
 HTTP_OVERHEAD_S = 0.001  # a hand-over to the simulated backend and its answer back, about
 COUNTED_FROM_S = 4.0  # the queue has filled and the gateway has measured the flows' rates
 

@@ -132,15 +132,6 @@ class View:
         )
         return cls(seen_at, redis_now, stats, counters, int(raw.get("ra") or 0))
 
-    def work_to_drain(
-        self, band: int, handover_cost: float, tenant: str, cost: float, reach: Mapping[str, float]
-    ) -> float:
-        """The work to drain before a new request of `band`, `tenant` and `cost` gets a slot, as
-        the offer script counts it: what is queued ahead up to its turn, what of the other flows'
-        `reach` goes ahead of it, and the room it takes (none with a slot free and nothing queued
-        ahead)."""
-        return self.stats.work_before_grant(band, tenant, handover_cost, cost, reach)
-
 
 def _fair_turns(raw: Any) -> FairTurns | None:
     """A band's fair-queuing state as the view script sends it: 0, or [virtual time, where a

@@ -141,7 +141,7 @@ class ModelState:
         view, handover = self.view, self.estimates.handover_cost
         if now - view.seen_at > VIEW_FRESH_S:
             return False
-        if view.work_to_drain(flow.band, handover, flow.tenant, cost, reach) <= max_work:
+        if view.stats.work_before_grant(flow.band, flow.tenant, handover, cost, reach) <= max_work:
             return False
         self.refused_locally[flow.band] += cost
         return True

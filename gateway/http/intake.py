@@ -1,6 +1,6 @@
 """Admitted routes: a request that needs a backend slot, from its arrival to its admitted call.
 
-An endpoint classifies the request (gateway.http.request_meta), reads its body under the limit,
+An endpoint classifies the request (gateway.flow.request_meta), reads its body under the limit,
 finds its model, and hands it to an admitted call (gateway.flow.admitted) with an upstream
 exchange (gateway.upstream.exchange) and the HTTP relay (gateway.http.relay). What goes wrong
 before that is answered here, and counted once.
@@ -19,9 +19,9 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import ErrorStyle
 from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
 from gateway.flow.drain import DRAINING_RETRY_S
+from gateway.flow.request_meta import RequestClassifier
 from gateway.http.batches import Batches, BatchRelay
 from gateway.http.relay import Relay, StreamRewrite, send_error
-from gateway.http.request_meta import RequestClassifier
 from gateway.queues.base import Batching
 from gateway.telemetry.access_log import AccessLog
 from gateway.tensors.batch import Part

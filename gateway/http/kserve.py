@@ -13,17 +13,18 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import ErrorStyle
 from gateway.flow.drain import DRAINING_RETRY_S, Drain
 from gateway.flow.readiness import Readiness
+from gateway.flow.request_meta import Problem, RequestClassifier
 from gateway.http.asgi_io import read_body, send_response
 from gateway.http.batches import batch_part
 from gateway.http.intake import AdmittedEndpoint, upstream_request
 from gateway.http.pricing import batch_items
 from gateway.http.relay import send_error
-from gateway.http.request_meta import Problem, RequestClassifier
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.client import HeaderRules, downstream_response_headers
 from gateway.upstream.exchange import Forwarder
 from gateway.upstream.reply import UpstreamError
+from gateway.version import package_version
 from policies.outcomes import Outcome
 
 
@@ -150,7 +151,7 @@ def kserve_routes(readiness: Readiness, passthrough: ModelPassthrough) -> list[B
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     async def server_metadata(request: Request) -> JSONResponse:
-        return JSONResponse({"name": "inference-gateway", "version": "0.1.0", "extensions": []})
+        return JSONResponse({"name": "inference-gateway", "version": package_version(), "extensions": []})
 
     model_paths = ["/v2/models/{model}", "/v2/models/{model}/versions/{version}"]
     return [

@@ -14,10 +14,10 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import ErrorStyle, error_response
+from gateway.flow.request_meta import Problem, RequestClassifier
 from gateway.http.asgi_io import read_body
 from gateway.http.intake import AdmittedEndpoint
 from gateway.http.pricing import UsageLearner, choices_of, max_tokens_of, prompt_chars
-from gateway.http.request_meta import Problem, RequestClassifier
 from gateway.http.usage_stream import UsageChunkDropper, asking_usage
 from policies.outcomes import Outcome
 

@@ -7,6 +7,7 @@ import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
@@ -22,6 +23,7 @@ from gateway.flow.controller import AdmissionController
 from gateway.flow.drain import Drain
 from gateway.flow.queued_bytes import QueuedBytes
 from gateway.flow.readiness import Readiness
+from gateway.flow.request_meta import RequestClassifier
 from gateway.flow.windows import WindowClock
 from gateway.http.batches import Batches
 from gateway.http.hot_routes import InferenceRoutes
@@ -29,7 +31,6 @@ from gateway.http.intake import Intake
 from gateway.http.kserve import InferEndpoint, ModelPassthrough, kserve_routes
 from gateway.http.openai import OpenAIEndpoint, openai_routes
 from gateway.http.ops import health_route, ops_routes
-from gateway.http.request_meta import RequestClassifier
 from gateway.programs.runtime import Runtime, running, supervisors_of
 from gateway.queues.configured import configured_store
 from gateway.settings import Settings
@@ -45,6 +46,10 @@ from gateway.upstream.endpoints import EndpointDiscovery
 from gateway.upstream.exchange import Forwarder
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.http1 import UpstreamClient
+from gateway.version import package_version
+
+if TYPE_CHECKING:  # gRPC loads only where it is configured
+    from gateway.grpc.server import GrpcListener
 
 
 def build_runtime(
@@ -172,10 +177,19 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp
         classifier=classifier,
     )
 
+    grpc_listener = None if settings.grpc_listen is None else grpc_listener_of(settings, rt, intake)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with running(rt):
-            yield
+            if grpc_listener is None:
+                yield
+                return
+            await grpc_listener.start()
+            try:
+                yield
+            finally:
+                await grpc_listener.stop()
 
     async def not_found(request: Request, exc: Exception) -> JSONResponse:
         status, allow = (exc.status_code, exc.headers) if isinstance(exc, HTTPException) else (404, None)
@@ -198,6 +212,26 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp
         return app
     admin = Starlette(routes=ops, exception_handlers=errors)
     return ByListener(app, admin=admin, admin_port=settings.admin_listen.port)
+
+
+def grpc_listener_of(settings: Settings, rt: Runtime, intake: Intake) -> GrpcListener:
+    """The gRPC listener of `grpc_listen`, sharing the HTTP routes' admission and classifier."""
+    from gateway.grpc.inference import GrpcInference
+    from gateway.grpc.server import GrpcListener
+    from gateway.grpc.service import InferenceService
+
+    assert settings.grpc_listen is not None
+    inference = GrpcInference(rt.pools, intake.classifier, rt.admission, rt.forwarder, intake.access)
+    service = InferenceService(
+        inference,
+        rt.pools,
+        intake.classifier,
+        rt.forwarder,
+        rt.readiness,
+        version=package_version(),
+        no_backend_retry_s=rt.admission.no_backend_retry_s,
+    )
+    return GrpcListener(settings.grpc_listen, service, max_message_bytes=settings.limits.max_body_bytes)
 
 
 class ByListener:

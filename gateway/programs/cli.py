@@ -8,7 +8,6 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -18,6 +17,7 @@ from gateway.tools.model_server.continuous import SCHEDULING_POLICIES, Continuou
 from gateway.tools.model_server.engine import SERVICE_DISTRIBUTIONS
 from gateway.tools.planning import command as plan
 from gateway.tools.simulate.command import add_parser as add_simulate
+from gateway.version import package_version
 
 if TYPE_CHECKING:  # the settings (pydantic) load only for the commands that read them: `sim` starts without
     from gateway.settings import Settings
@@ -44,7 +44,7 @@ LOG_LEVELS = ["debug", "info", "warning", "error"]
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inference-gateway", description=__doc__)
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the gateway from a YAML config")
@@ -97,13 +97,6 @@ def _parser() -> argparse.ArgumentParser:
     for command in commands.choices.values():  # `serve --log-level debug` as well as before it
         command.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS)
     return parser
-
-
-def _version() -> str:
-    try:
-        return metadata.version("inference-gateway")
-    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown (not installed)"
 
 
 def _continuous_arguments(sim: argparse.ArgumentParser) -> None:

@@ -74,6 +74,8 @@ class Settings(Frozen):
     listen: Listen = Listen()
     admin_listen: Listen | None = None
     """Serve /metrics, /healthz and /readyz here, and not on the client listener."""
+    grpc_listen: Listen | None = None
+    """Serve KServe v2 / Triton gRPC (`inference.GRPCInferenceService`) here too."""
     store: Store = Store()
     priorities: list[PriorityClass] = Field(min_length=1)
     default_priority: str
@@ -108,6 +110,9 @@ class Settings(Frozen):
         admin = self.admin_listen
         if admin is not None and admin.port != 0 and admin.port == self.listen.port:
             raise ValueError("admin_listen must use another port than listen")
+        taken = {self.listen.port, *([admin.port] if admin is not None else [])}
+        if self.grpc_listen is not None and self.grpc_listen.port != 0 and self.grpc_listen.port in taken:
+            raise ValueError("grpc_listen must use another port than listen and admin_listen")
         if self.default_priority not in class_names:
             raise ValueError(f"default_priority {self.default_priority!r} is not one of {class_names}")
         _unique("windows", [w.name for w in self.windows])

@@ -102,13 +102,18 @@ class AccessLog:
         where the client sent none."""
         headers = scope["headers"]
         sent = next((value for name, value in headers if name == b"x-request-id"), None)
-        if sent is not None and _REQUEST_ID.fullmatch(sent):
-            request_id = sent.decode("ascii")
+        record = self.begin(sent, scope["method"], route)
+        if sent is None:  # the backend gets it too, so that its own log names the same id
+            headers.append((b"x-request-id", record.request_id.encode("ascii")))
+        return record
+
+    def begin(self, sent_id: bytes | None, method: str, route: str) -> AccessRecord:
+        """The record of a request whose client sent `sent_id` as its id (see `start`)."""
+        if sent_id is not None and _REQUEST_ID.fullmatch(sent_id):
+            request_id = sent_id.decode("ascii")
         else:
             request_id = os.urandom(8).hex()
-            if sent is None:  # the backend gets it too, so that its own log names the same id
-                headers.append((b"x-request-id", request_id.encode("ascii")))
-        return AccessRecord(request_id, scope["method"], route, self._clock())
+        return AccessRecord(request_id, method, route, self._clock())
 
     def watch(self, record: AccessRecord, send: Send) -> Send:
         """`send`, noting the status, the waits and the advice of the answer as it starts, which

@@ -24,25 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.fields import decimal
+from gateway.tensors.datatypes import FIXED_SIZE
 
 HEADER_LENGTH = b"inference-header-content-length"
 
-# The KServe v2 fixed-size datatypes and their bytes per element (the protocol's table; a test
-# holds it to tritonclient's numpy dtypes, which the gateway does not import at start: 80 ms).
-FIXED_SIZE = {
-    "BOOL": 1,
-    "UINT8": 1,
-    "UINT16": 2,
-    "UINT32": 4,
-    "UINT64": 8,
-    "INT8": 1,
-    "INT16": 2,
-    "INT32": 4,
-    "INT64": 8,
-    "FP16": 2,
-    "FP32": 4,
-    "FP64": 8,
-}
 _REQUEST_FIELDS = {"id", "inputs", "outputs", "parameters"}
 _SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 _LENGTH = struct.Struct("<I")

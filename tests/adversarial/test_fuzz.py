@@ -39,9 +39,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.routing import Match, Route
 
 from gateway.errors import ROUTE_REASONS
+from gateway.flow.request_meta import Problem, RequestClassifier
 from gateway.http.hot_routes import INFER_ROUTES, OPENAI_PATHS, v2_infer_params
 from gateway.http.kserve import ModelPassthrough
-from gateway.http.request_meta import Problem, RequestClassifier
 from gateway.programs.app import create_app
 from gateway.server.client_limits import Cut
 from gateway.settings import parse_settings

@@ -220,6 +220,14 @@ class Gateway(ServerProcess):
         )
 
     @property
+    def grpc_target(self) -> str:
+        """host:port of the gRPC listener (`grpc_listen`), from its 'grpc listening on' line."""
+        match = re.search(r"grpc listening on (\S+)", self.log())
+        if match is None:
+            raise AssertionError(f"the gateway logged no gRPC listener:\n{self.log()}")
+        return match.group(1)
+
+    @property
     def admin_url(self) -> str:
         """Where /metrics, /healthz and /readyz are served: the admin listener, if configured."""
         return self.metrics_url or self.url

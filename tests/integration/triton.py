@@ -30,7 +30,7 @@ class TritonServer:
             if IN_CI:
                 pytest.fail(reason)
             pytest.skip(reason)
-        self.http_port, grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         env = dict(os.environ)
         # The Python backend's stub loads libpython from the library path: it must find this
         # interpreter's, not another one on the system.
@@ -48,7 +48,7 @@ class TritonServer:
                     "--http-port",
                     str(self.http_port),
                     "--grpc-port",
-                    str(grpc_port),
+                    str(self.grpc_port),
                     "--metrics-port",
                     str(self.metrics_port),
                     "--sleep-ms",

@@ -44,6 +44,7 @@ MAX_SHELL_LINES = 400
 PROGRAMS = 4  # programs (app, runtime, cli), __main__, server, tools
 LAYERS = {
     "gateway.http": 3,
+    "gateway.grpc": 3,
     "gateway.flow": 2,
     "gateway.queues": 1,
     **{
@@ -57,6 +58,7 @@ LAYERS = {
             "errors",
             "tensors",
             "fields",
+            "version",
         )
     },
 }

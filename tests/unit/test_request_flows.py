@@ -4,7 +4,7 @@ flows stay a closed, configured set."""
 
 import pytest
 
-from gateway.http.request_meta import RequestClassifier
+from gateway.flow.request_meta import RequestClassifier
 from gateway.settings import ConfigError, parse_settings
 
 BASE = {

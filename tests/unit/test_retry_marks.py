@@ -3,7 +3,7 @@ client's X-Retry-Attempt, above 0."""
 
 import pytest
 
-from gateway.http.request_meta import RequestClassifier
+from gateway.flow.request_meta import RequestClassifier
 from gateway.settings import parse_settings
 
 SETTINGS = parse_settings(

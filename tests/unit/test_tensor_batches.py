@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import triton_to_np_dtype
 
-from gateway.tensors.batch import FIXED_SIZE, SplitError, merged, part_of, split
+from gateway.tensors.batch import SplitError, merged, part_of, split
+from gateway.tensors.datatypes import FIXED_SIZE
 from gateway.tools.model_server.tensors import infer_response, parse_infer
 
 PATH = "/v2/models/sim/infer"
@@ -180,7 +181,7 @@ def test_batch_size_and_id_are_not_part_of_the_key():
         varied(shape=[1, 3]),  # data does not fill the shape
         varied(shape=[0, 2], data=[]),  # no batch
         varied(shape=[]),
-        varied(datatype="BF16"),
+        varied(datatype="FP8"),
         varied(extension={"x": 1}),
         {"inputs": [BASE["inputs"][0], {"name": "B", "datatype": "FP32", "shape": [2, 1], "data": [1, 2]}]},
         {"inputs": []},

@@ -11,21 +11,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-# KServe v2 datatype -> struct format of one element (BYTES is length-prefixed, handled apart).
-_FORMATS = {
-    "BOOL": "?",
-    "UINT8": "B",
-    "UINT16": "H",
-    "UINT32": "I",
-    "UINT64": "Q",
-    "INT8": "b",
-    "INT16": "h",
-    "INT32": "i",
-    "INT64": "q",
-    "FP16": "e",
-    "FP32": "f",
-    "FP64": "d",
-}
+from gateway.tensors.datatypes import STRUCT_FORMAT
 
 
 class TensorError(ValueError):
@@ -44,6 +30,8 @@ class Tensor:
         if self.raw is not None:
             return self.raw
         flat = _flatten(self.json_data or [])
+        if self.datatype == "BF16":  # a float32's upper half (truncated: the sim needs no rounding)
+            return b"".join(struct.pack("<f", v)[2:] for v in flat)
         if self.datatype == "BYTES":
             encoded = [v.encode() if isinstance(v, str) else bytes(v) for v in flat]
             return b"".join(struct.pack("<I", len(e)) + e for e in encoded)
@@ -60,6 +48,9 @@ class Tensor:
                 values.append(raw[offset + 4 : offset + 4 + size].decode("utf-8", "replace"))
                 offset += 4 + size
             return values
+        if self.datatype == "BF16":
+            halves = [raw[i : i + 2] for i in range(0, len(raw), 2)]
+            return [struct.unpack("<f", b"\0\0" + half)[0] for half in halves]
         fmt = _format(self.datatype)
         return list(struct.unpack(f"<{len(raw) // struct.calcsize(fmt)}{fmt}", raw))
 
@@ -111,7 +102,7 @@ def _parse_input(item: Any, body: bytes, offset: int) -> tuple[Tensor, int]:
     name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
     if not isinstance(name, str) or not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
         raise TensorError("each input needs a 'name' and an integer 'shape'")
-    if datatype != "BYTES" and datatype not in _FORMATS:
+    if datatype not in ("BYTES", "BF16") and datatype not in STRUCT_FORMAT:
         raise TensorError(f"input {name!r}: unsupported datatype {datatype!r}")
     size = (item.get("parameters") or {}).get("binary_data_size")
     if size is not None:
@@ -147,7 +138,7 @@ def infer_response(model: str, version: str, request: InferRequest) -> tuple[byt
 
 
 def _format(datatype: str) -> str:
-    return _FORMATS[datatype]
+    return STRUCT_FORMAT[datatype]
 
 
 def _flatten(data: list[Any]) -> list[Any]:

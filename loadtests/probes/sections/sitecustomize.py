@@ -66,8 +66,8 @@ if os.environ.get("SECTIONS_PROBE") and "serve" in sys.argv:
             setattr(owner, name, timed)
 
     def _install() -> None:
-        from gateway.flow import controller, predictions
-        from gateway.http import intake, request_meta
+        from gateway.flow import controller, predictions, request_meta
+        from gateway.http import intake
         from gateway.http.relay import Relay
         from gateway.queues import memory
         from gateway.telemetry import metrics

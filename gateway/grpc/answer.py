@@ -82,7 +82,8 @@ class GrpcAnswer:
             )
             return answered(status)
         try:
-            self.result = infer_response(body, header_length_of(headers))
+            # The backend's field names as it wrote them: Triton's is `Inference-Header-Content-Length`.
+            self.result = infer_response(body, header_length_of((k.lower(), v) for k, v in headers))
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
             log.warning("a backend's answer is not a KServe v2 inference answer: %s", error)
             message = f"the backend's answer is not a KServe v2 inference answer: {error}"

@@ -19,6 +19,7 @@ from google.rpc import error_details_pb2, status_pb2
 import grpc
 from gateway.errors import ERRORS, echoed
 from policies.outcomes import Outcome
+from policies.retry_after import header_values
 
 DOMAIN = "inference-gateway"
 """The `ErrorInfo.domain` of the gateway's refusals."""
@@ -104,7 +105,7 @@ def outcome_error(
     trailers: list[tuple[str, str | bytes]] = []
     retry_after_ms: int | None = None
     if retry_after_s is not None:
-        retry_after_ms = max(1, round(retry_after_s * 1000))
+        retry_after_ms = int(header_values(retry_after_s)[1])  # HTTP's retry-after-ms, to the ms
         delay = duration_pb2.Duration()
         delay.FromMilliseconds(retry_after_ms)
         details.insert(0, _packed(error_details_pb2.RetryInfo(retry_delay=delay)))

@@ -426,3 +426,24 @@ def _not_ready(target: str) -> bool:
         return not client.is_server_ready()
     finally:
         client.close()
+
+
+async def test_an_answer_carries_server_timing_and_an_access_line(start_sim, start_gateway):
+    sim = start_sim(slots=1, base_ms=30)
+    gateway = start_gateway(grpc_config(sim, slots=1))
+    async with grpc.aio.insecure_channel(gateway.grpc_target) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        call = stub.ModelInfer(small_request(), metadata=(("x-request-id", "grpc-1"),))
+        await call
+        timing = dict(await call.trailing_metadata())["server-timing"]
+    queue_ms, upstream_ms = (float(part.split("dur=")[1]) for part in timing.split(", "))
+    assert 0 <= queue_ms < 1000 and upstream_ms >= 30, timing
+    await eventually(lambda: _access_line(gateway, "grpc-1"))
+    line = _access_line(gateway, "grpc-1")
+    assert "route=grpc.infer" in line and "model=sim" in line and "outcome=ok" in line and "status=0" in line
+
+
+def _access_line(gateway, request_id: str) -> str:
+    line = next((x for x in gateway.log().splitlines() if f"id={request_id} " in x), None)
+    assert line is not None, "no access line yet"
+    return line

@@ -447,3 +447,29 @@ def _access_line(gateway, request_id: str) -> str:
     line = next((x for x in gateway.log().splitlines() if f"id={request_id} " in x), None)
     assert line is not None, "no access line yet"
     return line
+
+
+async def test_a_cancelled_call_keeps_its_slot_while_the_backend_computes(start_sim, start_gateway):
+    # A backend that finishes what it started (Triton, KServe): the slot is the backend's until
+    # its answer ends, as for an HTTP client that left.
+    sim = start_sim(slots=1, base_ms=50, on_disconnect="finish")
+    gateway = start_gateway(grpc_config(sim, slots=1))
+    async with grpc.aio.insecure_channel(gateway.grpc_target) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        await hang_the_backend(sim)
+        call = stub.ModelInfer(small_request())
+        await wait_for_hanging(sim, 1)
+        call.cancel()
+        await eventually(
+            lambda: gateway.assert_metric("gateway_requests_total", 1, outcome="client_disconnected")
+        )
+        assert gateway.metric("gateway_inflight_requests", model="sim") == 1, (
+            "freed while the backend computes"
+        )
+        waiting = asyncio.ensure_future(stub.ModelInfer(small_request(3), timeout=10))
+        await wait_for_metric(gateway, "gateway_queue_depth", 1.0, priority="low")
+        await clear_the_fault(sim)
+        answer = await waiting
+    assert answer.raw_output_contents[0] == np.array([3], dtype="<f4").tobytes()
+    assert sim.stats()["peak_inflight"] == 1
+    await eventually(lambda: gateway.assert_metric("gateway_inflight_requests", 0, model="sim"))

@@ -11,6 +11,8 @@ Every target sits in front of a fresh simulated backend of 8 slots x 40 ms (capa
   less the service time, 960 ms (HAProxy has one queue timeout per backend, so the high class
   relies on its priority), one thread like the gateway's one process;
 - gateway: this project, in-memory store;
+- grpc: the same gateway, loaded over gRPC (KServe v2 `ModelInfer`, loadtests.grpc_load) on its
+  `grpc_listen`, the class and budget as metadata;
 - passthrough: a bare uvicorn + aiohttp pass-through (loadtests/passthrough.py), the floor of the
   gateway's own HTTP stack, so that the gateway's cost shows as the difference between the two;
 - floor: HAProxy answering an instant 429 to everything: this machine's floor for refusal latency;
@@ -53,6 +55,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtests.grpc_load import run_grpc
 from loadtests.openloop import MIX, ClassSummary, poisson_schedule, run, run_fast, summarize
 from tests.integration.servers import Gateway, ServerProcess, Sim, gateway_config
 from tests.redis_server import RedisServer
@@ -200,7 +203,7 @@ class PassThroughProcess(ServerProcess):
         )
 
 
-TARGETS = ("direct", "passthrough", "haproxy", "gateway", "floor", "instant-shed")
+TARGETS = ("direct", "passthrough", "haproxy", "gateway", "grpc", "floor", "instant-shed")
 
 
 def is_target(name: str) -> bool:
@@ -222,6 +225,11 @@ def start_target(
         proxy = PassThroughProcess(log_dir, sim.url)
         return [proxy.url], [proxy]
     config = gateway_config([(sim.url, SLOTS)], expected_service_ms=SERVICE_MS, health={"interval_ms": 1000})
+    if target == "grpc":
+        config["grpc_listen"] = {"host": "127.0.0.1", "port": 0}
+        gateway = Gateway(log_dir, config, python=python)
+        gateway.wait_ready()
+        return [gateway.grpc_target], [gateway]
     replicas = 1
     redis: list[Any] = []
     if target.startswith("redis"):  # redis1, redis3: replicas sharing one Redis
@@ -251,11 +259,12 @@ def run_one(
             for server in servers:
                 cores.pin_under_test(server.process.pid)
         schedule = poisson_schedule(CAPACITY_RPS * scenario.load, scenario.duration_s, seed=seed)
-        run_fast(run(urls, poisson_schedule(50, 0.5, seed=seed + 1)))  # warm the connections
+        load = run_grpc if target == "grpc" else run
+        run_fast(load(urls, poisson_schedule(50, 0.5, seed=seed + 1)))  # warm the connections
         pids = [server.process.pid for server in servers]
         before_cpu, before_busy = sum(map(cpu_seconds, pids)), sim.reset()["busy_slot_s"]
         started = time.monotonic()
-        outcomes = run_fast(run(urls, schedule))
+        outcomes = run_fast(load(urls, schedule))
         cpu_s = sum(map(cpu_seconds, pids)) - before_cpu
         elapsed_s = time.monotonic() - started
         after = sim.stats()

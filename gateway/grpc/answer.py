@@ -18,7 +18,7 @@ from gateway.flow.drain import DRAINING_RETRY_S, Drain
 from gateway.flow.verdicts import Lease, Refusal
 from gateway.grpc.status import Code, GrpcError, backend_code, outcome_error
 from gateway.grpc.tensors import infer_response
-from gateway.http.relay import server_timing
+from gateway.telemetry.server_timing import server_timing_value
 from gateway.tensors.batch import header_length_of
 from gateway.upstream.exchange import UpstreamExchange
 from gateway.upstream.reply import ConnectFailed, UpstreamError
@@ -69,8 +69,8 @@ class GrpcAnswer:
             log.warning("backend %s failed: %s", lease.slot.backend.url, error)
             outcome = Outcome.UPSTREAM_ERROR
         else:
-            name, value = server_timing(lease.queue_wait_s, work.elapsed_s or 0.0, lease.batch_wait_s)
-            self.timing = (name.decode(), value.decode())
+            timing = server_timing_value(lease.queue_wait_s, work.elapsed_s or 0.0, lease.batch_wait_s)
+            self.timing = ("server-timing", timing)
             return self._answered(reply.status, reply.headers, body)
         self.result = outcome_error(outcome, retry_after_s=retry_after_s)
         return outcome

@@ -21,6 +21,7 @@ from gateway.errors import ErrorStyle, error_response
 from gateway.flow.drain import DRAINING_RETRY_S, Drain
 from gateway.flow.verdicts import Lease, Refusal
 from gateway.http.asgi_io import RawHeaders, send_response, until_disconnect
+from gateway.telemetry.server_timing import server_timing_value
 from gateway.upstream.client import downstream_response_headers
 from gateway.upstream.exchange import BUFFER_LIMIT_BYTES, UpstreamExchange
 from gateway.upstream.reply import ConnectFailed, Reply, UpstreamError
@@ -204,7 +205,5 @@ def _is_event_stream(headers: RawHeaders) -> bool:
 
 
 def server_timing(queue_s: float, upstream_s: float, batch_s: float | None = None) -> tuple[bytes, bytes]:
-    """`Server-Timing`: the wait for a slot, for a batch's companions where batched, and upstream."""
-    batch = "" if batch_s is None else f"batch;dur={batch_s * 1000:.3f}, "
-    value = f"queue;dur={queue_s * 1000:.3f}, {batch}upstream;dur={upstream_s * 1000:.3f}"
-    return b"server-timing", value.encode()
+    """The `Server-Timing` header (gateway.telemetry.server_timing)."""
+    return b"server-timing", server_timing_value(queue_s, upstream_s, batch_s).encode()

@@ -111,3 +111,17 @@ def test_shell_modules_stay_small(module):
     relative = str(module.relative_to(GATEWAY))
     lines = len(module.read_text().splitlines())
     assert lines <= MAX_SHELL_LINES, f"gateway/{relative} has {lines} lines (at most {MAX_SHELL_LINES})"
+
+
+def test_the_two_ingresses_share_only_what_lies_below_them():
+    """HTTP and gRPC are sibling ingresses over one admission: neither imports the other."""
+    crossing = []
+    for path in sorted(GATEWAY.rglob("*.py")):
+        importer = room_of(module_name(path))
+        if importer in ("gateway.http", "gateway.grpc"):
+            crossing += [
+                f"{module_name(path)} -> {imported}"
+                for imported in gateway_imports(path)
+                if room_of(imported) in ("gateway.http", "gateway.grpc") and room_of(imported) != importer
+            ]
+    assert not crossing, ", ".join(crossing)

@@ -8,17 +8,25 @@ waits for both kinds of request alike and `ServerReady` turns false with `/ready
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from tritonclient.grpc import service_pb2_grpc
 
 import grpc
 from gateway.grpc.service import InferenceService
-from gateway.settings import Listen
+from gateway.settings import Listen, Tls
 
 log = logging.getLogger("gateway.grpc")
 
 STOP_GRACE_S = 1.0
 """For calls still open when the listener stops (the drain has waited for the counted ones)."""
+
+
+def server_credentials(tls: Tls) -> grpc.ServerCredentials:
+    """The listener's TLS, asking for a client certificate signed by the client CA where one is given."""
+    ca = None if tls.client_ca_file is None else Path(tls.client_ca_file).read_bytes()
+    pair = (Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes())
+    return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
 
 
 class GrpcListenFailed(Exception):
@@ -45,14 +53,18 @@ class GrpcListener:
         host = self._listen.host
         address = f"[{host}]:{self._listen.port}" if ":" in host else f"{host}:{self._listen.port}"
         try:
-            port = server.add_insecure_port(address)
+            tls = self._listen.tls
+            if tls is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, server_credentials(tls))
         except RuntimeError as error:
             raise GrpcListenFailed(f"cannot listen for gRPC on {address}: {error}") from None
         if port == 0:
             raise GrpcListenFailed(f"cannot listen for gRPC on {address}")
         await server.start()
         self._server, self.port = server, port
-        log.info("grpc listening on %s:%d", host, port)
+        log.info("grpc listening on %s:%d%s", host, port, " (TLS)" if self._listen.tls else "")
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import socket
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ from gateway.tools.simulate.command import add_parser as add_simulate
 from gateway.version import package_version
 
 if TYPE_CHECKING:  # the settings (pydantic) load only for the commands that read them: `sim` starts without
-    from gateway.settings import Settings
+    from gateway.settings import Settings, Tls
 
 log = logging.getLogger("gateway")
 
@@ -137,21 +138,54 @@ def _continuous_spec(args: argparse.Namespace) -> ContinuousSpec | None:
     )
 
 
-def _gateway_server(settings: Settings, log_level: str, drain_timeout_s: float) -> uvicorn.Server:
+def _gateway_server(settings: Settings, log_level: str, drain_timeout_s: float) -> GatewayServers:
     # Imported here so that `sim` starts without loading the gateway.
     from gateway.programs.app import build_runtime, create_app
-    from gateway.server.serving import DrainingServer, uvicorn_config
+    from gateway.server.serving import DrainingServer, QuietServer, uvicorn_config
 
     runtime = build_runtime(settings)
-    config = uvicorn_config(
-        create_app(settings, runtime=runtime),
-        log_level=log_level,
-        limits=settings.limits,
-        backend_files=settings.backend_connections(),
-        registry=runtime.metrics.registry,
-        admin_port=settings.admin_listen.port if settings.admin_listen is not None else None,
-    )
-    return DrainingServer(config, runtime.drain, drain_timeout_s)
+    app = create_app(settings, runtime=runtime)
+    admin = settings.admin_listen
+
+    def config_for(tls: Tls | None, lifespan: str = "on") -> uvicorn.Config:
+        return uvicorn_config(
+            app,
+            lifespan=lifespan,
+            log_level=log_level,
+            limits=settings.limits,
+            backend_files=settings.backend_connections(),
+            registry=runtime.metrics.registry,
+            admin_port=admin.port if admin is not None else None,
+            tls=tls,
+        )
+
+    if admin is None or (settings.listen.tls is None and admin.tls is None):
+        return GatewayServers(DrainingServer(config_for(settings.listen.tls), runtime.drain, drain_timeout_s))
+    # TLS on one listener and not the other (a server's sockets share one TLS context): the admin
+    # listener gets a server of its own, on the same app, loop and connection budget.
+    main = DrainingServer(config_for(settings.listen.tls), runtime.drain, drain_timeout_s)
+    return GatewayServers(main, QuietServer(config_for(admin.tls, lifespan="off")))
+
+
+class GatewayServers:
+    """The gateway's uvicorn server, and the admin listener's where it serves apart (with TLS)."""
+
+    def __init__(self, main: uvicorn.Server, admin: uvicorn.Server | None = None) -> None:
+        self.main = main
+        self.admin = admin
+
+    async def serve(self, sockets: list[socket.socket]) -> None:
+        """Serve `sockets` (the client listener's, then the admin listener's) until the main server
+        stops; the admin listener stops after it, so that probes are answered through the drain."""
+        if self.admin is None:
+            await self.main.serve(sockets)
+            return
+        admin_serving = asyncio.ensure_future(self.admin.serve(sockets[1:]))
+        try:
+            await self.main.serve(sockets[:1])
+        finally:
+            self.admin.should_exit = True
+            await admin_serving
 
 
 def _load_settings(path: str) -> Settings:
@@ -174,15 +208,16 @@ def _serve(args: argparse.Namespace) -> int:
     )
     settings = settings.model_copy(update={"listen": listen})
     sockets = [bind(settings.listen.host, settings.listen.port)]
+    tls = settings.listen.tls is not None
     admin_words = ""
     if settings.admin_listen is not None:
         sockets.append(bind(settings.admin_listen.host, settings.admin_listen.port))
         # The app tells the listeners apart by port: the one bound, when the config said 0.
         admin = settings.admin_listen.model_copy(update={"port": sockets[1].getsockname()[1]})
         settings = settings.model_copy(update={"admin_listen": admin})
-        admin_words = f" (admin {url_of(sockets[1])})"
+        admin_words = f" (admin {url_of(sockets[1], tls=admin.tls is not None)})"
     server = _gateway_server(settings, args.log_level, settings.shutdown.drain_timeout_ms / 1000)
-    log.info("inference-gateway listening on %s%s", url_of(sockets[0]), admin_words)
+    log.info("inference-gateway listening on %s%s", url_of(sockets[0], tls=tls), admin_words)
 
     async def main() -> None:
         await server.serve(sockets)

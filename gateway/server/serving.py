@@ -14,6 +14,7 @@ import importlib.util
 import logging
 import signal
 import socket
+import ssl
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from gateway.flow.drain import Drain
-    from gateway.settings import Limits
+    from gateway.settings import Limits, Tls
 
 log = logging.getLogger("gateway.server.serving")
 
@@ -55,9 +56,10 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def url_of(sock: socket.socket) -> str:
+def url_of(sock: socket.socket, *, tls: bool = False) -> str:
     host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def uvicorn_config(
@@ -69,12 +71,14 @@ def uvicorn_config(
     backend_files: int = 0,
     registry: CollectorRegistry | None = None,
     admin_port: int | None = None,
+    tls: Tls | None = None,
 ) -> uvicorn.Config:
     """uvicorn's config for one listener. With `limits`, its clients are held to them, together with
     the process's other listeners (gateway.server.connections), leaving the open files `backend_files`
     names to backend and Redis connections, and `registry` gets the connection counts; the
     admin listener's connections (on `admin_port`, bound) are held apart from the clients';
-    without (the sim, load tests), uvicorn's own protocol serves as it comes."""
+    without (the sim, load tests), uvicorn's own protocol serves as it comes. With `tls`, its
+    sockets serve TLS (and ask for a client certificate where a client CA is given)."""
     http: type[asyncio.Protocol] | str = "httptools" if HAS_HTTPTOOLS else "h11"
     if limits is not None:
         from gateway.server.client_connections import process_connections
@@ -96,6 +100,10 @@ def uvicorn_config(
         ws="none",  # nothing here speaks WebSocket: an upgrade is served as a plain request
         backlog=2048,
         timeout_keep_alive=30,
+        ssl_certfile=tls.cert_file if tls is not None else None,
+        ssl_keyfile=tls.key_file if tls is not None else None,
+        ssl_ca_certs=tls.client_ca_file if tls is not None else None,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if tls is not None and tls.client_ca_file else ssl.CERT_NONE,
     )
 
 

@@ -29,6 +29,7 @@ from gateway.settings.serving import (
     Shutdown,
     Store,
     Tenant,
+    Tls,
 )
 from gateway.settings.tuning import Admission, Autoscaling, Estimation, Health, Kueue, RetryAfter, Signals
 from gateway.settings.windows import TimeWindow
@@ -64,6 +65,7 @@ __all__ = [
     "Store",
     "Tenant",
     "TimeWindow",
+    "Tls",
     "key_digest",
     "load_settings",
     "parse_settings",

@@ -3,6 +3,7 @@ limits, forwarding and shutdown."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -11,9 +12,43 @@ from pydantic import Field, field_validator, model_validator
 from gateway.settings.base import Frozen, Name, PositiveMs, http_url
 
 
+class Tls(Frozen):
+    """A listener's TLS: its certificate chain and key (PEM), and for mutual TLS the CA its clients'
+    certificates must be signed by. Checked when the config loads: files that cannot be read, or a
+    key that does not match its certificate, make the config invalid rather than the start fail."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None
+    """Require a client certificate signed by this CA (PEM): mutual TLS."""
+
+    @model_validator(mode="after")
+    def _loads(self) -> Tls:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as error:
+            raise ValueError(f"cannot load {self.cert_file} with {self.key_file}: {_reason(error)}") from None
+        if self.client_ca_file is not None:
+            try:
+                context.load_verify_locations(self.client_ca_file)
+            except (OSError, ssl.SSLError) as error:
+                reason = _reason(error)
+                raise ValueError(f"cannot load client_ca_file {self.client_ca_file}: {reason}") from None
+        return self
+
+
+def _reason(error: OSError | ssl.SSLError) -> str:
+    if isinstance(error, ssl.SSLError):
+        return error.reason or str(error)
+    return error.strerror or str(error)
+
+
 class Listen(Frozen):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    tls: Tls | None = None
+    """Serve TLS on this listener (HTTPS, or gRPC over TLS); plain when unset."""
 
 
 class Store(Frozen):

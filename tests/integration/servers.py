@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -20,12 +21,22 @@ import yaml
 from tests.eventually import eventually_blocking
 
 # The sim names its metrics listener, the gateway its admin listener (when configured).
-_LISTENING = re.compile(r"listening on (http://[0-9.:\[\]]+)(?: \((?:metrics|admin) (http://[^\s)]+)\))?")
+_LISTENING = re.compile(r"listening on (https?://[0-9.:\[\]]+)(?: \((?:metrics|admin) (https?://[^\s)]+)\))?")
+
+
+def _connection(url: str, timeout_s: float) -> http.client.HTTPConnection:
+    """A connection to `url`'s origin; over https, trusting any certificate (the tests' own)."""
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return http.client.HTTPSConnection(
+            parts.hostname, parts.port, timeout=timeout_s, context=ssl._create_unverified_context()
+        )
+    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
 
 
 def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
     parts = urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+    connection = _connection(url, timeout_s)
     try:
         connection.request("GET", parts.path or "/")
         reply = connection.getresponse()
@@ -36,7 +47,7 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
 
 def http_post(url: str, body: bytes = b"", timeout_s: float = 5.0) -> tuple[int, bytes]:
     parts = urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+    connection = _connection(url, timeout_s)
     try:
         connection.request("POST", parts.path, body=body)
         reply = connection.getresponse()
@@ -103,10 +114,14 @@ class ServerProcess:
         self._started_within(listening, timeout_s, "its 'listening on' line")
         return found[0].group(1), found[0].group(2)
 
+    def _probed_url(self) -> str:
+        """Where the start is probed: the server's own URL."""
+        return self.url
+
     def _wait_answering(self, path: str, timeout_s: float = 30.0) -> None:
         def answering() -> bool:
             try:
-                return http_get(self.url + path)[0] < 500
+                return http_get(self._probed_url() + path)[0] < 500
             except OSError:
                 return False
 
@@ -219,10 +234,14 @@ class Gateway(ServerProcess):
             "gateway", ["serve", "--config", str(self.config_path)], log_dir, "/healthz", python=python
         )
 
+    def _probed_url(self) -> str:
+        # The admin listener where there is one: the client one may want a client certificate.
+        return self.admin_url
+
     @property
     def grpc_target(self) -> str:
         """host:port of the gRPC listener (`grpc_listen`), from its 'grpc listening on' line."""
-        match = re.search(r"grpc listening on (\S+)", self.log())
+        match = re.search(r"grpc listening on ([^\s(]+)", self.log())
         if match is None:
             raise AssertionError(f"the gateway logged no gRPC listener:\n{self.log()}")
         return match.group(1)

@@ -1,0 +1,114 @@
+"""TLS on the client listener (and on the gRPC one): HTTPS and mutual TLS with real clients, the
+admin listener left plain for probes and Prometheus, and certificates that cannot serve refused at
+config time."""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+import sys
+
+import aiohttp
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+import yaml
+
+from tests.integration.servers import gateway_config, http_get
+
+pytestmark = pytest.mark.anyio
+INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+
+
+def tls_config(sim, cert, key, **tls_extra):
+    config = gateway_config([(sim.url, 2)])
+    tls = {"cert_file": str(cert), "key_file": str(key), **tls_extra}
+    config["listen"]["tls"] = tls
+    config["admin_listen"] = {"host": "127.0.0.1", "port": 0}
+    config["grpc_listen"] = {"host": "127.0.0.1", "port": 0, "tls": tls}
+    return config
+
+
+def trusting(cert, client: tuple | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(cert))
+    if client is not None:
+        context.load_cert_chain(*map(str, client))
+    return context
+
+
+async def test_the_client_listener_serves_https_and_the_admin_listener_stays_plain(
+    start_sim, start_gateway, tls_cert
+):
+    cert, key = tls_cert
+    sim = start_sim(slots=2, base_ms=5)
+    gateway = start_gateway(tls_config(sim, cert, key))
+    assert gateway.url.startswith("https://") and gateway.admin_url.startswith("http://")
+    async with aiohttp.ClientSession() as http:
+        url = gateway.url + "/v2/models/sim/infer"
+        async with http.post(url, json=INFER, ssl=trusting(cert)) as reply:
+            assert reply.status == 200 and (await reply.json())["outputs"][0]["data"] == [1, 2]
+        plain = url.replace("https://", "http://")
+        with pytest.raises(aiohttp.ClientError):  # plain HTTP on the TLS port gets no answer
+            async with http.post(plain, json=INFER) as reply:
+                await reply.read()
+    # Probes and Prometheus read the admin listener as before, in plain HTTP.
+    assert http_get(gateway.admin_url + "/readyz")[0] == 200
+    assert gateway.metric("gateway_requests_total", outcome="ok") == 1
+    # gRPC over TLS, tritonclient trusting the certificate.
+    client = triton_grpc.InferenceServerClient(gateway.grpc_target, ssl=True, root_certificates=str(cert))
+    try:
+        data = np.array([[1.5, 2.5]], dtype=np.float32)
+        tensor = triton_grpc.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(data)
+        np.testing.assert_array_equal(client.infer("sim", [tensor]).as_numpy("OUTPUT0"), data)
+    finally:
+        client.close()
+
+
+async def test_mutual_tls_wants_a_client_certificate_signed_by_the_client_ca(
+    start_sim, start_gateway, tls_cert
+):
+    cert, key = tls_cert  # self-signed: it is its own CA, and the client's certificate too
+    sim = start_sim(slots=2, base_ms=5)
+    gateway = start_gateway(tls_config(sim, cert, key, client_ca_file=str(cert)))
+    url = gateway.url + "/v2/models/sim/infer"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json=INFER, ssl=trusting(cert, client=(cert, key))) as reply:
+            assert reply.status == 200
+        with pytest.raises(aiohttp.ClientError):
+            async with http.post(url, json=INFER, ssl=trusting(cert)) as reply:
+                await reply.read()
+    async with grpc.aio.secure_channel(
+        gateway.grpc_target, grpc.ssl_channel_credentials(cert.read_bytes())
+    ) as bare:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await bare.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=5)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert gateway.metric("gateway_requests_total", outcome="ok") == 1
+
+
+@pytest.mark.parametrize("broken", ["missing", "not pem", "wrong key"])
+def test_a_certificate_that_cannot_serve_makes_the_config_invalid(tmp_path, tls_cert, broken):
+    cert, key = tls_cert
+    other_key = tmp_path / "other.pem"
+    subprocess.run(["openssl", "genrsa", "-out", str(other_key), "2048"], check=True, capture_output=True)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    cert_file, key_file = {
+        "missing": (tmp_path / "nowhere.pem", key),
+        "not pem": (junk, key),
+        "wrong key": (cert, other_key),
+    }[broken]
+    config = gateway_config([("http://127.0.0.1:9", 1)])
+    config["listen"]["tls"] = {"cert_file": str(cert_file), "key_file": str(key_file)}
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "listen.tls" in done.stderr and f"cannot load {cert_file}" in done.stderr, done.stderr

@@ -4,6 +4,8 @@ config time."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import ssl
 import subprocess
 import sys
@@ -15,7 +17,9 @@ import pytest
 import tritonclient.grpc as triton_grpc
 import yaml
 
+from tests.eventually import eventually
 from tests.integration.servers import gateway_config, http_get
+from tests.integration.test_backpressure import clear_the_fault, hang_the_backend, wait_for_hanging
 
 pytestmark = pytest.mark.anyio
 INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
@@ -112,3 +116,24 @@ def test_a_certificate_that_cannot_serve_makes_the_config_invalid(tmp_path, tls_
     )
     assert done.returncode == 2, done.stderr
     assert "listen.tls" in done.stderr and f"cannot load {cert_file}" in done.stderr, done.stderr
+
+
+async def test_sigterm_drains_a_tls_gateway_and_its_plain_admin_listener_answers_throughout(
+    start_sim, start_gateway, tls_cert
+):
+    cert, key = tls_cert
+    sim = start_sim(slots=1, base_ms=5)
+    gateway = start_gateway(tls_config(sim, cert, key))
+    await hang_the_backend(sim)
+    async with aiohttp.ClientSession() as http:
+        url = gateway.url + "/v2/models/sim/infer"
+        held = asyncio.ensure_future(http.post(url, json=INFER, ssl=trusting(cert)))
+        await wait_for_hanging(sim, 1)
+        gateway.signal(signal.SIGTERM)
+        await eventually(
+            lambda: http_get(gateway.admin_url + "/readyz")[0] == 503, what="/readyz 503 while draining"
+        )
+        await clear_the_fault(sim)
+        async with await held as reply:
+            assert reply.status == 200
+    assert await asyncio.to_thread(gateway.wait, 15) == 0

@@ -24,6 +24,7 @@ from typing import Protocol
 
 from gateway.flow.controller import AdmissionController
 from gateway.flow.drain import DRAINING_RETRY_S, Drain
+from gateway.flow.queued_requests import QueuedRequest, QueuedRequests
 from gateway.flow.verdicts import Lease, Refusal
 from gateway.queues.base import STORE_PROBE_INTERVAL_S, Batching, Flow, Slot
 from gateway.telemetry.access_log import AccessRecord
@@ -102,6 +103,8 @@ class Admission:
         self.drain = drain
         self.no_backend_retry_s = no_backend_retry_s
         self._ready_again_in_s = ready_again_in_s
+        self.queued = QueuedRequests()
+        """The requests queued here, by id (the status page looks them up)."""
 
     def no_backend_retry(self, pool: ModelPool) -> float:
         """Retry-After when no backend of `pool` is ready: when one may be again, if known."""
@@ -133,7 +136,7 @@ class AdmittedCall:
 
     __slots__ = (
         "_access", "_admission", "_batching", "_body_bytes", "_cost", "_ingress", "_kind", "_meta", "_pool",
-        "_released", "_slot", "_work",
+        "_queued", "_released", "_slot", "_work",
     )  # fmt: skip
 
     def __init__(
@@ -167,6 +170,7 @@ class AdmittedCall:
         self._ingress = ingress
         self._slot: Slot | None = None
         self._released = False
+        self._queued: QueuedRequest | None = None
 
     async def run(self) -> None:
         """Admit, wait, relay, release; count the outcome."""
@@ -191,12 +195,14 @@ class AdmittedCall:
                     self._kind,
                 )
             except BaseException as error:
+                self._left_queue()
                 self._close()  # granted (perhaps started from the hook), then cancelled before it ran
                 if not (isinstance(error, asyncio.CancelledError) and admission.drain.absorb_cut()):
                     self._count(Outcome.CLIENT_DISCONNECTED)  # it left without an answer of ours
                     raise
                 refusal = Refusal(Outcome.DRAINING, DRAINING_RETRY_S)  # cut by the drain while queued
             else:
+                self._left_queue()
                 if isinstance(lease, Lease):  # its hook ran, at the grant or at once (see acquire)
                     outcome = Outcome.CLIENT_DISCONNECTED  # unless the relay returns: nobody was answered
                     try:
@@ -231,7 +237,25 @@ class AdmittedCall:
         """Called once the request is queued, and awaited until it leaves the queue: its work gets
         ready meanwhile, and the wait ends early if the client goes away."""
         self._work.prepare()
+        if (access := self._access) is not None:
+            meta = self._meta
+            self._queued = QueuedRequest(
+                access.request_id,
+                self._pool.name,
+                meta.band,
+                meta.priority,
+                meta.flow_tenant,
+                self._cost,
+                self._admission.controller.clock(),
+                meta.budget_s,
+            )
+            self._admission.queued.add(self._queued)
         return self._ingress.until_disconnect()
+
+    def _left_queue(self) -> None:
+        if self._queued is not None:
+            self._admission.queued.discard(self._queued)
+            self._queued = None
 
     def _count(self, outcome: Outcome) -> None:
         self._admission.metrics.count(self._pool.name, self._meta.priority, outcome)

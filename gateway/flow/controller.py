@@ -77,7 +77,7 @@ class AdmissionController:
         self._max_wait_s = [p.max_wait_ms / 1000 for p in priorities]
         self._metrics = metrics
         self._admission = admission
-        self._clock = clock
+        self._clock = self.clock = clock
         self._jitter = jitter
         self._models: dict[str, ModelAdmission] = {}
         self._rates_seen_s = rates_seen_s

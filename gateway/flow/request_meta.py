@@ -44,6 +44,8 @@ class RequestClassifier:
         self._tenants_by_digest = settings.api_key_digests()
         self._tenants_by_name = {} if self._tenants_by_digest else {t.name: t for t in settings.tenants}
         self._priority_limit = settings.limits.max_priority_header_bytes
+        self.keyed = bool(self._tenants_by_digest)
+        """Tenants are told apart by their keys (every caller needs one)."""
 
     def classify(self, headers: list[tuple[bytes, bytes]]) -> RequestMeta | Problem:
         priority = authorization = tenant_name = timeout = None

@@ -24,6 +24,7 @@ from gateway.flow.drain import Drain
 from gateway.flow.queued_bytes import QueuedBytes
 from gateway.flow.readiness import Readiness
 from gateway.flow.request_meta import RequestClassifier
+from gateway.flow.status import StatusBoard
 from gateway.flow.windows import WindowClock
 from gateway.http.batches import Batches
 from gateway.http.hot_routes import InferenceRoutes
@@ -31,6 +32,7 @@ from gateway.http.intake import Intake
 from gateway.http.kserve import InferEndpoint, ModelPassthrough, kserve_routes
 from gateway.http.openai import OpenAIEndpoint, openai_routes
 from gateway.http.ops import health_route, ops_routes
+from gateway.http.status import request_status_route, status_routes
 from gateway.programs.runtime import Runtime, running, supervisors_of
 from gateway.queues.configured import configured_store
 from gateway.settings import Settings
@@ -198,14 +200,19 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp
         return JSONResponse(error, status_code=status, headers=allow)  # a 405's Allow
 
     errors = {404: not_found, 405: not_found}
-    ops = ops_routes(rt.readiness, rt.metrics.registry)
+    board = status_board(settings, rt)
+    queued = rt.admission.queued
+    ops = [*ops_routes(rt.readiness, rt.metrics.registry), *status_routes(board)]
     client_routes = [
         *kserve_routes(rt.readiness, passthrough),
         *openai_routes(rt.pools, classifier),
         health_route(),
+        request_status_route(board, queued, classifier),
     ]
     if settings.admin_listen is None:
         client_routes += ops
+    else:
+        ops.append(request_status_route(board, queued, None))  # operators find every request
     app = _GatewayApp(routes=client_routes, lifespan=lifespan, exception_handlers=errors)
     app.inference = (InferEndpoint(intake), OpenAIEndpoint(intake))
     if settings.admin_listen is None:
@@ -232,6 +239,22 @@ def grpc_listener_of(settings: Settings, rt: Runtime, intake: Intake) -> GrpcLis
         no_backend_retry_s=rt.admission.no_backend_retry_s,
     )
     return GrpcListener(settings.grpc_listen, service, max_message_bytes=settings.limits.max_body_bytes)
+
+
+def status_board(settings: Settings, rt: Runtime) -> StatusBoard:
+    return StatusBoard(
+        list(rt.pools.values()),
+        [p.name for p in settings.priorities],
+        rt.store,
+        rt.metrics.recent,
+        rt.admission.queued,
+        store_kind=settings.store.kind,
+        replicas=settings.store.replicas,
+        config_hash=settings.config_hash(),
+        quotas=settings.quotas(),
+        draining=lambda: rt.drain.draining,
+        clock=rt.clock,
+    )
 
 
 class ByListener:

@@ -98,6 +98,11 @@ class Settings(Frozen):
     shutdown: Shutdown = Shutdown()
     access_log: AccessLog = AccessLog()
 
+    def config_hash(self) -> str:
+        """A digest of the settings as loaded (keys digested too), the same for the same config on
+        every replica: what the status page shows, to tell replicas' configs apart."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+
     @model_validator(mode="after")
     def _cross_references(self) -> Settings:
         class_names = [p.name for p in self.priorities]

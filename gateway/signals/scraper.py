@@ -233,6 +233,7 @@ class SignalBoard:
                 backend.reported_waiting = reading.waiting
                 backend.reported_running = reading.running
                 backend.signal_up = True
+                backend.scraped_at = now
                 if signal.engine is not None and self.on_engine_sample is not None:
                     await self.on_engine_sample(pool, backend, signal.engine)
                 self._on_backend_signal(pool.name)

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.telemetry.recent import REFUSALS, RecentRefusals
 from gateway.upstream.backends import ModelPool
 from policies.circuit import CircuitState
 from policies.fairness import shares as fair_shares
@@ -143,6 +144,8 @@ class GatewayMetrics:
         )
         # Label children by label values: `.labels()` takes a lock and validates on every call.
         self._children: dict[tuple[object, ...], Any] = {}
+        self.recent = RecentRefusals()
+        """The last minute's refusals and the last advice, for the status page."""
 
     def _child(self, metric: Counter | Gauge | Histogram, *values: str) -> Any:
         key = (metric, *values)
@@ -153,6 +156,8 @@ class GatewayMetrics:
 
     def count(self, model: str, priority: str, outcome: Outcome) -> None:
         self._child(self.requests, model, priority, outcome.value).inc()
+        if outcome in REFUSALS:
+            self.recent.count(model, priority, outcome.value)
 
     def count_retry(self, model: str, priority: str) -> None:
         self._child(self.retries, model, priority).inc()
@@ -189,6 +194,7 @@ class GatewayMetrics:
 
     def observe_retry_after(self, model: str, priority: str, seconds: float) -> None:
         self._child(self.retry_after, model, priority).observe(seconds)
+        self.recent.advised(model, priority, seconds)
 
     def watch_pools(
         self,

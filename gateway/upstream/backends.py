@@ -37,6 +37,8 @@ class BackendState:
     signal_up: bool = False
     reported_waiting: float = 0.0
     reported_running: float | None = None
+    scraped_at: float | None = None
+    """When its metrics were last read (the gateway's clock); None before the first reading."""
     max_batch_size: int = 0
     dynamic_batching: bool | None = None
     """Whether its model batches requests itself (a Triton model's dynamic batcher); None until read."""

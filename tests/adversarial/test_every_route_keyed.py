@@ -35,6 +35,9 @@ OPEN_ROUTES = {
     "/v2/health/live": "KServe v2 server liveness: one boolean, no model, probed before any call",
     "/v2/health/ready": "KServe v2 server readiness: one boolean, no model, probed before any call",
     "/v2": "KServe v2 server metadata: the gateway's name and version, nothing about the models",
+    "/status": "the operators' page, where /metrics is (on the admin listener with admin_listen)",
+    "/status.json": "the operators' page as JSON, where /metrics is",
+    "/status/stream": "the operators' page as a stream, where /metrics is",
 }
 """Routes a caller without a key may use with tenants configured, and why: none names a model."""
 
@@ -72,6 +75,8 @@ class Served:
                 return model
             if name == "version":
                 return "1"
+            if name == "request_id":
+                return "no-such-request"
             raise AssertionError(f"the sweep cannot fill {{{name}}} in {self.template}: teach it")
 
         return _PARAM.sub(fill, self.template)
@@ -142,6 +147,8 @@ def request(base_url: str, method: str, route: Served, model: str | None, header
     try:
         connection.request(method, path, body=body, headers={**headers, "Content-Type": "application/json"})
         reply = connection.getresponse()
+        if reply.status == 200 and reply.getheader("content-type", "").startswith("text/event-stream"):
+            return Answer(reply.status, reply.read1(), None)  # an endless stream: its first event
         return Answer(reply.status, reply.read(), reply.getheader("content-length"))
     finally:
         connection.close()
@@ -172,7 +179,9 @@ def test_the_sweep_sees_every_kind_of_route():
     for template in INFER_ROUTES:  # the listing is the matcher's, not a copy that drifted
         assert v2_infer_params(Served(template, frozenset()).path(KNOWN)) is not None, template
     assert {route.model_in for route in ROUTES} == {"path", "body", None}
-    assert {route.template for route in ADMIN_ROUTES} == {"/healthz", "/readyz", "/metrics"}
+    assert {route.template for route in ADMIN_ROUTES} == {
+        "/healthz", "/readyz", "/metrics", "/status", "/status.json", "/status/stream"
+    }  # fmt: skip
     assert set(CLIENT_ROUTES) <= set(ROUTES)
 
 
@@ -212,6 +221,8 @@ def test_without_tenants_every_route_serves_whatever_the_authorization(gateways,
                 answer = request(open_gateway.url, method, route, model, headers)
                 if model == UNKNOWN:
                     assert (answer.status, answer.reason(route.template)) == (404, "unknown_model"), where
+                elif route.template == "/status/requests/{request_id}":  # served: no such request queued
+                    assert (answer.status, answer.reason(route.template)) == (404, "not_queued"), where
                 else:
                     assert answer.status == 200, f"{where} {headers}: {answer}"
 

@@ -11,6 +11,7 @@ Every target sits in front of a fresh simulated backend of 8 slots x 40 ms (capa
   less the service time, 960 ms (HAProxy has one queue timeout per backend, so the high class
   relies on its priority), one thread like the gateway's one process;
 - gateway: this project, in-memory store;
+- status-polled: the gateway while an operator's page polls its /status.json twice a second;
 - grpc: the same gateway, loaded over gRPC (KServe v2 `ModelInfer`, loadtests.grpc_load) on its
   `grpc_listen`, the class and budget as metadata;
 - passthrough: a bare uvicorn + aiohttp pass-through (loadtests/passthrough.py), the floor of the
@@ -47,8 +48,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +59,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.grpc_load import run_grpc
 from loadtests.openloop import MIX, ClassSummary, poisson_schedule, run, run_fast, summarize
-from tests.integration.servers import Gateway, ServerProcess, Sim, gateway_config
+from tests.integration.servers import Gateway, ServerProcess, Sim, gateway_config, http_get
 from tests.redis_server import RedisServer
 
 SLOTS, SERVICE_MS = 8, 40
@@ -203,7 +205,7 @@ class PassThroughProcess(ServerProcess):
         )
 
 
-TARGETS = ("direct", "passthrough", "haproxy", "gateway", "grpc", "floor", "instant-shed")
+TARGETS = ("direct", "passthrough", "haproxy", "gateway", "status-polled", "grpc", "floor", "instant-shed")
 
 
 def is_target(name: str) -> bool:
@@ -242,6 +244,28 @@ def start_target(
     return [g.url for g in gateways], [*gateways, *redis]
 
 
+@contextlib.contextmanager
+def polling(url: str | None, interval_s: float = 0.5) -> Iterator[None]:
+    """GET `url` every `interval_s` while the block runs (a status page left open), from a thread."""
+    if url is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(interval_s):
+            with contextlib.suppress(OSError):
+                http_get(url)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        poller.join(5)
+
+
 def run_one(
     scenario: Scenario,
     target: str,
@@ -264,7 +288,8 @@ def run_one(
         pids = [server.process.pid for server in servers]
         before_cpu, before_busy = sum(map(cpu_seconds, pids)), sim.reset()["busy_slot_s"]
         started = time.monotonic()
-        outcomes = run_fast(load(urls, schedule))
+        with polling(urls[0] + "/status.json" if target == "status-polled" else None):
+            outcomes = run_fast(load(urls, schedule))
         cpu_s = sum(map(cpu_seconds, pids)) - before_cpu
         elapsed_s = time.monotonic() - started
         after = sim.stats()

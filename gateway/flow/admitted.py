@@ -18,6 +18,7 @@ upstream work is gateway.upstream.exchange's. Neither is imported here.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,6 +30,7 @@ from gateway.flow.verdicts import Lease, Refusal
 from gateway.queues.base import STORE_PROBE_INTERVAL_S, Batching, Flow, Slot
 from gateway.telemetry.access_log import AccessRecord
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.backends import ModelPool
 from policies.outcomes import Outcome
 
@@ -135,8 +137,21 @@ class AdmittedCall:
     """One request holding (or waiting for) a backend slot. Use it once: `await call.run()`."""
 
     __slots__ = (
-        "_access", "_admission", "_batching", "_body_bytes", "_cost", "_ingress", "_kind", "_meta", "_pool",
-        "_queued", "_released", "_slot", "_work",
+        "_access",
+        "_admission",
+        "_batching",
+        "_body_bytes",
+        "_cost",
+        "_granted_ns",
+        "_ingress",
+        "_kind",
+        "_meta",
+        "_pool",
+        "_queued",
+        "_released",
+        "_slot",
+        "_trace",
+        "_work",
     )  # fmt: skip
 
     def __init__(
@@ -152,12 +167,14 @@ class AdmittedCall:
         batching: Batching | None = None,
         kind: str = "",
         access: AccessRecord | None = None,
+        trace: RequestTrace | None = None,
     ) -> None:
         """`body_bytes`: the request's body, which this replica holds while the request is queued;
         `cost`: its work units (1, its batch items, or its tokens, as its model prices requests);
         `batching`: what it may share a slot with (its work then serves a batch); `kind`: its kind
         of request (policies.request_kinds), whose service times admission reads for it; `access`:
-        its access line's record, told how it ended."""
+        its access line's record, told how it ended; `trace`: its trace, given its admission and
+        queue wait."""
         self._access = access
         self._admission = admission
         self._batching = batching
@@ -171,10 +188,15 @@ class AdmittedCall:
         self._slot: Slot | None = None
         self._released = False
         self._queued: QueuedRequest | None = None
+        self._trace = trace
+        self._granted_ns = 0
+        """When its slot was granted (traced requests only): where its queue wait ends."""
 
     async def run(self) -> None:
         """Admit, wait, relay, release; count the outcome."""
         admission, pool = self._admission, self._pool
+        started_ns = time.time_ns() if self._trace is not None else 0
+        traced = False
         if self._meta.retry:
             admission.metrics.count_retry(pool.name, self._meta.priority)
         if admission.drain.draining:
@@ -203,6 +225,9 @@ class AdmittedCall:
                 refusal = Refusal(Outcome.DRAINING, DRAINING_RETRY_S)  # cut by the drain while queued
             else:
                 self._left_queue()
+                if self._trace is not None:
+                    traced = True
+                    self._traced(started_ns, lease)
                 if isinstance(lease, Lease):  # its hook ran, at the grant or at once (see acquire)
                     outcome = Outcome.CLIENT_DISCONNECTED  # unless the relay returns: nobody was answered
                     try:
@@ -222,6 +247,8 @@ class AdmittedCall:
                 elif refusal.outcome is Outcome.STORE_UNAVAILABLE and refusal.retry_after_s is None:
                     # Its wait ended as the shared store went away: back once the store is probed.
                     refusal = Refusal(Outcome.STORE_UNAVAILABLE, STORE_PROBE_INTERVAL_S)
+        if self._trace is not None and not traced:
+            self._traced(started_ns, refusal)  # refused before admission was asked, or cut while queued
         self._count(refusal.outcome)  # before the answer: whoever reads the answer sees it counted
         if self._access is not None and refusal.rule is not None:
             self._access.rule = refusal.rule
@@ -252,6 +279,33 @@ class AdmittedCall:
             self._admission.queued.add(self._queued)
         return self._ingress.until_disconnect()
 
+    def _traced(self, started_ns: int, verdict: Lease | Refusal) -> None:
+        """The admission decision and the queue wait, as spans of the request's trace."""
+        assert self._trace is not None
+        meta = self._meta
+        attributes: dict[str, object] = {
+            "gateway.model": self._pool.name,
+            "gateway.class": meta.priority,
+            "gateway.tenant": meta.flow_tenant or "-",
+            "gateway.cost": self._cost,
+        }
+        now_ns = time.time_ns()
+        if isinstance(verdict, Refusal):
+            attributes["gateway.decision"] = "refused"
+            attributes["gateway.reason"] = verdict.outcome.value
+            if verdict.rule is not None:
+                attributes["gateway.rule"] = verdict.rule
+            if verdict.retry_after_s is not None:
+                attributes["gateway.retry_after_s"] = verdict.retry_after_s
+            self._trace.admission(attributes, refused=True, started_ns=started_ns)
+            return
+        attributes["gateway.decision"] = "admitted"
+        granted_ns = self._granted_ns or now_ns
+        queued_ns = max(started_ns, granted_ns - int(verdict.queue_wait_s * 1e9))
+        self._trace.admission(attributes, refused=False, started_ns=started_ns, ended_ns=queued_ns)
+        if verdict.queue_wait_s > 0:
+            self._trace.queued(queued_ns, granted_ns)
+
     def _left_queue(self) -> None:
         if self._queued is not None:
             self._admission.queued.discard(self._queued)
@@ -265,6 +319,8 @@ class AdmittedCall:
     def _granted(self, slot: Slot) -> None:
         """The grant hook: runs inside the store's grant, before this call's task does."""
         self._slot = slot
+        if self._trace is not None:
+            self._granted_ns = time.time_ns()
         self._work.on_done = self._release
         self._work.start_at_grant(slot)
 

@@ -24,6 +24,7 @@ from gateway.grpc.answer import GrpcAnswer
 from gateway.grpc.status import GrpcError, outcome_error
 from gateway.grpc.tensors import TensorError, batch_size, request_body
 from gateway.telemetry.access_log import AccessLog, AccessRecord
+from gateway.telemetry.tracing import RequestTrace, Tracing
 from gateway.tensors.batch import HEADER_LENGTH
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.exchange import Forwarder, UpstreamRequest
@@ -32,6 +33,7 @@ from policies.request_kinds import request_kind
 
 Headers = list[tuple[bytes, bytes]]
 
+SERVICE = "inference.GRPCInferenceService"
 ROUTE = "grpc.infer"
 """The access log's route of a gRPC inference."""
 
@@ -64,20 +66,26 @@ class GrpcInference:
         admission: Admission,
         forwarder: Forwarder,
         access: AccessLog | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._pools = pools
         self._classifier = classifier
         self._admission = admission
         self._forwarder = forwarder
         self._access = access
+        self._tracing = tracing
 
     async def infer(self, request: Any, headers: Headers, time_left_s: float | None) -> Answered:
         """Admit and run one inference, counted in the drain from here to its answer."""
         drain = self._admission.drain
         drain.started()
         record = self._record(headers)
+        trace = None
+        if self._tracing is not None:
+            attributes = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": "ModelInfer"}
+            trace = self._tracing.request(f"{SERVICE}/ModelInfer", headers, attributes)
         try:
-            answered = await self._infer(request, headers, time_left_s, record)
+            answered = await self._infer(request, headers, time_left_s, record, trace)
         except asyncio.CancelledError:
             if not drain.absorb_cut():
                 raise
@@ -91,6 +99,9 @@ class GrpcInference:
         if record is not None and self._access is not None:
             _note(record, answered)
             self._access.write(record)
+        if trace is not None:
+            code = answered.result.code if isinstance(answered.result, GrpcError) else None
+            trace.end({"rpc.grpc.status_code": 0 if code is None else code.value[0]})
         return answered
 
     def _record(self, headers: Headers) -> AccessRecord | None:
@@ -100,7 +111,12 @@ class GrpcInference:
         return self._access.begin(sent, "RPC", ROUTE)
 
     async def _infer(
-        self, request: Any, headers: Headers, time_left_s: float | None, record: AccessRecord | None
+        self,
+        request: Any,
+        headers: Headers,
+        time_left_s: float | None,
+        record: AccessRecord | None,
+        trace: RequestTrace | None,
     ) -> Answered:
         meta = self._classifier.classify(headers)
         if isinstance(meta, Problem):
@@ -140,6 +156,7 @@ class GrpcInference:
         del body
         admission = self._admission
         work = self._forwarder.exchange(pool, upstream, meta.budget_s)
+        work.trace = trace
         answer = GrpcAnswer(work, admission.drain, admission.no_backend_retry_s)
         kind = request_kind("infer", False, cost)
         call = AdmittedCall(
@@ -152,6 +169,7 @@ class GrpcInference:
             cost=cost,
             kind=kind,
             access=record,
+            trace=trace,
         )
         await call.run()
         return Answered(answer.result, (answer.timing,) if answer.timing is not None else ())

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from urllib.parse import quote
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.errors import ErrorStyle
 from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
@@ -24,6 +24,7 @@ from gateway.http.batches import Batches, BatchRelay
 from gateway.http.relay import Relay, StreamRewrite, send_error
 from gateway.queues.base import Batching
 from gateway.telemetry.access_log import AccessLog
+from gateway.telemetry.tracing import RequestTrace, Tracing
 from gateway.tensors.batch import Part
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.client import HeaderRules, upstream_request_headers
@@ -34,6 +35,8 @@ from policies.request_kinds import request_kind
 
 ACCESS_RECORD = "gateway.access"
 """The scope key of the request's access record (gateway.telemetry.access_log.AccessRecord)."""
+TRACE = "gateway.trace"
+"""The scope key of the request's trace (gateway.telemetry.tracing.RequestTrace)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,8 @@ class Intake:
     batches: Batches
     access: AccessLog | None = None
     """Writes each request's access line (None: off)."""
+    tracing: Tracing | None = None
+    """Starts each request's trace (None: off)."""
 
 
 class AdmittedEndpoint:
@@ -67,6 +72,14 @@ class AdmittedEndpoint:
         if access is not None:
             record = scope[ACCESS_RECORD] = access.start(scope, self.route(scope))
             send = access.watch(record, send)
+        trace = None
+        if (tracing := self.intake.tracing) is not None:
+            trace = scope[TRACE] = tracing.request(
+                f"{scope['method']} {self.route(scope)}",
+                scope["headers"],
+                {"http.request.method": scope["method"], "url.path": scope["path"]},
+            )
+            send = _noting_status(trace, send)
         try:
             await self.serve(scope, receive, send)
         except asyncio.CancelledError:
@@ -81,6 +94,8 @@ class AdmittedEndpoint:
             drain.finished()
             if record is not None and access is not None:
                 access.write(record)
+            if trace is not None:
+                trace.end({})
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         raise NotImplementedError
@@ -131,6 +146,7 @@ class AdmittedEndpoint:
         if (record := scope.get(ACCESS_RECORD)) is not None:
             record.asks(pool.name, meta.priority, meta.tenant or "", cost)
         intake.admission.metrics.observe_cost(pool.name, cost)
+        trace = scope.get(TRACE)
         in_body = self.style is ErrorStyle.OPENAI
         request = partial(
             upstream_request, scope, body, intake.header_rules, model_in_body=in_body, priority=meta.priority
@@ -153,13 +169,35 @@ class AdmittedEndpoint:
                 batching=shares,
                 kind=kind,
                 access=record,
+                trace=trace,
             )
             return call.run()
         work = intake.forwarder.exchange(pool, request, meta.budget_s)
+        work.trace = trace
         relay = Relay(receive, send, self.style, work, drain, retry_s, observe, rewrite_stream)
         return AdmittedCall(
-            admission, pool, meta, work, relay, body_bytes=len(body), cost=cost, kind=kind, access=record
+            admission,
+            pool,
+            meta,
+            work,
+            relay,
+            body_bytes=len(body),
+            cost=cost,
+            kind=kind,
+            access=record,
+            trace=trace,
         ).run()
+
+
+def _noting_status(trace: RequestTrace, send: Send) -> Send:
+    """`send`, telling the trace the answer's status as it starts."""
+
+    async def noted(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            trace.status(message["status"])
+        await send(message)
+
+    return noted
 
 
 # RFC 3986 path characters that need no escape (quote() keeps letters, digits and "_.-~" too).

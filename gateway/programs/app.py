@@ -41,6 +41,7 @@ from gateway.supervision import Supervisor
 from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.scaling import ScalingHints
+from gateway.telemetry.tracing import tracing_from_environment
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.client import HeaderRules
 from gateway.upstream.discovery import TritonDiscovery
@@ -150,6 +151,7 @@ def build_runtime(
         readiness=Readiness(pools, drain, supervisors),
         supervisor=supervisor,
         clock=clock,
+        tracing=tracing_from_environment(),
     )
 
 
@@ -168,6 +170,7 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp
         access=AccessLog(settings.access_log.format, settings.access_log.max_lines_per_s)
         if settings.access_log.enabled
         else None,
+        tracing=rt.tracing,
     )
     passthrough = ModelPassthrough(
         rt.pools,
@@ -228,7 +231,9 @@ def grpc_listener_of(settings: Settings, rt: Runtime, intake: Intake) -> GrpcLis
     from gateway.grpc.service import InferenceService
 
     assert settings.grpc_listen is not None
-    inference = GrpcInference(rt.pools, intake.classifier, rt.admission, rt.forwarder, intake.access)
+    inference = GrpcInference(
+        rt.pools, intake.classifier, rt.admission, rt.forwarder, intake.access, intake.tracing
+    )
     service = InferenceService(
         inference,
         rt.pools,

@@ -8,6 +8,7 @@ metric scrapes) is opened by `running`, and it is passed to the loops that use i
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +27,7 @@ from gateway.signals.scraper import SignalBoard
 from gateway.supervision import Supervisor
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.scaling import ScalingHints
+from gateway.telemetry.tracing import Tracing
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.client import create_session
 from gateway.upstream.discovery import TritonDiscovery
@@ -56,6 +58,8 @@ class Runtime:
     supervisor: Supervisor
     """Runs the app's loops (health, discovery, scrapers, hints); the store may run its own."""
     clock: Callable[[], float] = time.monotonic
+    tracing: Tracing | None = None
+    """Traces, where the environment names an OTLP endpoint (gateway.telemetry.tracing)."""
 
     @property
     def ready(self) -> bool:
@@ -101,3 +105,5 @@ async def running(rt: Runtime) -> AsyncIterator[None]:
         await rt.store.stop()
         await session.close()
         await rt.upstream.close()
+        if rt.tracing is not None:
+            await asyncio.to_thread(rt.tracing.shutdown)  # sends the spans still held

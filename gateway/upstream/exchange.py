@@ -129,10 +129,12 @@ class UpstreamExchange:
         "_pool",
         "_prepared",
         "_request",
+        "_traced_wire",
         "elapsed_s",
         "on_done",
         "reply",
         "started_at",
+        "trace",
     )
 
     def __init__(
@@ -157,6 +159,9 @@ class UpstreamExchange:
         self._body_in_wire = 0
         """The body's length when it is held only at the end of the prepared wire."""
         self.on_done: Callable[[float | None], None] | None = None
+        self.trace: UpstreamTrace | None = None
+        """Where the request is traced: the upstream call becomes a span, its context sent along."""
+        self._traced_wire: bytes | None = None
         self.reply: Reply | None = None
         """Set once the request is sent (or being sent)."""
         self.started_at = 0.0
@@ -184,7 +189,7 @@ class UpstreamExchange:
         """The slot is this request's: send at once when a pooled connection to its backend is idle."""
         self._backend = backend = slot.backend
         origin = origin_of(backend.url, backend.connection)
-        self._forwarder.client.try_send(origin, self._wire(backend), self._new_reply)
+        self._forwarder.client.try_send(origin, self._sent_wire(backend), self._new_reply)
 
     async def start(self) -> Reply:
         """Send on a pooled or new connection (after `start_at_grant` found none idle)."""
@@ -192,7 +197,7 @@ class UpstreamExchange:
         reply = self._new_reply()
         try:
             await self._forwarder.client.send(
-                origin_of(backend.url, backend.connection), self._wire(backend), reply
+                origin_of(backend.url, backend.connection), self._sent_wire(backend), reply
             )
         except ConnectFailed as error:
             reply.abort(error)  # ends it now: the backend is marked unreachable, then the slot frees
@@ -247,10 +252,29 @@ class UpstreamExchange:
                     service_s = self.elapsed_s
             elif isinstance(reply.given_up, TimeoutError) and not isinstance(reply.given_up, BackendStalled):
                 service_s = self.elapsed_s  # cut short: the service took at least this long
+            if self.trace is not None:
+                failed = None if reply.complete else type(reply.error or reply.given_up).__name__
+                self.trace.upstream_ended(reply.status if reply.complete else None, failed)
         finally:  # whatever the bookkeeping raised, the backend is done: its slot goes back
             on_done, self.on_done = self.on_done, None  # once; and the exchange lets go of its caller
             if on_done is not None:
                 on_done(service_s)
+
+    def _sent_wire(self, backend: BackendState) -> bytes:
+        """The wire as sent: traced, it carries the upstream span's context as `traceparent` (in
+        place of the client's, which names the client's span, not the gateway's call)."""
+        wire = self._wire(backend)
+        if self.trace is None:
+            return wire
+        if self._traced_wire is None:
+            request = self._built()
+            attributes: dict[str, object] = {
+                "http.request.method": request.method,
+                "url.full": backend.url + request.path,
+            }
+            parent = self.trace.upstream_started(attributes)
+            self._traced_wire = with_field(wire, b"traceparent", parent.encode("ascii"))
+        return self._traced_wire
 
     def _wire(self, backend: BackendState) -> bytes:
         """The request as `backend` gets it (kept for the backend it was last made for).
@@ -280,6 +304,22 @@ class UpstreamExchange:
             request = self._request = self._build_request()
             self._build_request = None  # it holds the body, which the wire is to hold alone
         return request
+
+
+class UpstreamTrace(Protocol):
+    """The upstream call's span (gateway.telemetry.tracing.RequestTrace)."""
+
+    def upstream_started(self, attributes: dict[str, object]) -> str: ...
+    def upstream_ended(self, status: int | None, error: str | None = None) -> None: ...
+
+
+def with_field(wire: bytes, name: bytes, value: bytes) -> bytes:
+    """A serialized request with header field `name` set to `value` (any of the same name dropped)."""
+    head, blank, body = wire.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    prefix = name.lower() + b":"
+    kept = [lines[0], *(line for line in lines[1:] if not line.lower().startswith(prefix))]
+    return b"\r\n".join([*kept, name + b": " + value]) + blank + body
 
 
 def count_deadline(backend: BackendState, reply: Reply, in_time: bool, sent_at: float) -> None:

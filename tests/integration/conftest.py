@@ -22,8 +22,10 @@ class Launcher:
         self.started.append(sim)
         return sim
 
-    def gateway(self, config: dict[str, Any], *, wait_ready: bool = True) -> Gateway:
-        gateway = Gateway(self.log_dir, config)
+    def gateway(
+        self, config: dict[str, Any], *, wait_ready: bool = True, env: dict[str, str] | None = None
+    ) -> Gateway:
+        gateway = Gateway(self.log_dir, config, env=env)
         self.started.append(gateway)
         if wait_ready:
             gateway.wait_ready()

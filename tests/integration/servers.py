@@ -86,6 +86,7 @@ class ServerProcess:
         module: str = "gateway",
         extra: list[str] | None = None,
         python: str = sys.executable,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
@@ -95,7 +96,7 @@ class ServerProcess:
                 [*command, *args, *(extra or [])],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=_server_environment(),
+                env={**_server_environment(), **(env or {})},
             )
         self.url, self.metrics_url = self._wait_listening()
         self._wait_answering(ready_path)
@@ -227,12 +228,18 @@ def gateway_config(backends: list[tuple[str, int]], **overrides: Any) -> dict[st
 
 
 class Gateway(ServerProcess):
-    def __init__(self, log_dir: Path, config: dict[str, Any], *, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        config: dict[str, Any],
+        *,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.config_path = log_dir / f"gateway-{time.monotonic_ns()}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
-        super().__init__(
-            "gateway", ["serve", "--config", str(self.config_path)], log_dir, "/healthz", python=python
-        )
+        args = ["serve", "--config", str(self.config_path)]
+        super().__init__("gateway", args, log_dir, "/healthz", python=python, env=env)
 
     def _probed_url(self) -> str:
         # The admin listener where there is one: the client one may want a client certificate.

@@ -62,6 +62,8 @@ class SimApp:
         """The `priority` values inference requests carried (OpenAI's field, KServe's parameter),
         by their JSON text: what a gateway forwarded."""
         self._ids = 0
+        self.traceparents: collections.deque[str] = collections.deque(maxlen=64)
+        """The `traceparent` of the last inference requests that carried one (a gateway's call)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -71,6 +73,9 @@ class SimApp:
         if method == "POST" and (path.startswith("/v1/") or path.endswith("/infer")):
             faults = self.faults
             faults.received += 1
+            for name, value in scope["headers"]:
+                if name == b"traceparent":
+                    self.traceparents.append(value.decode("latin-1"))
             if faults.applies_to(path):
                 if not faults.fault.hang:
                     await _body(receive)
@@ -148,6 +153,7 @@ class SimApp:
             "busy_slot_s": stats.busy_slot_s,
             "faults": self.faults.stats(),
             "priorities": dict(self.priorities),
+            "traceparents": list(self.traceparents),
             **({} if self.continuous is None else {"continuous": _continuous_stats(self.continuous)}),
         }
 

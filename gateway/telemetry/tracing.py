@@ -1,0 +1,165 @@
+"""Traces (OpenTelemetry): one per request, in the client's trace when it sends `traceparent`.
+
+On when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` names
+an endpoint (OTLP over HTTP); the SDK reads the rest of the standard variables itself: the
+sampler (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`; parent-based always-on by default), the
+service name (`OTEL_SERVICE_NAME`, else "inference-gateway"), the batch processor's pace.
+
+A request's spans: its server span, from arrival to answer; `admission` (its class, tenant, cost,
+the decision, and for a refusal the reason, the rule and the Retry-After; a refusal's server span
+ends with status ERROR); `queue wait`, from admission to its grant; and the upstream call, a client
+span whose context the backend is sent as `traceparent`, so the backend's own spans are children
+of the gateway's call rather than of the client's request.
+
+Context is passed explicitly, never through context variables: a grant and its upstream send run
+inside another request's callback (the one that freed the slot), where the current context is
+that other request's. Every span here is started with its parent given, and its times where they
+were measured elsewhere (the queue wait is known once it is over).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, Tracer
+
+ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+SERVICE_NAME = "inference-gateway"
+
+
+def tracing_from_environment() -> Tracing | None:
+    """The gateway's tracing where the environment names an OTLP endpoint; None (off) otherwise."""
+    if not any(os.environ.get(name) for name in ENDPOINT_VARIABLES):
+        return None
+    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return None
+    # Imported only here: a gateway without tracing never loads the SDK.
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = Resource.create({} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": SERVICE_NAME})
+    provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    return Tracing(provider.get_tracer("inference-gateway"), provider)
+
+
+class Tracing:
+    """Starts each request's trace; `shutdown` sends what is left."""
+
+    def __init__(self, tracer: Tracer, provider: Any) -> None:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self._tracer = tracer
+        self._provider = provider
+        self._propagator = TraceContextTextMapPropagator()
+
+    def request(
+        self, name: str, headers: Iterable[tuple[bytes, bytes]], attributes: dict[str, Any]
+    ) -> RequestTrace:
+        """A request's trace, its server span started now, in the trace its `traceparent` names."""
+        from opentelemetry.trace import SpanKind
+
+        carrier = {}
+        for key, value in headers:
+            if key in (b"traceparent", b"tracestate"):
+                carrier[key.decode()] = value.decode("latin-1")
+        parent = self._propagator.extract(carrier) if carrier else None
+        span = self._tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+        return RequestTrace(self._tracer, self._propagator, span)
+
+    def shutdown(self) -> None:
+        self._provider.shutdown()
+
+
+class RequestTrace:
+    """One request's spans (see the module); each method is called at most once, in order."""
+
+    __slots__ = ("_context", "_propagator", "_server", "_tracer", "_upstream")
+
+    def __init__(self, tracer: Tracer, propagator: Any, server: Span) -> None:
+        from opentelemetry.trace import set_span_in_context
+
+        self._tracer = tracer
+        self._propagator = propagator
+        self._server = server
+        self._context: Context = set_span_in_context(server)
+        self._upstream: Span | None = None
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self._server.get_span_context().trace_flags.sampled)
+
+    def admission(
+        self, attributes: dict[str, Any], *, refused: bool, started_ns: int, ended_ns: int | None = None
+    ) -> None:
+        """The admission decision, from `started_ns` to `ended_ns` (now when not given)."""
+        span = self._tracer.start_span(
+            "admission", context=self._context, attributes=attributes, start_time=started_ns
+        )
+        span.end(end_time=None if ended_ns is None else max(started_ns, ended_ns))
+        if refused:
+            from opentelemetry.trace import Status, StatusCode
+
+            reason = str(attributes.get("gateway.reason", "refused"))
+            self._server.set_status(Status(StatusCode.ERROR, reason))
+
+    def queued(self, started_ns: int, ended_ns: int) -> None:
+        """The wait for a slot, from `started_ns` to its grant at `ended_ns`."""
+        span = self._tracer.start_span("queue wait", context=self._context, start_time=started_ns)
+        span.end(end_time=ended_ns)
+
+    def upstream_started(self, attributes: dict[str, object]) -> str:
+        """The upstream call starts now: its client span, and the `traceparent` its backend gets."""
+        from opentelemetry.trace import SpanKind, set_span_in_context
+
+        span = self._upstream = self._tracer.start_span(
+            f"{attributes.get('http.request.method', 'POST')} upstream",
+            context=self._context,
+            kind=SpanKind.CLIENT,
+            attributes=attributes,  # type: ignore[arg-type]  # values are strings and numbers
+        )
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier, context=set_span_in_context(span))
+        return carrier.get("traceparent", "")
+
+    def upstream_ended(self, status: int | None, error: str | None = None) -> None:
+        span = self._upstream
+        if span is None:
+            return
+        if status:
+            span.set_attribute("http.response.status_code", status)
+        if error is not None or (status is not None and status >= 500):
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR, error or str(status)))
+        span.end()
+        self._upstream = None
+
+    def status(self, code: int) -> None:
+        """The answer's HTTP status, as it starts (a 5xx is an error of the server span)."""
+        self._server.set_attribute("http.response.status_code", code)
+        if code >= 500:
+            from opentelemetry.trace import Status, StatusCode
+
+            self._server.set_status(Status(StatusCode.ERROR, str(code)))
+
+    def end(self, attributes: dict[str, Any], *, error: str | None = None) -> None:
+        """The answer is out (or the request ended without one)."""
+        self.upstream_ended(None, "abandoned")  # a call still open was cut short
+        if attributes:
+            self._server.set_attributes(attributes)
+        if error is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            self._server.set_status(Status(StatusCode.ERROR, error))
+        self._server.end()
+
+    @property
+    def trace_id(self) -> str:
+        return format(self._server.get_span_context().trace_id, "032x")

@@ -1,0 +1,177 @@
+"""Traces with a real OTLP/HTTP receiver the test runs (decoded with opentelemetry-proto): spans
+in the client's trace, the queue wait a span of its own, the backend told the gateway's upstream
+span as its parent, a refusal's span an error; over HTTP and gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import grpc
+import pytest
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from tests.eventually import eventually
+from tests.integration.servers import gateway_config
+from tests.integration.test_backpressure import (
+    clear_the_fault,
+    hang_the_backend,
+    wait_for_hanging,
+    wait_for_metric,
+)
+
+pytestmark = pytest.mark.anyio
+INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver on 127.0.0.1: the spans it was sent, by name."""
+
+    def __init__(self) -> None:
+        self.spans: list[trace_pb2.Span] = []
+        self.resources: list[dict[str, str]] = []
+
+    async def export(self, request: web.Request) -> web.Response:
+        message = trace_service_pb2.ExportTraceServiceRequest.FromString(await request.read())
+        for resource_spans in message.resource_spans:
+            attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+            self.resources.append(attributes)
+            for scope_spans in resource_spans.scope_spans:
+                self.spans.extend(scope_spans.spans)
+        body = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        return web.Response(body=body, content_type="application/x-protobuf")
+
+    def named(self, name: str) -> list[trace_pb2.Span]:
+        return [span for span in self.spans if span.name == name]
+
+    def in_trace(self, trace_id: str) -> dict[str, trace_pb2.Span]:
+        return {span.name: span for span in self.spans if span.trace_id.hex() == trace_id}
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
+    found = Receiver()
+    app = web.Application()
+    app.router.add_post("/v1/traces", found.export)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield found, f"http://127.0.0.1:{port}/v1/traces"
+    finally:
+        await runner.cleanup()
+
+
+def traced_env(endpoint: str) -> dict[str, str]:
+    return {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "50",  # export within 50 ms, so that the test waits little
+        "OTEL_SERVICE_NAME": "gateway-under-test",
+    }
+
+
+async def test_a_request_is_traced_in_the_clients_trace_with_its_queue_wait_and_its_upstream_call(
+    start_sim, start_gateway, receiver
+):
+    found, endpoint = receiver
+    sim = start_sim(slots=1, base_ms=20)
+    gateway = start_gateway(gateway_config([(sim.url, 1)]), env=traced_env(endpoint))
+    url = gateway.url + "/v2/models/sim/infer"
+    traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+    async with aiohttp.ClientSession() as http:
+        await hang_the_backend(sim)  # the first holds the slot, so that the traced one queues
+        first = asyncio.ensure_future(http.post(url, json=INFER))
+        await wait_for_hanging(sim, 1)
+        traced = asyncio.ensure_future(http.post(url, json=INFER, headers={"traceparent": traceparent}))
+        await wait_for_metric(gateway, "gateway_queue_depth", 1.0, priority="low")
+        await clear_the_fault(sim)
+        for reply in await asyncio.gather(first, traced):
+            assert reply.status == 200
+            reply.release()
+
+    def all_four() -> bool:
+        return {"POST infer", "admission", "queue wait", "POST upstream"} <= set(found.in_trace(CLIENT_TRACE))
+
+    await eventually(all_four, what="the request's four spans at the receiver")
+    spans = found.in_trace(CLIENT_TRACE)
+    server, admission, queue, upstream = (
+        spans[n] for n in ("POST infer", "admission", "queue wait", "POST upstream")
+    )
+    assert server.parent_span_id.hex() == CLIENT_SPAN and server.kind == trace_pb2.Span.SPAN_KIND_SERVER
+    for child in (admission, queue, upstream):
+        assert child.parent_span_id == server.span_id, child.name
+    assert upstream.kind == trace_pb2.Span.SPAN_KIND_CLIENT
+    decision = {a.key: a.value for a in admission.attributes}
+    assert decision["gateway.decision"].string_value == "admitted"
+    assert decision["gateway.class"].string_value == "low"
+    # The queue wait is its own span, ending before the upstream call starts.
+    assert queue.end_time_unix_nano - queue.start_time_unix_nano > 0
+    assert queue.end_time_unix_nano <= upstream.start_time_unix_nano
+    # The backend was told the gateway's upstream span as its parent, in the client's trace.
+    sent = [t for t in sim.stats()["traceparents"] if CLIENT_TRACE in t]
+    assert sent == [f"00-{CLIENT_TRACE}-{upstream.span_id.hex()}-01"]
+    assert found.resources[0]["service.name"] == "gateway-under-test"
+
+
+async def test_a_refused_request_is_an_error_span_with_its_reason_and_advice(
+    start_sim, start_gateway, receiver
+):
+    found, endpoint = receiver
+    sim = start_sim(slots=1, base_ms=400)
+    config = gateway_config([(sim.url, 1)], expected_service_ms=400)
+    config["priorities"] = [{"name": "high", "max_wait_ms": 50}, {"name": "low", "max_wait_ms": 50}]
+    config["grpc_listen"] = {"host": "127.0.0.1", "port": 0}
+    gateway = start_gateway(config, env=traced_env(endpoint))
+    async with aiohttp.ClientSession() as http:
+        replies = await asyncio.gather(
+            *(http.post(gateway.url + "/v2/models/sim/infer", json=INFER) for _ in range(4))
+        )
+        statuses = [r.status for r in replies]
+        for reply in replies:
+            reply.release()
+    assert 429 in statuses
+    async with grpc.aio.insecure_channel(gateway.grpc_target) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = service_pb2.ModelInferRequest(model_name="sim")
+        request.inputs.add(name="INPUT0", datatype="FP32", shape=[1]).contents.fp32_contents.append(1)
+        calls = await asyncio.gather(*(stub.ModelInfer(request) for _ in range(3)), return_exceptions=True)
+    assert any(isinstance(c, grpc.aio.AioRpcError) for c in calls)
+
+    def refused_spans() -> list:
+        refusals = [s for s in found.named("admission") if _attributes(s)["gateway.decision"] == "refused"]
+        assert len(refusals) >= 2
+        return refusals
+
+    await eventually(lambda: bool(refused_spans()), what="the refusals' admission spans")
+    servers = {s.span_id: s for s in found.spans if s.kind == trace_pb2.Span.SPAN_KIND_SERVER}
+    names = set()
+    for admission in refused_spans():
+        attributes = _attributes(admission)
+        assert attributes["gateway.reason"] in {"queue_full", "deadline_unmeetable"}
+        assert attributes["gateway.retry_after_s"] > 0
+        server = servers[admission.parent_span_id]
+        assert server.status.code == trace_pb2.Status.STATUS_CODE_ERROR
+        names.add(server.name)
+    assert names == {"POST infer", "inference.GRPCInferenceService/ModelInfer"}
+
+
+def _attributes(span: trace_pb2.Span) -> dict[str, object]:
+    found: dict[str, object] = {}
+    for attribute in span.attributes:
+        value = attribute.value
+        found[attribute.key] = getattr(value, value.WhichOneof("value"))
+    return found
+
+
+def test_traces_are_off_without_an_endpoint(tmp_path):
+    from gateway.telemetry.tracing import tracing_from_environment
+
+    assert tracing_from_environment() is None  # the suite sets no OTEL_EXPORTER_OTLP_* variable

@@ -11,6 +11,7 @@ Every target sits in front of a fresh simulated backend of 8 slots x 40 ms (capa
   less the service time, 960 ms (HAProxy has one queue timeout per backend, so the high class
   relies on its priority), one thread like the gateway's one process;
 - gateway: this project, in-memory store;
+- traced: the gateway tracing 10% of requests (OpenTelemetry, OTLP/HTTP to loadtests.otlp_sink);
 - status-polled: the gateway while an operator's page polls its /status.json twice a second;
 - grpc: the same gateway, loaded over gRPC (KServe v2 `ModelInfer`, loadtests.grpc_load) on its
   `grpc_listen`, the class and budget as metadata;
@@ -205,7 +206,19 @@ class PassThroughProcess(ServerProcess):
         )
 
 
-TARGETS = ("direct", "passthrough", "haproxy", "gateway", "status-polled", "grpc", "floor", "instant-shed")
+class OtlpSink(ServerProcess):
+    """loadtests.otlp_sink: where the traced target sends its spans (its CPU is not the gateway's)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        port = free_port()
+        super().__init__(
+            "otlp-sink", [], log_dir, "/", module="loadtests.otlp_sink", extra=["--port", str(port)]
+        )
+
+
+TARGETS = (
+    "direct", "passthrough", "haproxy", "gateway", "traced", "status-polled", "grpc", "floor", "instant-shed"
+)  # fmt: skip
 
 
 def is_target(name: str) -> bool:
@@ -232,6 +245,16 @@ def start_target(
         gateway = Gateway(log_dir, config, python=python)
         gateway.wait_ready()
         return [gateway.grpc_target], [gateway]
+    if target == "traced":
+        sink = OtlpSink(log_dir)
+        env = {
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": sink.url + "/v1/traces",
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.1",
+        }
+        gateway = Gateway(log_dir, config, python=python, env=env)
+        gateway.wait_ready()
+        return [gateway.url], [gateway, sink]
     replicas = 1
     redis: list[Any] = []
     if target.startswith("redis"):  # redis1, redis3: replicas sharing one Redis
@@ -281,11 +304,14 @@ def run_one(
     try:
         if cores is not None:
             for server in servers:
-                cores.pin_under_test(server.process.pid)
+                if not isinstance(
+                    server, OtlpSink
+                ):  # the receiver runs beside the load, off the gateway's core
+                    cores.pin_under_test(server.process.pid)
         schedule = poisson_schedule(CAPACITY_RPS * scenario.load, scenario.duration_s, seed=seed)
         load = run_grpc if target == "grpc" else run
         run_fast(load(urls, poisson_schedule(50, 0.5, seed=seed + 1)))  # warm the connections
-        pids = [server.process.pid for server in servers]
+        pids = [server.process.pid for server in servers if not isinstance(server, OtlpSink)]
         before_cpu, before_busy = sum(map(cpu_seconds, pids)), sim.reset()["busy_slot_s"]
         started = time.monotonic()
         with polling(urls[0] + "/status.json" if target == "status-polled" else None):

@@ -74,12 +74,14 @@ class AdmittedEndpoint:
             send = access.watch(record, send)
         trace = None
         if (tracing := self.intake.tracing) is not None:
-            trace = scope[TRACE] = tracing.request(
+            trace = tracing.request(
                 f"{scope['method']} {self.route(scope)}",
                 scope["headers"],
                 {"http.request.method": scope["method"], "url.path": scope["path"]},
             )
-            send = _noting_status(trace, send)
+            if trace is not None:  # sampled
+                scope[TRACE] = trace
+                send = _noting_status(trace, send)
         try:
             await self.serve(scope, receive, send)
         except asyncio.CancelledError:

@@ -61,8 +61,9 @@ class Tracing:
 
     def request(
         self, name: str, headers: Iterable[tuple[bytes, bytes]], attributes: dict[str, Any]
-    ) -> RequestTrace:
-        """A request's trace, its server span started now, in the trace its `traceparent` names."""
+    ) -> RequestTrace | None:
+        """A request's trace, its server span started now, in the trace its `traceparent` names;
+        None where the sampler leaves it out."""
         from opentelemetry.trace import SpanKind
 
         carrier = {}
@@ -71,6 +72,10 @@ class Tracing:
                 carrier[key.decode()] = value.decode("latin-1")
         parent = self._propagator.extract(carrier) if carrier else None
         span = self._tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+        if not span.is_recording():
+            # Not sampled: nothing more is made for it (what tracing costs is the sampled share's),
+            # and the backend gets the client's own `traceparent`, if it sent one, as it came.
+            return None
         return RequestTrace(self._tracer, self._propagator, span)
 
     def shutdown(self) -> None:

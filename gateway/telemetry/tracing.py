@@ -20,6 +20,7 @@ were measured elsewhere (the queue wait is known once it is over).
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 SERVICE_NAME = "inference-gateway"
+_LOW_64_BITS = (1 << 64) - 1
+"""What the ratio sampler compares with its bound (TraceIdRatioBased.TRACE_ID_LIMIT)."""
 
 
 def tracing_from_environment() -> Tracing | None:
@@ -42,22 +45,62 @@ def tracing_from_environment() -> Tracing | None:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import _get_from_env_or_default
 
     resource = Resource.create({} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": SERVICE_NAME})
-    provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER
+    sampler = _get_from_env_or_default()  # OTEL_TRACES_SAMPLER, as the SDK reads it
+    ids = PresampledIds()
+    # PresampledIds has IdGenerator's methods (it is not its subclass: the SDK loads only here).
+    provider = TracerProvider(resource=resource, sampler=sampler, id_generator=ids)  # type: ignore[arg-type]
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    return Tracing(provider.get_tracer("inference-gateway"), provider)
+    return Tracing(provider.get_tracer("inference-gateway"), provider, ids, root_ratio_bound(sampler))
+
+
+def root_ratio_bound(sampler: Any) -> int | None:
+    """The trace-id bound below which a request without a parent is sampled, where the sampler
+    decides a root by ratio (`traceidratio`, `parentbased_traceidratio`); None for any other."""
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    root = getattr(sampler, "_root", None) if isinstance(sampler, ParentBased) else sampler
+    return root.bound if isinstance(root, TraceIdRatioBased) else None
+
+
+class PresampledIds:
+    """The SDK's random ids, but a trace id drawn ahead (`next_trace_id`) when there is one: the
+    gateway draws a root's trace id, sees whether the ratio samples it, and asks the SDK for a span
+    only when it does, which then gets that id and makes the same decision."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+        self._random = RandomIdGenerator()
+        self.next_trace_id: int | None = None
+
+    def generate_span_id(self) -> int:
+        return self._random.generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        drawn, self.next_trace_id = self.next_trace_id, None
+        return drawn if drawn is not None else self._random.generate_trace_id()
+
+    def is_trace_id_random(self) -> bool:
+        return True
 
 
 class Tracing:
     """Starts each request's trace; `shutdown` sends what is left."""
 
-    def __init__(self, tracer: Tracer, provider: Any) -> None:
+    def __init__(
+        self, tracer: Tracer, provider: Any, ids: PresampledIds | None = None, root_bound: int | None = None
+    ) -> None:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self._tracer = tracer
         self._provider = provider
         self._propagator = TraceContextTextMapPropagator()
+        self._ids = ids
+        self._root_bound = root_bound
+        """Where roots are sampled by ratio: the bound their trace id's low 64 bits must be under."""
 
     def request(
         self, name: str, headers: Iterable[tuple[bytes, bytes]], attributes: dict[str, Any]
@@ -70,6 +113,13 @@ class Tracing:
         for key, value in headers:
             if key in (b"traceparent", b"tracestate"):
                 carrier[key.decode()] = value.decode("latin-1")
+        if not carrier and self._root_bound is not None and self._ids is not None:
+            # A root sampled by ratio: the SDK's own rule on an id drawn here, so that the requests
+            # left out (most of them) cost a draw and never reach the SDK.
+            trace_id = random.getrandbits(128) or 1
+            if trace_id & _LOW_64_BITS >= self._root_bound:
+                return None
+            self._ids.next_trace_id = trace_id
         parent = self._propagator.extract(carrier) if carrier else None
         span = self._tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
         if not span.is_recording():

@@ -95,12 +95,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     async def ModelInfer(self, request: Any, context: Context) -> Any:
         headers = metadata_headers(context.invocation_metadata())
         answered = await self._inference.infer(request, headers, context.time_remaining())
-        if answered.trailers:
-            context.set_trailing_metadata(answered.trailers)
         result = answered.result
         if isinstance(result, GrpcError):
             # Nothing was sent before: the status goes Trailers-Only, which retry policies act on.
             await context.abort(result.code, result.message, result.trailers + answered.trailers)
+        if answered.trailers:
+            context.set_trailing_metadata(answered.trailers)
         return result
 
     async def ModelStreamInfer(self, requests: Any, context: Context) -> None:

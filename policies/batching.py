@@ -1,6 +1,6 @@
 """When should a forming batch leave: now, or after waiting a little longer for companions?
 
-The gateway merges queued KServe requests of one model into one upstream call (gateway.http.batches).
+The gateway merges queued KServe requests of one model into one upstream call (gateway.flow.batch_calls).
 Under load that needs no waiting: requests queue while every slot is busy, and the slot that frees
 takes the head of the queue with the mergeable requests behind it. Waiting is a choice only while
 a slot is free, and it pays only on the last one: with a spare slot left, a request sent now costs

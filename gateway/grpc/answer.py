@@ -14,6 +14,7 @@ import json
 import logging
 from typing import Any
 
+from gateway.flow.batch_calls import BatchMember, Failed
 from gateway.flow.drain import DRAINING_RETRY_S, Drain
 from gateway.flow.verdicts import Lease, Refusal
 from gateway.grpc.status import Code, GrpcError, backend_code, outcome_error
@@ -90,6 +91,46 @@ class GrpcAnswer:
             self.result = GrpcError(Code.INTERNAL, message, reason=Outcome.UPSTREAM_ERROR.value)
             return Outcome.UPSTREAM_ERROR
         return answered(status)
+
+
+class GrpcBatchAnswer(GrpcAnswer):
+    """A mergeable request's side (gateway.flow.batch_calls): alone on its slot, `GrpcAnswer`; in a
+    batch, its rows of the merged answer."""
+
+    __slots__ = ("_member",)
+
+    def __init__(self, member: BatchMember, drain: Drain, no_backend_retry_s: float) -> None:
+        super().__init__(member.exchange, drain, no_backend_retry_s)
+        self._member = member
+
+    async def answer(self, lease: Lease) -> Outcome:
+        member = self._member
+        if member.solo or member.result is None or member.round is None:
+            return await super().answer(lease)
+        batch = member.round
+        timeout_s = None if member.budget_at is None else max(0.0, member.budget_at - member.clock())
+        try:
+            async with asyncio.timeout(timeout_s):
+                result = await member.result
+        except TimeoutError:  # its budget ran out; the batch goes on for the others
+            self.result = outcome_error(Outcome.UPSTREAM_TIMEOUT)
+            return Outcome.UPSTREAM_TIMEOUT
+        except asyncio.CancelledError:
+            if not self._drain.absorb_cut():
+                raise
+            self.result = outcome_error(Outcome.DRAINING, retry_after_s=DRAINING_RETRY_S)
+            return Outcome.DRAINING
+        if isinstance(result, Failed):
+            self.result = outcome_error(
+                result.outcome, detail=result.detail, retry_after_s=result.retry_after_s
+            )
+            return result.outcome
+        batch_wait_s = (lease.batch_wait_s or 0.0) + batch.started_at - member.joined_at
+        self.timing = (
+            "server-timing",
+            server_timing_value(lease.queue_wait_s, batch.upstream_s(), batch_wait_s),
+        )
+        return self._answered(result.status, result.headers, result.body)
 
 
 def backend_message(body: bytes) -> str:

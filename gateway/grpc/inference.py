@@ -11,6 +11,7 @@ pool HTTP requests take slots of. Unary calls and each message of a stream come 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -18,16 +19,18 @@ from typing import Any
 from urllib.parse import quote
 
 from gateway.flow.admitted import Admission, AdmittedCall
+from gateway.flow.batch_calls import Batches, BatchMember
 from gateway.flow.drain import DRAINING_RETRY_S
 from gateway.flow.request_meta import Problem, RequestClassifier
-from gateway.grpc.answer import GrpcAnswer
+from gateway.grpc.answer import GrpcAnswer, GrpcBatchAnswer
 from gateway.grpc.status import GrpcError, outcome_error
 from gateway.grpc.tensors import TensorError, batch_size, request_body
+from gateway.queues.base import Batching
 from gateway.telemetry.access_log import AccessLog, AccessRecord
 from gateway.telemetry.tracing import RequestTrace, Tracing
-from gateway.tensors.batch import HEADER_LENGTH
+from gateway.tensors.batch import HEADER_LENGTH, part_of
 from gateway.upstream.backends import ModelPool
-from gateway.upstream.exchange import Forwarder, UpstreamRequest
+from gateway.upstream.exchange import Forwarder, UpstreamExchange, UpstreamRequest
 from policies.outcomes import Outcome
 from policies.request_kinds import request_kind
 
@@ -65,6 +68,7 @@ class GrpcInference:
         classifier: RequestClassifier,
         admission: Admission,
         forwarder: Forwarder,
+        batches: Batches,
         access: AccessLog | None = None,
         tracing: Tracing | None = None,
     ) -> None:
@@ -72,6 +76,7 @@ class GrpcInference:
         self._classifier = classifier
         self._admission = admission
         self._forwarder = forwarder
+        self._batches = batches
         self._access = access
         self._tracing = tracing
 
@@ -135,7 +140,13 @@ class GrpcInference:
             return self._fail(
                 record, Outcome.BAD_REQUEST, model=model, priority=meta.priority, detail=str(error)
             )
-        cost = batch_size(request) if pool.priced_by_items else 1.0
+        limits, path = pool.batch_limits, _infer_path(model, request.model_version)
+        part = None if limits is None else part_of(path, body, header_length)
+        if part is not None and limits is not None and part.rows <= limits.max_batch_size:
+            cost = float(part.rows)
+        else:
+            part = None
+            cost = batch_size(request) if pool.priced_by_items else 1.0
         if record is not None:
             record.asks(model, meta.priority, meta.tenant or "", cost)
         self._admission.metrics.observe_cost(model, cost)
@@ -147,7 +158,7 @@ class GrpcInference:
             upstream_headers.append((b"x-request-id", record.request_id.encode("ascii")))
         upstream = UpstreamRequest(
             method="POST",
-            path=_infer_path(model, request.model_version),
+            path=path,
             query=b"",
             headers=upstream_headers,
             body=body,
@@ -155,10 +166,19 @@ class GrpcInference:
         )
         del body
         admission = self._admission
-        work = self._forwarder.exchange(pool, upstream, meta.budget_s)
-        work.trace = trace
-        answer = GrpcAnswer(work, admission.drain, admission.no_backend_retry_s)
         kind = request_kind("infer", False, cost)
+        work: UpstreamExchange | BatchMember
+        batching = None
+        if part is not None and limits is not None:
+            # Its key apart from HTTP requests': a merged call goes up with its first member's fields.
+            part = replace(part, key=hashlib.blake2b(f"grpc:{part.key}".encode(), digest_size=12).hexdigest())
+            work = self._batches.member(pool, upstream, part, meta.budget_s)
+            answer: GrpcAnswer = GrpcBatchAnswer(work, admission.drain, admission.no_backend_retry_s)
+            batching = Batching(part.key, limits.max_batch_size, limits.max_delay_s, limits.preferred_sizes)
+        else:
+            work = self._forwarder.exchange(pool, upstream, meta.budget_s)
+            work.trace = trace
+            answer = GrpcAnswer(work, admission.drain, admission.no_backend_retry_s)
         call = AdmittedCall(
             admission,
             pool,
@@ -167,6 +187,7 @@ class GrpcInference:
             answer,
             body_bytes=len(upstream.body),
             cost=cost,
+            batching=batching,
             kind=kind,
             access=record,
             trace=trace,

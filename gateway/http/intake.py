@@ -18,9 +18,10 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway.errors import ErrorStyle
 from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
+from gateway.flow.batch_calls import Batches
 from gateway.flow.drain import DRAINING_RETRY_S
 from gateway.flow.request_meta import RequestClassifier
-from gateway.http.batches import Batches, BatchRelay
+from gateway.http.batches import BatchRelay
 from gateway.http.relay import Relay, StreamRewrite, send_error
 from gateway.queues.base import Batching
 from gateway.telemetry.access_log import AccessLog

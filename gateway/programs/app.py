@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.errors import route_error
 from gateway.flow.admitted import Admission
 from gateway.flow.auto_limits import AutoLimits
+from gateway.flow.batch_calls import Batches
 from gateway.flow.controller import AdmissionController
 from gateway.flow.drain import Drain
 from gateway.flow.queued_bytes import QueuedBytes
@@ -26,7 +27,6 @@ from gateway.flow.readiness import Readiness
 from gateway.flow.request_meta import RequestClassifier
 from gateway.flow.status import StatusBoard
 from gateway.flow.windows import WindowClock
-from gateway.http.batches import Batches
 from gateway.http.hot_routes import InferenceRoutes
 from gateway.http.intake import Intake
 from gateway.http.kserve import InferEndpoint, ModelPassthrough, kserve_routes
@@ -232,7 +232,7 @@ def grpc_listener_of(settings: Settings, rt: Runtime, intake: Intake) -> GrpcLis
 
     assert settings.grpc_listen is not None
     inference = GrpcInference(
-        rt.pools, intake.classifier, rt.admission, rt.forwarder, intake.access, intake.tracing
+        rt.pools, intake.classifier, rt.admission, rt.forwarder, intake.batches, intake.access, intake.tracing
     )
     service = InferenceService(
         inference,

@@ -232,7 +232,7 @@ class Backend(Frozen):
 
 
 class Batching(Frozen):
-    """Gateway-side micro-batching of a model's KServe v2 inference requests (gateway.http.batches)."""
+    """Gateway-side micro-batching of a model's KServe v2 inference requests (gateway.flow.batch_calls)."""
 
     max_batch_size: int | None = Field(None, ge=1, le=65_536)
     """The most batch items one upstream call carries. None: a Triton model's own max_batch_size,

@@ -473,3 +473,38 @@ async def test_a_cancelled_call_keeps_its_slot_while_the_backend_computes(start_
     assert answer.raw_output_contents[0] == np.array([3], dtype="<f4").tobytes()
     assert sim.stats()["peak_inflight"] == 1
     await eventually(lambda: gateway.assert_metric("gateway_inflight_requests", 0, model="sim"))
+
+
+async def test_grpc_requests_to_a_batching_model_share_one_call_and_each_gets_its_rows(
+    start_sim, start_gateway
+):
+    sim = start_sim(slots=1, base_ms=50)
+    config = grpc_config(sim, slots=1, expected_service_ms=50)
+    config["models"][0]["batching"] = {"max_batch_size": 16, "max_delay_ms": 0}
+    config["priorities"] = [{"name": "high", "max_wait_ms": 5000}, {"name": "low", "max_wait_ms": 5000}]
+    gateway = start_gateway(config)
+    async with grpc.aio.insecure_channel(gateway.grpc_target) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+        def rows_of(seed: int, count: int) -> service_pb2.ModelInferRequest:
+            request = service_pb2.ModelInferRequest(model_name="sim", id=f"r{seed}")
+            data = np.arange(count * 3, dtype="<f4").reshape(count, 3) + 100 * seed
+            request.inputs.add(name="INPUT0", datatype="FP32", shape=[count, 3])
+            request.raw_input_contents.append(data.tobytes())
+            return request
+
+        await hang_the_backend(sim)  # the first holds the slot until the rest have queued
+        first = asyncio.ensure_future(stub.ModelInfer(rows_of(0, 1)))
+        await wait_for_hanging(sim, 1)
+        requests = [rows_of(seed, count) for seed, count in [(1, 1), (2, 2), (3, 3), (4, 1)]]
+        calls = [asyncio.ensure_future(stub.ModelInfer(r)) for r in requests]
+        await wait_for_metric(gateway, "gateway_queue_depth", 4.0, priority="low")
+        await clear_the_fault(sim)
+        answers = await asyncio.gather(first, *calls)
+    for request, answer in zip([rows_of(0, 1), *requests], answers, strict=True):
+        assert answer.id == request.id
+        assert answer.raw_output_contents[0] == request.raw_input_contents[0]
+        assert list(answer.outputs[0].shape) == list(request.inputs[0].shape)
+    # The four queued went up as one call of 7 rows: the backend completed two calls in all.
+    assert sim.stats()["completed"] == 2
+    assert gateway.metric("gateway_batch_size_sum", model="sim") == 1 + 7

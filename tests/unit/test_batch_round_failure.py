@@ -13,9 +13,10 @@ from prometheus_client import CollectorRegistry
 
 from gateway.errors import ErrorStyle
 from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
+from gateway.flow.batch_calls import Batches
 from gateway.flow.controller import AdmissionController
 from gateway.flow.drain import Drain
-from gateway.http.batches import Batches, BatchRelay
+from gateway.http.batches import BatchRelay
 from gateway.queues.base import Batching, Slot
 from gateway.queues.memory.store import MemoryQueue
 from gateway.settings import Estimation, PriorityClass

@@ -38,6 +38,12 @@ class Problem:
 
 class RequestClassifier:
     def __init__(self, settings: Settings) -> None:
+        self.reload(settings)
+
+    def reload(self, settings: Settings) -> None:
+        """Classify by `settings` from now on (a config reload: gateway.settings.reload). Its tables
+        are replaced with no await between them: a request is classified by the old settings or the
+        new, never a mix."""
         self._class_names = [p.name for p in settings.priorities]
         self._bands = {name.encode(): band for band, name in enumerate(self._class_names)}
         self._default_band = self._class_names.index(settings.default_priority)

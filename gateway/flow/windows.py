@@ -27,6 +27,10 @@ class WindowClock:
         self._reserved_at: tuple[int, tuple[int, ...]] | None = None
         """The reservations last read, and the whole second of the clock they were read in."""
 
+    def reload_weights(self, settings: Settings) -> None:
+        """The tenants' weights from `settings` from now on (a reload changes nothing else here)."""
+        self._weights = {t.name: t.weight for t in settings.tenants}
+
     @property
     def moves_reservations(self) -> bool:
         """Whether a class reserves more slots in some window (else `reserved_slots` never changes)."""

@@ -3,8 +3,10 @@ ones it needs, and a lifespan that runs the background loops (gateway.programs.r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
@@ -14,6 +16,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import route_error
@@ -33,6 +36,7 @@ from gateway.http.kserve import InferEndpoint, ModelPassthrough, kserve_routes
 from gateway.http.openai import OpenAIEndpoint, openai_routes
 from gateway.http.ops import health_route, ops_routes
 from gateway.http.status import request_status_route, status_routes
+from gateway.programs.reload import ConfigReloader
 from gateway.programs.runtime import Runtime, running, supervisors_of
 from gateway.queues.configured import configured_store
 from gateway.settings import Settings
@@ -152,10 +156,15 @@ def build_runtime(
         supervisor=supervisor,
         clock=clock,
         tracing=tracing_from_environment(),
+        windows=windows,
     )
 
 
-def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp:
+def create_app(
+    settings: Settings, *, runtime: Runtime | None = None, config_path: str | None = None
+) -> ASGIApp:
+    """The app of `settings`; with `config_path`, the file it came from, reloaded on SIGHUP, when it
+    changes, and on `POST /admin/config/reload` (gateway.programs.reload)."""
     rt = runtime if runtime is not None else build_runtime(settings)
     header_rules = HeaderRules.from_settings(settings)
     classifier = RequestClassifier(settings)
@@ -184,9 +193,21 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp
 
     grpc_listener = None if settings.grpc_listen is None else grpc_listener_of(settings, rt, intake)
 
+    board = status_board(settings, rt)
+    reloader = None
+    if config_path is not None and rt.windows is not None:
+        reloader = ConfigReloader(
+            config_path,
+            settings,
+            classifier=classifier,
+            windows=rt.windows,
+            board=board,
+            registry=rt.metrics.registry,
+        )
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with running(rt):
+        async with running(rt), reloading(reloader, rt):
             if grpc_listener is None:
                 yield
                 return
@@ -203,7 +224,6 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp
         return JSONResponse(error, status_code=status, headers=allow)  # a 405's Allow
 
     errors = {404: not_found, 405: not_found}
-    board = status_board(settings, rt)
     queued = rt.admission.queued
     ops = [*ops_routes(rt.readiness, rt.metrics.registry), *status_routes(board)]
     client_routes = [
@@ -216,6 +236,8 @@ def create_app(settings: Settings, *, runtime: Runtime | None = None) -> ASGIApp
         client_routes += ops
     else:
         ops.append(request_status_route(board, queued, None))  # operators find every request
+        if reloader is not None:
+            ops.append(reload_route(reloader))
     app = _GatewayApp(routes=client_routes, lifespan=lifespan, exception_handlers=errors)
     app.inference = (InferEndpoint(intake), OpenAIEndpoint(intake))
     if settings.admin_listen is None:
@@ -244,6 +266,31 @@ def grpc_listener_of(settings: Settings, rt: Runtime, intake: Intake) -> GrpcLis
         no_backend_retry_s=rt.admission.no_backend_retry_s,
     )
     return GrpcListener(settings.grpc_listen, service, max_message_bytes=settings.limits.max_body_bytes)
+
+
+@contextlib.asynccontextmanager
+async def reloading(reloader: ConfigReloader | None, rt: Runtime) -> AsyncIterator[None]:
+    """SIGHUP and the file watch reload the config while the app runs."""
+    if reloader is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, reloader.reload, "SIGHUP")
+    await rt.supervisor.start("config_watch", reloader.watch)
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
+
+
+def reload_route(reloader: ConfigReloader) -> Route:
+    """`POST /admin/config/reload` (the admin listener only): reload now, and say what changed."""
+
+    async def reload(request: Request) -> JSONResponse:
+        done = reloader.reload("POST /admin/config/reload")
+        return JSONResponse(done, status_code=200 if done["result"] == "ok" else 422)
+
+    return Route("/admin/config/reload", reload, methods=["POST"])
 
 
 def status_board(settings: Settings, rt: Runtime) -> StatusBoard:

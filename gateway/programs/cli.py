@@ -138,13 +138,15 @@ def _continuous_spec(args: argparse.Namespace) -> ContinuousSpec | None:
     )
 
 
-def _gateway_server(settings: Settings, log_level: str, drain_timeout_s: float) -> GatewayServers:
+def _gateway_server(
+    settings: Settings, log_level: str, drain_timeout_s: float, config_path: str | None = None
+) -> GatewayServers:
     # Imported here so that `sim` starts without loading the gateway.
     from gateway.programs.app import build_runtime, create_app
     from gateway.server.serving import DrainingServer, QuietServer, uvicorn_config
 
     runtime = build_runtime(settings)
-    app = create_app(settings, runtime=runtime)
+    app = create_app(settings, runtime=runtime, config_path=config_path)
     admin = settings.admin_listen
 
     def config_for(tls: Tls | None, lifespan: str = "on") -> uvicorn.Config:
@@ -216,7 +218,7 @@ def _serve(args: argparse.Namespace) -> int:
         admin = settings.admin_listen.model_copy(update={"port": sockets[1].getsockname()[1]})
         settings = settings.model_copy(update={"admin_listen": admin})
         admin_words = f" (admin {url_of(sockets[1], tls=admin.tls is not None)})"
-    server = _gateway_server(settings, args.log_level, settings.shutdown.drain_timeout_ms / 1000)
+    server = _gateway_server(settings, args.log_level, settings.shutdown.drain_timeout_ms / 1000, args.config)
     log.info("inference-gateway listening on %s%s", url_of(sockets[0], tls=tls), admin_words)
 
     async def main() -> None:

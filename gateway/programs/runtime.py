@@ -21,6 +21,7 @@ from gateway.flow.admitted import Admission
 from gateway.flow.controller import AdmissionController
 from gateway.flow.drain import Drain
 from gateway.flow.readiness import Readiness
+from gateway.flow.windows import WindowClock
 from gateway.queues.base import RequestQueue
 from gateway.settings import Settings
 from gateway.signals.scraper import SignalBoard
@@ -58,6 +59,8 @@ class Runtime:
     supervisor: Supervisor
     """Runs the app's loops (health, discovery, scrapers, hints); the store may run its own."""
     clock: Callable[[], float] = time.monotonic
+    windows: WindowClock | None = None
+    """The time windows, and the tenants' weights a reload may change."""
     tracing: Tracing | None = None
     """Traces, where the environment names an OTLP endpoint (gateway.telemetry.tracing)."""
 

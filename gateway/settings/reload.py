@@ -1,0 +1,61 @@
+"""What a reloaded config changes now, and what only a restart would: `plan_reload(old, new)`.
+
+Live: the tenants' keys, names (a tenant added, or removed: its keys stop working, its queued work
+is still served) and `max_priority`, which decide how a request is classified, and their `weight`,
+which fair queuing reads at every hand-over. Everything else waits for a restart and is reported,
+never half-applied: listeners and TLS (sockets are bound), the store, classes (the queues are laid
+out by them), models and backends, quotas and windows (the stores and admission hold them). A
+request admitted before a reload keeps the class and tenant it was admitted under.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.settings import Settings, Tenant, parse_settings
+
+LIVE_TENANT_FIELDS = frozenset({"name", "api_keys", "max_priority", "weight"})
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadPlan:
+    applied: Settings
+    """The settings that run once the reload is applied: the old ones, with the live changes."""
+    live: list[str]
+    """The changes applied, described (never a key)."""
+    restart_only: list[str]
+    """The changes seen and not applied: they take a restart."""
+
+
+def plan_reload(old: Settings, new: Settings, running: Settings | None = None) -> ReloadPlan:
+    """The plan to go from the config `old` (as the process started with it) to the config `new`;
+    `running`: the settings that run where they are not `old` itself (the command line's overrides,
+    a port bound for 0, earlier reloads), which the applied settings are made from. A change that
+    takes a restart is reported at every reload until one. ConfigError when the applied settings
+    would not be a valid config (new tenants beside the old classes, say)."""
+    restart = [field for field in Settings.model_fields if field != "tenants" and _differs(old, new, field)]
+    base = running or old
+    before = {t.name: t for t in base.tenants}  # as they run: earlier reloads' changes in
+    merged: list[Tenant] = []
+    live: list[str] = []
+    for tenant in new.tenants:
+        kept = before.get(tenant.name) or Tenant(name=tenant.name)
+        scheduled = {f: getattr(kept, f) for f in Tenant.model_fields if f not in LIVE_TENANT_FIELDS}
+        held = sorted(f for f, value in scheduled.items() if getattr(tenant, f) != value)
+        if held:
+            restart.append(f"tenants[{tenant.name}]: {', '.join(held)}")
+        merged.append(tenant.model_copy(update=scheduled))
+        if tenant.name not in before:
+            live.append(f"tenants[{tenant.name}] added")
+        elif changed := sorted(f for f in LIVE_TENANT_FIELDS if _differs(before[tenant.name], tenant, f)):
+            live.append(f"tenants[{tenant.name}]: {', '.join(changed)}")
+    names = {t.name for t in new.tenants}
+    live += [f"tenants[{name}] removed" for name in before if name not in names]
+    document = base.model_dump()
+    document["tenants"] = [t.model_dump() for t in merged]
+    applied = parse_settings(document, "the reloaded config")  # the cross-references checked again
+    return ReloadPlan(applied, live, restart)
+
+
+def _differs(old: object, new: object, field: str) -> bool:
+    return bool(getattr(old, field) != getattr(new, field))

@@ -87,6 +87,11 @@ class AdmissionController:
         self._windows = windows if windows is not None and windows.restricts else None
         self._quota_waits = QuotaWaits(quotas or {})
 
+    def reload_waits(self, priorities: Sequence[PriorityClass]) -> None:
+        """Each class's `max_wait_ms` from now on (a config reload; the classes stay the same)."""
+        assert [p.name for p in priorities] == self._class_names, "a reload keeps the classes"
+        self._max_wait_s = [p.max_wait_ms / 1000 for p in priorities]
+
     async def acquire(
         self,
         flow: Flow,

@@ -201,6 +201,7 @@ def create_app(
             settings,
             classifier=classifier,
             windows=rt.windows,
+            controller=rt.controller,
             board=board,
             registry=rt.metrics.registry,
         )

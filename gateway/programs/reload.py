@@ -21,6 +21,7 @@ import anyio
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gateway.flow.controller import AdmissionController
 from gateway.flow.request_meta import RequestClassifier
 from gateway.flow.status import StatusBoard
 from gateway.flow.windows import WindowClock
@@ -40,6 +41,7 @@ class ConfigReloader:
         *,
         classifier: RequestClassifier,
         windows: WindowClock,
+        controller: AdmissionController,
         board: StatusBoard,
         registry: CollectorRegistry,
     ) -> None:
@@ -48,6 +50,7 @@ class ConfigReloader:
         """The settings that run (as applied: the restart-only changes left out)."""
         self._classifier = classifier
         self._windows = windows
+        self._controller = controller
         self._board = board
         self._reloads = Counter(
             "gateway_config_reloads", "Config reloads, by result.", ["result"], registry=registry
@@ -77,6 +80,7 @@ class ConfigReloader:
             return {"result": "error", "problems": problems, "hash": self._hash}
         self._classifier.reload(plan.applied)
         self._windows.reload_weights(plan.applied)
+        self._controller.reload_waits(plan.applied.priorities)
         self.settings = plan.applied
         self._info.remove(self._hash)
         self._hash = self._board.config_hash = plan.applied.config_hash()

@@ -15,6 +15,12 @@ import yaml
 
 from tests.eventually import eventually
 from tests.integration.servers import gateway_config, http_get, http_post
+from tests.integration.test_backpressure import (
+    clear_the_fault,
+    hang_the_backend,
+    wait_for_hanging,
+    wait_for_metric,
+)
 
 pytestmark = pytest.mark.anyio
 INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
@@ -102,8 +108,12 @@ async def test_the_admin_route_and_the_file_watch_reload_and_name_what_takes_a_r
     status, body = http_post(gateway.admin_url + "/admin/config/reload", b"")
     done = json.loads(body)
     assert status == 200 and done["result"] == "ok"
-    assert done["applied"] == ["tenants[acme]: weight", "tenants[beta] added"]
-    assert done["restart_only"] == ["priorities", "tenants[acme]: quota"]
+    assert done["applied"] == [
+        "tenants[acme]: weight",
+        "tenants[beta] added",
+        "priorities[high]: max_wait_ms",
+    ]
+    assert done["restart_only"] == ["tenants[acme]: quota"]
     document = json.loads(http_get(gateway.admin_url + "/status.json")[1])
     assert document["config_hash"] == done["hash"]
     assert gateway.metric("gateway_config_info", hash=done["hash"]) == 1
@@ -121,3 +131,34 @@ async def test_the_admin_route_and_the_file_watch_reload_and_name_what_takes_a_r
             await asyncio.sleep(0.1)
         assert await gamma_served()
     assert gateway.metric("gateway_config_reloads_total", result="ok") == 2
+
+
+async def test_a_class_allowance_reloaded_applies_to_arrivals_and_spares_what_is_queued(
+    start_sim, start_gateway
+):
+    sim = start_sim(slots=1, base_ms=50)
+    config = reload_config(sim, tenant("acme", ACME))
+    config["models"][0]["backends"][0]["max_concurrency"] = 1
+    config["priorities"] = [{"name": "high", "max_wait_ms": 5000}, {"name": "low", "max_wait_ms": 5000}]
+    gateway = start_gateway(config)
+    url = gateway.url + "/v2/models/sim/infer"
+    headers = {"Authorization": f"Bearer {ACME}"}
+    async with aiohttp.ClientSession() as http:
+
+        async def send():
+            async with http.post(url, json=INFER, headers=headers) as reply:
+                return reply.status, await reply.json()
+
+        await hang_the_backend(sim)
+        running = asyncio.ensure_future(send())
+        await wait_for_hanging(sim, 1)
+        queued = asyncio.ensure_future(send())
+        await wait_for_metric(gateway, "gateway_queue_depth", 1.0, priority="low")
+        config["priorities"][1]["max_wait_ms"] = 20  # less than a slot takes to free: nothing fits now
+        rewrite(gateway, config)
+        status, body = http_post(gateway.admin_url + "/admin/config/reload", b"")
+        assert status == 200 and json.loads(body)["applied"] == ["priorities[low]: max_wait_ms"]
+        refused_status, refused = await send()
+        assert refused_status == 429 and refused["rule"] == "priorities[low].max_wait_ms", refused
+        await clear_the_fault(sim)
+        assert [(await running)[0], (await queued)[0]] == [200, 200]  # admitted under the old allowance

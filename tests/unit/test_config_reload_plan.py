@@ -20,7 +20,7 @@ def config(*tenants, max_wait_ms=1000, port=8080):
     )
 
 
-def test_keys_names_caps_and_weights_apply_the_rest_is_reported_and_kept():
+def test_keys_names_caps_weights_and_allowances_apply_the_rest_is_reported_and_kept():
     old = config(
         {"name": "a", "api_keys": ["key-a-0001"], "quota": 2}, {"name": "b", "api_keys": ["key-b-0001"]}
     )
@@ -35,25 +35,45 @@ def test_keys_names_caps_and_weights_apply_the_rest_is_reported_and_kept():
         "tenants[a]: api_keys, max_priority, weight",
         "tenants[c] added",
         "tenants[b] removed",
+        "priorities[low]: max_wait_ms",
     ]
-    assert plan.restart_only == [
-        "listen", "priorities", "tenants[a]: quota", "tenants[c]: borrowing_limit, quota"
-    ]  # fmt: skip
+    assert plan.restart_only == ["listen", "tenants[a]: quota", "tenants[c]: borrowing_limit, quota"]
     applied = {t.name: t for t in plan.applied.tenants}
     assert set(applied) == {"a", "c"}
     assert (applied["a"].api_keys, applied["a"].weight, applied["a"].quota) == (["key-a-0002"], 2, 2)
     assert applied["c"].quota is None and applied["c"].borrowing_limit is None
-    assert plan.applied.listen.port == 8080 and plan.applied.priorities[1].max_wait_ms == 1000
+    assert plan.applied.listen.port == 8080 and plan.applied.priorities[1].max_wait_ms == 2000
 
 
 def test_the_running_settings_are_the_base_and_a_restart_only_change_is_told_again():
     started = config({"name": "a", "api_keys": ["key-a-0001"]})
     running = started.model_copy(update={"listen": started.listen.model_copy(update={"port": 41234})})
-    edited = config({"name": "a", "api_keys": ["key-a-0001"]}, max_wait_ms=3000)
+    edited = config({"name": "a", "api_keys": ["key-a-0001"]}, port=9090)
     first = plan_reload(started, edited, running)
     second = plan_reload(started, edited, first.applied)
-    assert first.restart_only == second.restart_only == ["priorities"]  # not the bound port
+    assert first.restart_only == second.restart_only == ["listen"]  # the file's port, not the bound one
     assert second.applied.listen.port == 41234 and second.live == []
+
+
+def test_classes_renamed_reordered_or_otherwise_changed_take_a_restart():
+    started = config()
+    renamed = started.model_copy(
+        update={
+            "priorities": [started.priorities[0], started.priorities[1].model_copy(update={"name": "bulk"})]
+        }
+    )
+    assert plan_reload(started, renamed).restart_only == ["priorities"]
+    reserved = started.model_copy(
+        update={
+            "priorities": [
+                started.priorities[0].model_copy(update={"reserved_slots": 1}),
+                started.priorities[1],
+            ]
+        }
+    )
+    plan = plan_reload(started, reserved)
+    assert plan.restart_only == ["priorities[high]: reserved_slots"] and plan.live == []
+    assert plan.applied.priorities[0].reserved_slots == 0
 
 
 def test_tenants_that_break_a_rule_of_the_whole_config_are_refused():

@@ -210,6 +210,9 @@ def _serve(args: argparse.Namespace) -> int:
     )
     settings = settings.model_copy(update={"listen": listen})
     sockets = [bind(settings.listen.host, settings.listen.port)]
+    if (grpc_listen := settings.grpc_listen) is not None and grpc_listen.port != 0:
+        # grpc binds its own socket once the app starts: a port taken is said here, as for HTTP.
+        bind(grpc_listen.host, grpc_listen.port).close()
     tls = settings.listen.tls is not None
     admin_words = ""
     if settings.admin_listen is not None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 import aiohttp
@@ -14,6 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.grpc.aio as triton_grpc_aio
+import yaml
 from google.rpc import error_details_pb2, status_pb2
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -508,3 +512,22 @@ async def test_grpc_requests_to_a_batching_model_share_one_call_and_each_gets_it
     # The four queued went up as one call of 7 rows: the backend completed two calls in all.
     assert sim.stats()["completed"] == 2
     assert gateway.metric("gateway_batch_size_sum", model="sim") == 1 + 7
+
+
+def test_a_grpc_port_already_taken_is_said_at_once(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        config = gateway_config([("http://127.0.0.1:9", 1)])
+        config["grpc_listen"] = {"host": "127.0.0.1", "port": taken.getsockname()[1]}
+        path = tmp_path / "gateway.yaml"
+        path.write_text(yaml.safe_dump(config))
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(path)],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    finally:
+        taken.close()
+    assert done.returncode == 2, done.stderr
+    assert f"cannot listen on 127.0.0.1:{config['grpc_listen']['port']}" in done.stderr

@@ -93,8 +93,11 @@ async def test_shares_are_counted_in_batch_items_when_one_tenant_sends_8x_larger
 ):
     # Priced by batch items, team-b's batches of 8 cost 8 each: with weights 3:1 team-a is handed
     # three items for each of team-b's, 24 of its requests per one of team-b's. Both stay
-    # backlogged (100 and 20 requests outstanding on 4 slots) until 1,200 answers are in.
-    sim = start_sim(slots=4, base_ms=10)
+    # backlogged (150 and 20 requests outstanding on 4 slots of 20 ms: 0.8 s of team-a's turns, so
+    # that clients slowed by a busy machine still resend before its queue runs dry; with 100 on
+    # 10 ms slots, a CI run's clients once fell 0.25 s behind and team-b was handed team-a's
+    # turns) until 1,200 answers are in.
+    sim = start_sim(slots=4, base_ms=20)
     config = weighted_config(sim)
     config["models"][0]["cost"] = "batch_items"
     gateway = start_gateway(config)
@@ -110,10 +113,10 @@ async def test_shares_are_counted_in_batch_items_when_one_tenant_sends_8x_larger
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         await asyncio.gather(
-            *(client(http, "team-a", INFER) for _ in range(100)),
+            *(client(http, "team-a", INFER) for _ in range(150)),
             *(client(http, "team-b", big) for _ in range(20)),
         )
-    counted = answered[100:1100]
+    counted = answered[150:1150]
     work_a, work_b = counted.count("team-a"), 8 * counted.count("team-b")
     assert work_a / work_b == pytest.approx(3.0, rel=0.05)
     assert sim.stats()["peak_inflight"] <= 4

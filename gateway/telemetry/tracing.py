@@ -87,6 +87,24 @@ class PresampledIds:
         return True
 
 
+_GENAI_OPERATIONS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "text_completion",
+    "/v1/embeddings": "embeddings",
+}
+
+
+def upstream_attributes(method: str, url: str, path: str, served_model: str) -> dict[str, object]:
+    """The upstream span's attributes: HTTP's, and on OpenAI routes the GenAI semantic
+    conventions' (`gen_ai.operation.name`, `gen_ai.request.model`; the span is then named
+    "{operation} {model}", as they ask)."""
+    attributes: dict[str, object] = {"http.request.method": method, "url.full": url + path}
+    if (operation := _GENAI_OPERATIONS.get(path)) is not None:
+        attributes["gen_ai.operation.name"] = operation
+        attributes["gen_ai.request.model"] = served_model
+    return attributes
+
+
 class Tracing:
     """Starts each request's trace; `shutdown` sends what is left."""
 
@@ -173,8 +191,14 @@ class RequestTrace:
         """The upstream call starts now: its client span, and the `traceparent` its backend gets."""
         from opentelemetry.trace import SpanKind, set_span_in_context
 
+        operation = attributes.get("gen_ai.operation.name")
+        name = (
+            f"{operation} {attributes.get('gen_ai.request.model', '')}"
+            if operation
+            else f"{attributes.get('http.request.method', 'POST')} upstream"
+        )
         span = self._upstream = self._tracer.start_span(
-            f"{attributes.get('http.request.method', 'POST')} upstream",
+            name,
             context=self._context,
             kind=SpanKind.CLIENT,
             attributes=attributes,  # type: ignore[arg-type]  # values are strings and numbers

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from gateway.telemetry.tracing import upstream_attributes
 from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.client import RawHeaders
 from gateway.upstream.http1 import UpstreamClient, serialize_request
@@ -268,10 +269,8 @@ class UpstreamExchange:
             return wire
         if self._traced_wire is None:
             request = self._built()
-            attributes: dict[str, object] = {
-                "http.request.method": request.method,
-                "url.full": backend.url + request.path,
-            }
+            served = backend.served_model or backend.model
+            attributes = upstream_attributes(request.method, backend.url, request.path, served)
             parent = self.trace.upstream_started(attributes)
             self._traced_wire = with_field(wire, b"traceparent", parent.encode("ascii"))
         return self._traced_wire

@@ -175,3 +175,27 @@ def test_traces_are_off_without_an_endpoint(tmp_path):
     from gateway.telemetry.tracing import tracing_from_environment
 
     assert tracing_from_environment() is None  # the suite sets no OTEL_EXPORTER_OTLP_* variable
+
+
+async def test_an_openai_calls_upstream_span_follows_the_genai_conventions(
+    start_sim, start_gateway, receiver
+):
+    found, endpoint = receiver
+    sim = start_sim(slots=2, base_ms=5, token_ms=1)
+    gateway = start_gateway(gateway_config([(sim.url, 2)]), env=traced_env(endpoint))
+    chat = {"model": "sim", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+    traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            gateway.url + "/v1/chat/completions", json=chat, headers={"traceparent": traceparent}
+        ) as reply,
+    ):
+        assert reply.status == 200
+        await reply.read()
+    await eventually(lambda: "chat sim" in found.in_trace(CLIENT_TRACE), what="the upstream span 'chat sim'")
+    upstream = found.in_trace(CLIENT_TRACE)["chat sim"]
+    attributes = _attributes(upstream)
+    assert upstream.kind == trace_pb2.Span.SPAN_KIND_CLIENT
+    assert (attributes["gen_ai.operation.name"], attributes["gen_ai.request.model"]) == ("chat", "sim")
+    assert attributes["http.response.status_code"] == 200

@@ -22,6 +22,8 @@ Every target sits in front of a fresh simulated backend of 8 slots x 40 ms (capa
   cannot serve beside the `high` ones, and queueing the rest as the haproxy target does: admission
   at no cost, the floor for refusal latency beside the same served load (the floor's run serves
   nothing, so neither the backend nor the proxying shares the cores with its refusals);
+- redis1-delay5 (and any redisN-delayM): the same, M ms added each way between the replicas and
+  Redis (loadtests.delay_proxy), a Redis in another zone;
 - redis1, redis3: the gateway on the Redis store (a private redis-server), one replica or three
   with the load spread over them in turn; CPU per request counts every replica and Redis.
 On a machine of two cores or more the servers under test (the proxy, or its replicas and their
@@ -206,6 +208,28 @@ class PassThroughProcess(ServerProcess):
         )
 
 
+class DelayProxy(ServerProcess):
+    """loadtests.delay_proxy in front of Redis: `delay_ms` added each way."""
+
+    def __init__(self, log_dir: Path, upstream_port: int, delay_ms: float) -> None:
+        self.port = free_port()
+        extra = [
+            "--listen-port",
+            str(self.port),
+            "--upstream-port",
+            str(upstream_port),
+            "--delay-ms",
+            str(delay_ms),
+        ]
+        super().__init__("delay-proxy", [], log_dir, "/", module="loadtests.delay_proxy", extra=extra)
+
+    def _probed_url(self) -> str:
+        return self.url
+
+    def _wait_answering(self, path: str, timeout_s: float = 30.0) -> None:
+        return None  # not HTTP: listening is enough
+
+
 class OtlpSink(ServerProcess):
     """loadtests.otlp_sink: where the traced target sends its spans (its CPU is not the gateway's)."""
 
@@ -222,7 +246,10 @@ TARGETS = (
 
 
 def is_target(name: str) -> bool:
-    return name in TARGETS or (name.startswith("redis") and name.removeprefix("redis").isdigit())
+    replicas, _, delay = name.removeprefix("redis").partition("-delay")
+    return name in TARGETS or (
+        name.startswith("redis") and replicas.isdigit() and (not delay or delay.isdigit())
+    )
 
 
 def start_target(
@@ -257,10 +284,16 @@ def start_target(
         return [gateway.url], [gateway, sink]
     replicas = 1
     redis: list[Any] = []
-    if target.startswith("redis"):  # redis1, redis3: replicas sharing one Redis
-        replicas = int(target.removeprefix("redis"))
+    if target.startswith("redis"):  # redis1, redis3: replicas sharing one Redis; -delayM: M ms each way
+        count, _, delay = target.removeprefix("redis").partition("-delay")
+        replicas = int(count)
         redis = [RedisServer()]
-        config["store"] = {"kind": "redis", "url": redis[0].url, "replicas": replicas}
+        url = redis[0].url
+        if delay:
+            proxy = DelayProxy(log_dir, redis[0].port, float(delay))
+            redis.append(proxy)
+            url = f"redis://127.0.0.1:{proxy.port}/0"
+        config["store"] = {"kind": "redis", "url": url, "replicas": replicas}
     gateways = [Gateway(log_dir, config, python=python) for _ in range(replicas)]
     for gateway in gateways:
         gateway.wait_ready()
@@ -311,7 +344,8 @@ def run_one(
         schedule = poisson_schedule(CAPACITY_RPS * scenario.load, scenario.duration_s, seed=seed)
         load = run_grpc if target == "grpc" else run
         run_fast(load(urls, poisson_schedule(50, 0.5, seed=seed + 1)))  # warm the connections
-        pids = [server.process.pid for server in servers if not isinstance(server, OtlpSink)]
+        # The sink and the delay proxy stand for the network and a collector, not the gateway's work.
+        pids = [server.process.pid for server in servers if not isinstance(server, OtlpSink | DelayProxy)]
         before_cpu, before_busy = sum(map(cpu_seconds, pids)), sim.reset()["busy_slot_s"]
         started = time.monotonic()
         with polling(urls[0] + "/status.json" if target == "status-polled" else None):

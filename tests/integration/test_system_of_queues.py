@@ -319,6 +319,9 @@ async def test_borrowed_capacity_goes_back_to_its_owner_as_the_borrowed_requests
     tenants = [{"name": "team-a", "quota": 2}, {"name": "team-b", "quota": 2}]
     classes = [{"name": "high", "max_wait_ms": 20_000}, {"name": "low", "max_wait_ms": 20_000}]
     config = gateway_config([(sim.url, 4)], expected_service_ms=200, tenants=tenants, priorities=classes)
+    # The backend is held on purpose, step by step, which on a busy machine once took past the
+    # stall watch's 30 s: it took the held requests for a stalled backend's and cut them (504).
+    config["health"]["stall_timeout_ms"] = 600_000
     if store_section is not None:
         config["store"] = store_section
     gateway = start_gateway(config)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import time
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float) -> None:
@@ -68,10 +67,8 @@ def main() -> None:
             f"delay proxy listening on http://127.0.0.1:{args.listen_port} ({args.delay_ms:g} ms each way)",
             flush=True,
         )
-        started = time.monotonic()
         async with server:
             await server.serve_forever()
-        del started
 
     asyncio.run(serve())
 

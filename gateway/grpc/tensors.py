@@ -22,7 +22,7 @@ from typing import Any
 
 from tritonclient.grpc import service_pb2
 
-from gateway.tensors.datatypes import FIXED_SIZE, STRUCT_FORMAT
+from gateway.tensors.datatypes import FIXED_SIZE, STRUCT_FORMAT, flattened
 
 _CONTENTS = {
     "BOOL": "bool_contents",
@@ -139,7 +139,7 @@ def infer_response(body: bytes, header_length: int | None) -> Any:
             data = body[offset : offset + size]
             offset += size
         elif "data" in output:
-            data = packed(datatype, _flat(output["data"]))
+            data = packed(datatype, flattened(output["data"]))
         else:
             data = b""  # in shared memory: its place in raw_output_contents is kept, as Triton keeps it
         response.raw_output_contents.append(data)
@@ -182,23 +182,6 @@ def _packed_contents(name: str, datatype: str, contents: Any) -> bytes:
     if sent and sent != [field]:
         raise TensorError(f"input {name!r}: {datatype} data belongs in contents.{field}, not {sent}")
     return packed(datatype, list(getattr(contents, field)))
-
-
-def _flat(data: Any) -> list[Any]:
-    """JSON data, nested or flat, as its elements in row-major order."""
-    if not isinstance(data, list):
-        return [data]
-    flat: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for value in stack[-1]:
-            if isinstance(value, list):
-                stack.append(iter(value))
-                break
-            flat.append(value)
-        else:
-            stack.pop()
-    return flat
 
 
 def parameter_values(parameters: Mapping[str, Any]) -> dict[str, Any]:

@@ -125,8 +125,6 @@ class Tracing:
     ) -> RequestTrace | None:
         """A request's trace, its server span started now, in the trace its `traceparent` names;
         None where the sampler leaves it out."""
-        from opentelemetry.trace import SpanKind
-
         carrier = {}
         for key, value in headers:
             if key in (b"traceparent", b"tracestate"):
@@ -138,6 +136,8 @@ class Tracing:
             if trace_id & _LOW_64_BITS >= self._root_bound:
                 return None
             self._ids.next_trace_id = trace_id
+        from opentelemetry.trace import SpanKind
+
         parent = self._propagator.extract(carrier) if carrier else None
         span = self._tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
         if not span.is_recording():

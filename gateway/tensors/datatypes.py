@@ -6,6 +6,8 @@ struct format (a float32's upper half), so code that packs it says how.
 
 from __future__ import annotations
 
+from typing import Any
+
 # The protocol's table; a test holds it to tritonclient's numpy dtypes, which the gateway does not
 # import at start (80 ms).
 FIXED_SIZE = {
@@ -39,3 +41,21 @@ STRUCT_FORMAT = {
     "FP64": "d",
 }
 """struct's format of one element (packed little-endian: `<`)."""
+
+
+def flattened(data: Any) -> list[Any]:
+    """JSON tensor data, nested or flat (or one scalar), as its elements in row-major order; without
+    recursion, so that data nested as deep as the JSON parser allows cannot exhaust the stack."""
+    if not isinstance(data, list):
+        return [data]
+    flat: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for value in stack[-1]:
+            if isinstance(value, list):
+                stack.append(iter(value))
+                break
+            flat.append(value)
+        else:
+            stack.pop()
+    return flat

@@ -372,13 +372,13 @@ async def test_http_and_grpc_clients_share_the_slots_and_leave_none_behind(start
 
         # Open loop, 150 arrivals/s for 2 s (about 3x what two 40 ms slots serve); every third gRPC
         # call gives up after 60 ms, while queued or on the backend.
-        tasks = []
+        tasks, started = [], time.monotonic()
         for i in range(300):
+            await asyncio.sleep(max(0.0, started + i / 150 - time.monotonic()))  # open loop: its schedule
             kind = i % 3
             tasks.append(
                 asyncio.ensure_future(over_http() if kind == 0 else over_grpc(0.06 if kind == 1 else 10))
             )
-            await asyncio.sleep(1 / 150)
         await asyncio.gather(*tasks)
     assert outcomes.get("http 200", 0) >= 10 and outcomes.get("grpc OK", 0) >= 10, outcomes
     assert outcomes.get("http 429", 0) >= 10 and outcomes.get("grpc RESOURCE_EXHAUSTED", 0) >= 10, outcomes

@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.tensors.datatypes import STRUCT_FORMAT
+from gateway.tensors.datatypes import STRUCT_FORMAT, flattened
 
 
 class TensorError(ValueError):
@@ -29,7 +29,7 @@ class Tensor:
     def as_raw(self) -> bytes:
         if self.raw is not None:
             return self.raw
-        flat = _flatten(self.json_data or [])
+        flat = flattened(self.json_data or [])
         if self.datatype == "BF16":  # a float32's upper half (truncated: the sim needs no rounding)
             return b"".join(struct.pack("<f", v)[2:] for v in flat)
         if self.datatype == "BYTES":
@@ -139,17 +139,3 @@ def infer_response(model: str, version: str, request: InferRequest) -> tuple[byt
 
 def _format(datatype: str) -> str:
     return STRUCT_FORMAT[datatype]
-
-
-def _flatten(data: list[Any]) -> list[Any]:
-    flat: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for value in stack[-1]:
-            if isinstance(value, list):
-                stack.append(iter(value))
-                break
-            flat.append(value)
-        else:
-            stack.pop()
-    return flat

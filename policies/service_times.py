@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
 from itertools import accumulate, pairwise
 
 from policies.renewals import Renewals
@@ -234,3 +235,15 @@ class ServiceTimes:
     def residual_cdf(self, age_s: float, within_s: float) -> float:
         """P(X <= age + within | X > age): a request that has run `age_s` ends within `within_s` more."""
         return self.residual(age_s).cdf(within_s)
+
+
+SURELY_ENDED_QUANTILE = 0.999
+SURELY_ENDED_MARGIN = 2.0
+
+
+def surely_ended_s(kinds: Iterable[ServiceTimes]) -> float:
+    """How long a request may still run on a backend that computes on after its client's connection
+    closed (a `drain` backend), as measured: twice the 99.9th percentile of the slowest kind's
+    service times. The prior's tail counts until samples replace it, so a model not yet measured
+    gets a long bound, not a short one."""
+    return SURELY_ENDED_MARGIN * max((k.quantile(SURELY_ENDED_QUANTILE) for k in kinds), default=0.0)

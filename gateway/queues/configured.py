@@ -20,6 +20,8 @@ from policies.quotas import Quota
 if TYPE_CHECKING:
     from redis.asyncio import BlockingConnectionPool
 
+    from gateway.queues.redis.peers import BeaconAt
+
 
 def replica_name() -> str:
     """Unique per process: host, pid and a random tag (a restarted pod must not reuse leases)."""
@@ -95,6 +97,7 @@ def configured_store(
         close_clients=True,
         expected_replicas=config.replicas,
         fallback_max_s=config.fallback_max_ms / 1000 if config.on_store_failure == "local" else 0.0,
+        beacon_at=beacon_at(settings),
         **policy,
     )
     local = MemoryQueue(pools, bands, settings.estimation, slot_divisor=config.replicas, **policy)
@@ -108,6 +111,16 @@ def configured_store(
         clock=clock,
     )
     return failover
+
+
+def beacon_at(settings: Settings) -> BeaconAt | None:
+    """Where the replica's beacon listens: on the client listener's interface, a port of its own."""
+    from gateway.queues.redis.peers import BeaconAt
+
+    port = settings.store.peer_port
+    if port is None:
+        return None
+    return BeaconAt(settings.listen.host, port, settings.store.peer_address)
 
 
 def command_pool(url: str, size: int, timeout_s: float) -> BlockingConnectionPool:

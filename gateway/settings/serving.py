@@ -69,6 +69,13 @@ class Store(Frozen):
     fallback_max_ms: PositiveMs = 30_000.0
     """local: a replica cut off from Redis serves from its fallback at most this long after its last
     heartbeat, then answers 503; the others keep its slots reserved that long + upstream_timeout_ms."""
+    peer_port: int | None = Field(0, ge=0, le=65535)
+    """The replica's beacon (0: a free port; null: none): when a replica's heartbeat lapses, the others
+    connect to its beacon, and a refusal there or another replica's answer proves it dead, so its
+    slots come back in seconds instead of at their full bounds (gateway/queues/redis/peers.py)."""
+    peer_address: str | None = None
+    """The host other replicas reach the beacon at (a pod's IP); by default the client listener's
+    host, or when that is a wildcard, this host's name resolved (not a loopback address)."""
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> Store:

@@ -1,10 +1,18 @@
 """A replica killed with -9 while its requests outlive the lease TTL: the backend computes on (the
 sim, like Triton, finishes a request whose client went away), so the survivor must not take those
-slots at the TTL. It gets them back once the dead replica's work has surely ended: each lease when
-its request's upstream timeout (and a TTL) has passed since its grant, and, when the dead replica
-might have been serving from its fallback, its share only once that fallback's time is over too.
-The sim's own count of requests in flight is the judge. Meanwhile the survivor admits for the
-slots left to it, and its refusals' advice holds for them."""
+slots at the TTL.
+
+Without beacons (`store.peer_port: null`), or where a probe cannot tell, Redis cannot tell a dead
+replica from a cut-off one: the survivor gets the slots back once the dead replica's work has
+surely ended, each lease when its request's upstream timeout (and a TTL) has passed since its
+grant, and, when the dead replica might have been serving from its fallback, its share only once
+that fallback's time is over too. Meanwhile the survivor admits for the slots left to it, and its
+refusals' advice holds for them.
+
+With beacons (the default), the survivor's probe finds the dead replica's port closed: the slots
+come back as soon as the backend has stopped its work, at once where it stops on a closed
+connection, within the measured service bound where it finishes the work, seconds after the kill.
+The sim's own count of requests in flight is the judge throughout."""
 
 from __future__ import annotations
 
@@ -35,7 +43,9 @@ BOUND_S = UPSTREAM_TIMEOUT_S + TTL_S  # a lease's work is over within this of it
 SLACK_S = 3.0  # reaping runs every third of a TTL; a loaded machine adds its own delays
 
 
-def replica_config(sim_url: str, redis_url: str, prefix: str, on_store_failure: str) -> dict:
+def replica_config(
+    sim_url: str, redis_url: str, prefix: str, on_store_failure: str, peer_port: int | None = None
+) -> dict:
     return shared_config(
         sim_url,
         redis_url,
@@ -45,6 +55,7 @@ def replica_config(sim_url: str, redis_url: str, prefix: str, on_store_failure: 
         lease_ttl_s=TTL_S,
         upstream_timeout_s=UPSTREAM_TIMEOUT_S,
         on_store_failure=on_store_failure,
+        peer_port=peer_port,
     )
 
 
@@ -237,3 +248,98 @@ async def test_after_a_kill_a_burst_refused_by_the_survivor_is_told_when_to_come
     on_first_retry = sum(1 for attempts, status in refused_first if attempts == 2 and status == 200)
     assert on_first_retry >= 0.8 * len(refused_first), outcomes
     assert all(status == 200 for _, status in outcomes), outcomes
+
+
+KILL_TIMEOUT_S = 300.0  # the default upstream timeout: without a beacon, the bound of a dead replica's slots
+
+
+@pytest.mark.parametrize("on_abandon", ["abort", "drain"])
+async def test_with_beacons_a_killed_replicas_slots_come_back_within_seconds_and_never_early(
+    start_sim, start_gateway, on_abandon
+):
+    url = redis_url_or_skip()
+    prefix = unique_prefix()
+    admin = redis.Redis.from_url(url)
+    admin.hset(f"{{{prefix}:sim}}:stats", "epoch", "1")
+    # abort: the sim stops a request whose connection closed, as vLLM does; drain: it finishes it.
+    sim = start_sim(
+        slots=2 * SLOTS, base_ms=SHORT_S * 1000, on_disconnect="stop" if on_abandon == "abort" else "finish"
+    )
+    configs = [replica_config(sim.url, url, prefix, "local", peer_port=0) for _ in range(2)]
+    for config in configs:
+        config["models"][0]["upstream_timeout_ms"] = KILL_TIMEOUT_S * 1000
+        config["models"][0]["expected_service_ms"] = SHORT_S * 1000
+        config["models"][0]["backends"][0]["on_abandon"] = on_abandon
+    doomed, survivor = (start_gateway(config) for config in configs)
+    watch = Watch(sim)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        stop = asyncio.Event()
+
+        async def keep_busy(gateway: Gateway) -> None:
+            while not stop.is_set():  # bounded: the test's end sets it
+                with contextlib.suppress(aiohttp.ClientError):
+                    await infer(http, gateway)
+
+        doomed_work = [asyncio.ensure_future(keep_busy(doomed)) for _ in range(2 * SLOTS)]
+        await eventually(lambda: watch.look() == SLOTS, what="the doomed replica on every slot")
+        survivor_work = [asyncio.ensure_future(keep_busy(survivor)) for _ in range(2 * SLOTS)]
+        sim.reset()  # the peak from here on
+        doomed.signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        # Its heartbeat lapses after a TTL, the survivor probes within a third of one more; the
+        # slots follow at once (abort) or within the measured bound of 0.1 s requests (drain).
+        await eventually(
+            lambda: watch.look() == SLOTS and time.monotonic() > killed_at + TTL_S,
+            timeout_s=TTL_S + SLACK_S,
+            interval_s=0.02,
+            what="the survivor on every slot, seconds after the kill",
+        )
+        back_after_s = time.monotonic() - killed_at
+        stop.set()
+        await asyncio.gather(*doomed_work, *survivor_work, return_exceptions=True)
+    assert back_after_s < KILL_TIMEOUT_S / 10
+    assert sim.stats()["peak_inflight"] <= SLOTS, [f"{at - killed_at:.2f}:{n}" for at, n in watch.samples]
+    admin.close()
+
+
+STOPPED_SERVICE_S = 4.0  # outlives the lapse of the heartbeat and a probe's timeout (1 s)
+
+
+async def test_a_stopped_replica_is_not_taken_for_a_dead_one(start_sim, start_gateway):
+    # SIGSTOP: the kernel still accepts on its beacon's port, and nothing answers. Its requests
+    # run on (the sim stops one only when its connection closes): were it judged gone, the
+    # survivor would take their slots at once and the sim would run more than its slots.
+    url = redis_url_or_skip()
+    prefix = unique_prefix()
+    admin = redis.Redis.from_url(url)
+    admin.hset(f"{{{prefix}:sim}}:stats", "epoch", "1")
+    sim = start_sim(slots=2 * SLOTS, base_ms=STOPPED_SERVICE_S * 1000, on_disconnect="stop")
+    # No fallback: its leases come back at their bounds, with no share held beyond them.
+    configs = [replica_config(sim.url, url, prefix, "reject", peer_port=0) for _ in range(2)]
+    bound_s = STOPPED_SERVICE_S + 2 + TTL_S
+    for config in configs:
+        config["models"][0]["upstream_timeout_ms"] = (STOPPED_SERVICE_S + 2) * 1000
+        config["models"][0]["backends"][0]["on_abandon"] = "abort"
+    stopped, survivor = (start_gateway(config) for config in configs)
+    watch = Watch(sim)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        stopped_work = [asyncio.ensure_future(infer(http, stopped)) for _ in range(SLOTS)]
+        await eventually(lambda: watch.look() == SLOTS, what="the stopped replica on every slot")
+        waiting = [asyncio.ensure_future(infer(http, survivor)) for _ in range(SLOTS)]
+        await eventually(lambda: survivor.assert_metric("gateway_queue_depth", SLOTS, priority="low"))
+        sim.reset()
+        stopped.signal(signal.SIGSTOP)
+        try:
+            # Its requests end on the sim while it is stopped; only then do their slots serve again.
+            await eventually(
+                lambda: watch.look() == 0, timeout_s=STOPPED_SERVICE_S + SLACK_S, what="its requests over"
+            )
+            await eventually(
+                lambda: watch.look() == SLOTS, timeout_s=bound_s + SLACK_S, what="the survivor on them"
+            )
+        finally:
+            stopped.signal(signal.SIGCONT)
+        assert await asyncio.gather(*waiting) == [200] * SLOTS
+        await asyncio.gather(*stopped_work, return_exceptions=True)
+    assert sim.stats()["peak_inflight"] <= SLOTS, [f"{n}" for _, n in watch.samples]
+    admin.close()

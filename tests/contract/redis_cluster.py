@@ -8,9 +8,11 @@ from typing import Any
 import redis
 from redis.asyncio import BlockingConnectionPool, Redis
 
+from gateway.queues.redis.peers import BeaconAt
 from gateway.queues.redis.store import RedisQueue
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
+from gateway.upstream.origin import OnAbandon
 from tests.contract.conftest import MODEL
 from tests.redis_server import unique_prefix
 
@@ -24,8 +26,10 @@ SLOTS = 4
 SHARE = 2  # of SLOTS, for each of 2 replicas
 
 
-def pool() -> ModelPool:
-    backend = BackendState(MODEL, "http://127.0.0.1:9000", SLOTS, "/v2/health/ready", ready=True)
+def pool(on_abandon: OnAbandon = OnAbandon.DRAIN) -> ModelPool:
+    backend = BackendState(
+        MODEL, "http://127.0.0.1:9000", SLOTS, "/v2/health/ready", ready=True, on_abandon=on_abandon
+    )
     return ModelPool(MODEL, [backend], expected_service_s=0.04, upstream_timeout_s=UPSTREAM_TIMEOUT_S)
 
 
@@ -46,7 +50,12 @@ class Cluster:
         await self.client.hset(f"{self.tag}:stats", "epoch", "1")
 
     def replica(
-        self, name: str, *, fallback_max_s: float = FALLBACK_MAX_S, model: ModelPool | None = None
+        self,
+        name: str,
+        *,
+        fallback_max_s: float = FALLBACK_MAX_S,
+        model: ModelPool | None = None,
+        beacon_at: BeaconAt | None = None,
     ) -> RedisQueue:
         listener = Redis.from_url(self.url)
         store = RedisQueue(
@@ -61,6 +70,7 @@ class Cluster:
             redis_clock=lambda: self.now,
             expected_replicas=2,
             fallback_max_s=fallback_max_s,
+            beacon_at=beacon_at,
         )
         self.listeners.append(listener)
         return store

@@ -10,8 +10,10 @@ import asyncio
 import pytest
 
 from gateway.queues.base import Flow, Granted, Queued, Slot
+from gateway.queues.redis.peers import BeaconAt
 from gateway.queues.redis.presence import ReplicaAbsent
 from gateway.queues.redis.store import RedisQueue
+from gateway.upstream.origin import OnAbandon
 from tests.contract.redis_cluster import (
     BOUND_S,
     FALLBACK_MAX_S,
@@ -20,6 +22,7 @@ from tests.contract.redis_cluster import (
     SHARE,
     SLOTS,
     TTL_S,
+    pool,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -225,3 +228,51 @@ async def test_a_ticket_queued_for_an_offer_whose_caller_left_takes_no_slot(clus
     await a.release(held[0], 0.0)
     await a.settle()
     assert await cluster.slots_in_use() == SLOTS - 1  # the slot went to nobody
+
+
+async def probed(store: RedisQueue) -> None:
+    """`store`'s probes of the absent replicas' beacons, to their end (as its upkeep starts them)."""
+    store._peers.look(store._models[MODEL])
+    await store.settle()
+
+
+@pytest.mark.parametrize("on_abandon", [OnAbandon.ABORT, OnAbandon.DRAIN])
+async def test_a_replica_whose_beacon_is_gone_gives_its_slots_back_as_soon_as_its_backend_stopped(
+    cluster, on_abandon
+):
+    beacon = BeaconAt("127.0.0.1", 0)
+    a = await cluster.start("a", model=pool(on_abandon), beacon_at=beacon)
+    b = await cluster.start("b", model=pool(on_abandon), beacon_at=beacon)
+    [await take(a) for _ in range(SHARE + 1)]
+    await cluster.advance_to(cluster.now + TTL_S + 1, beating=b)  # a's heartbeat lapses
+    await probed(b)  # its beacon answers: alive, cut off from Redis, maybe serving from its fallback
+    assert await free_slots_seen_by(b) == SLOTS - SHARE - 1
+
+    await a._peers.close()  # killed: its port refuses
+    await probed(b)
+    if on_abandon is OnAbandon.ABORT:  # its connections closed with it, and the backend stopped
+        assert await free_slots_seen_by(b) == SLOTS
+        assert await cluster.leases("a") == set()
+    else:  # the backend computes on, each request at most its measured bound (and a TTL) more
+        assert await free_slots_seen_by(b) == SLOTS - SHARE - 1
+        drain_s = a._presence._peer_args(a._models[MODEL])["peer"]["d"]
+        assert drain_s < BOUND_S
+        await cluster.advance_to(cluster.now + drain_s - 1, beating=b)
+        assert await free_slots_seen_by(b) == SLOTS - SHARE - 1
+        await cluster.advance_to(cluster.now + 2, beating=b)
+        assert await free_slots_seen_by(b) == SLOTS
+    assert await cluster.client.hget(f"{cluster.tag}:peer", "a") is None
+
+
+async def test_a_replica_without_a_beacon_or_back_in_redis_is_never_taken_for_gone(cluster):
+    a = await cluster.start("a", model=pool(OnAbandon.ABORT))  # no beacon: nothing to probe
+    b = await cluster.start("b", model=pool(OnAbandon.ABORT), beacon_at=BeaconAt("127.0.0.1", 0))
+    await take(a)
+    await cluster.advance_to(cluster.now + TTL_S + 1, beating=b)
+    await probed(b)
+    assert await free_slots_seen_by(b) == SLOTS - 1
+    # Live again: the script leaves a rejoined replica's leases alone, whatever a probe said.
+    await a.rejoin({})
+    reply = await b._run("gone", b._models[MODEL], {"replica": "a", "abort": ["http://127.0.0.1:9000"]})
+    assert reply == {"freed": 0, "granted": 0}
+    assert await free_slots_seen_by(b) == SLOTS - 1

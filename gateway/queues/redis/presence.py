@@ -29,6 +29,7 @@ from gateway.queues.redis.codec import as_list, ready_arg
 from gateway.queues.redis.grants import ModelState
 from gateway.queues.shares import fallback_share
 from gateway.upstream.backends import ModelPool
+from policies.service_times import surely_ended_s
 
 log = logging.getLogger("gateway.redis")
 
@@ -86,6 +87,8 @@ class Presence:
         self._clock = clock
         self.detached = False
         """Serving from a fallback store: no beat, no lease freed, until it rejoins."""
+        self.beacon: str | None = None
+        """host:port of this process's beacon (peers.py), published with each beat."""
 
     def holding(self, state: ModelState) -> Holding:
         sent_at = state.beat_sent_at
@@ -102,6 +105,7 @@ class Presence:
             "replica": self.replica,
             "ttl": self._ttl_s,
             **self._hold_args(state),
+            **self._peer_args(state),
             # A new state forgot what replicas it does not know yet may run from their fallbacks.
             "window": self.fallback_max_s + lease_bound_s(state.pool, self._ttl_s),
             "lost": int(state.beat_sent_at is not None),  # joined before: a new state is a lost one
@@ -137,6 +141,7 @@ class Presence:
             "ttl": self._ttl_s,
             "expected": self._expected,
             **self._hold_args(state),
+            **self._peer_args(state),
             "leases": [*state.held, *state.reserved],
         }
         if (await self._run("heartbeat", state, args))["absent"]:
@@ -155,6 +160,17 @@ class Presence:
                 for b in state.pool.backends
             ],
         }
+
+    def _peer_args(self, state: ModelState) -> dict[str, Any]:
+        """Where the others probe this process once it is absent, and how long a request of its may
+        compute on a backend after its connection closed (lua/gone.lua): the measured bound and a
+        TTL for the release on its way, never beyond the lease's own bound."""
+        if self.beacon is None:
+            return {}
+        estimates = state.estimates
+        measured = surely_ended_s([estimates.service_times, *estimates.service_times_by_kind.values()])
+        bound = lease_bound_s(state.pool, self._ttl_s)
+        return {"peer": {"a": self.beacon, "d": min(bound, measured + self._ttl_s)}}
 
     async def rejoin_as_it_is(self, state: ModelState) -> None:
         """Rejoin after the heartbeat lapsed without Redis being lost: with the work it has."""

@@ -33,6 +33,7 @@ _NAMES = (
     "dispatch",
     "limit",
     "recover",
+    "gone",
 )
 
 

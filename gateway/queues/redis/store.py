@@ -38,6 +38,7 @@ from gateway.queues.background import Background
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
 from gateway.queues.redis.codec import Displaced, Grant, OfferArgs, View, grants, ready_arg
 from gateway.queues.redis.grants import ModelState, expire_in_order, listen
+from gateway.queues.redis.peers import BeaconAt, Peers
 from gateway.queues.redis.presence import Holding, Presence, ReplicaAbsent
 from gateway.queues.redis.returns import RedisReturns
 from gateway.queues.redis.scripts import Scripts
@@ -78,23 +79,18 @@ class RedisQueue:
         fallback_max_s: float = 0.0,
         supervisor: Supervisor | None = None,
         tenants: bool = True,
+        beacon_at: BeaconAt | None = None,  # None: a killed replica's slots stay reserved to their bounds
     ) -> None:
-        self._client = client
-        self._close_clients = close_clients
+        self._client, self._listener, self._close_clients = client, listener, close_clients
         self._on_failure = on_failure
-        self._listener = listener
-        self._bands = bands
-        self._estimation = estimation
-        self._replica = replica_id
-        self._ttl_s = lease_ttl_s
-        self._ordering = ordering
+        self._bands, self._estimation, self._ordering = bands, estimation, ordering
+        self._replica, self._ttl_s = replica_id, lease_ttl_s
         self._weight_of = weights
         """A tenant's weight in its bands' fair queuing now; a tenant not named (and "") weighs 1."""
         self._clock = clock
         self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock, reserved, quotas, tenants)
-        self._presence = Presence(
-            self._run, replica_id, lease_ttl_s, expected_replicas, fallback_max_s, clock
-        )
+        presence_args = (replica_id, lease_ttl_s, expected_replicas, fallback_max_s, clock)
+        self._presence = Presence(self._run, *presence_args)
         self._models = {
             pool.name: ModelState.of(pool, key_prefix, bands, estimation, clock()) for pool in pools
         }
@@ -107,6 +103,7 @@ class RedisQueue:
         self._spawn = self._background.spawn
         """Runs `work` to the end in the background, whatever happens to whoever started it."""
         self.shared_returns = RedisReturns(client, replica_id, bands)
+        self._peers = Peers(replica_id, beacon_at, client, self._run, self._spawn)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -116,6 +113,7 @@ class RedisQueue:
         Returns once they run. They start even when Redis fails here (the error still propagates):
         they keep trying, and once the replica rejoins they are what keeps its leases alive.
         """
+        self._presence.beacon = await self._peers.open()
         try:
             for model in self._models.values():
                 await self._presence.join(model, {})
@@ -146,6 +144,7 @@ class RedisQueue:
             for model in self._models.values():
                 if not self._presence.detached and not model.reserved:
                     await self._presence.reap(model, leaving=True)
+        await self._peers.close()  # the process is done with its work: a probe may say so now
         if self._close_clients:
             await self._client.aclose(close_connection_pool=True)
             await self._listener.aclose(close_connection_pool=True)
@@ -387,6 +386,7 @@ class RedisQueue:
         try:
             await self._beat(state)
             await self._presence.reap(state)
+            self._peers.look(state)
             await self._refresh(state)
         except ReplicaAbsent as error:
             self._on_failure(error)  # a fallback store detaches this replica, and rejoins it later

@@ -42,6 +42,9 @@
 --                                 until its bound), s: {backend url: the most its fallback uses there}}
 --   <tag>:absent            zset  replica -> end of its reservation (replicas reaped while their
 --                                 leases stay reserved)
+--   <tag>:peer              hash  replica -> JSON {a: its beacon's host:port, d: how long a request
+--                                 of its may compute on after its connection closed}, published
+--                                 with each beat, kept while it is live or absent (gone.lua)
 --   <tag>:stats             hash  raw counters: off:<band>, adm:<band> (work offered, admitted),
 --                                 drained_work, drained_s, drained_at, handovers, handed_work;
 --                                 backlog_at; recovery_until, unknown_until, replicas_expected;
@@ -389,6 +392,15 @@ local function hold_entry(now)
   return cjson.encode({t = fmt(hold_until), s = share})
 end
 
+-- Where the others can probe this replica's process once it is absent (gone.lua), if it has a beacon.
+local function publish_peer(replica)
+  if A.peer then
+    redis.call('HSET', tag .. ':peer', replica, cjson.encode(A.peer))
+  else
+    redis.call('HDEL', tag .. ':peer', replica)
+  end
+end
+
 -- A replica is live while its heartbeat has not lapsed; one that is not may be cut off and
 -- serving from its fallback on the capacity of its leases, so they are not its to free or renew.
 local function live(replica, now)
@@ -440,7 +452,20 @@ local function reserve_absent(replica, now)
   redis.call('DEL', tag .. ':waiting:' .. replica, tag .. ':grants:' .. replica)
   redis.call('ZREM', tag .. ':replicas', replica)
   redis.call('HDEL', tag .. ':hold', replica)
-  if reserved_until > now then redis.call('ZADD', tag .. ':absent', reserved_until, replica) end
+  if reserved_until > now then
+    redis.call('ZADD', tag .. ':absent', reserved_until, replica)
+  else
+    redis.call('HDEL', tag .. ':peer', replica)
+  end
+end
+
+-- Absent replicas whose reservations have ended are forgotten.
+local function forget_absent(now)
+  local ended = redis.call('ZRANGEBYSCORE', tag .. ':absent', '-inf', now)
+  if #ended > 0 then
+    redis.call('HDEL', tag .. ':peer', unpack(ended))
+    redis.call('ZREMRANGEBYSCORE', tag .. ':absent', '-inf', now)
+  end
 end
 
 -- Replicas whose heartbeat lapsed, reserved before any slot is handed out (see reserve_absent).

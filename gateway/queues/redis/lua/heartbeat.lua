@@ -2,7 +2,8 @@
 -- A: replica, ttl, expected (replicas the config expects), hold_s (how long its leases stay
 --    reserved once it is absent, from now; 0: each only until its own bound), share ({u: url, n}
 --    each: the most its fallback may use of each backend), leases (the leases it uses: its
---    requests' and its fallback's reservations), bound_s, now (tests).
+--    requests' and its fallback's reservations), peer (its beacon: {a, d}, or absent), bound_s,
+--    now (tests).
 -- A lease it no longer names (its release was lost) lapses within one TTL; one in its grant list,
 -- not taken yet, is renewed. A replica whose heartbeat already lapsed is not brought back: its
 -- leases are reserved as an absent replica's, and it must rejoin (rejoin.lua).
@@ -11,6 +12,7 @@ local now = now_s()
 if not live(A.replica, now) then return cjson.encode({absent = true}) end
 redis.call('ZADD', tag .. ':replicas', now + A.ttl, A.replica)
 redis.call('HSET', tag .. ':hold', A.replica, hold_entry(now))
+publish_peer(A.replica)
 redis.call('HSET', tag .. ':stats', 'replicas_expected', A.expected)
 local renewed = undelivered(A.replica)
 for _, lease in ipairs(A.leases) do renewed[lease] = true end

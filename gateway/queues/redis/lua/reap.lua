@@ -12,6 +12,6 @@ end
 local dead = reap_absent(now)
 local expired = redis.call('ZRANGEBYSCORE', tag .. ':leases', '-inf', now)
 for _, lease in ipairs(expired) do free_lease(lease) end
-redis.call('ZREMRANGEBYSCORE', tag .. ':absent', '-inf', now)
+forget_absent(now)
 local granted = dispatch(A.bands, A.backends, A.ttl, now, false, nil)
 return cjson.encode({dead = dead, expired = #expired, granted = granted})

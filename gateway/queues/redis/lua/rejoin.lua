@@ -11,7 +11,7 @@
 --    persistence), under new ids;
 -- 5. hold what its fallback still uses, as leases (reserved);
 -- 6. dispatch.
--- A: replica, bands, ttl, hold_s and share (as in heartbeat.lua), window (how long step 1
+-- A: replica, bands, ttl, hold_s, share and peer (as in heartbeat.lua), window (how long step 1
 --    presumes), lost, expected, backends, bound_s, ready ({u, r} each), reserve ({u, n} each), keep
 --    ({l: lease, u: url} each: the leases it still uses), now (tests).
 -- Returns {dropped, freed, granted, reserved: lease ids, renamed: {old, new} pairs}.
@@ -38,6 +38,7 @@ for _, lease in ipairs(redis.call('SMEMBERS', tag .. ':held:' .. replica)) do he
 
 redis.call('ZADD', tag .. ':replicas', now + A.ttl, replica)
 redis.call('HSET', tag .. ':hold', replica, hold_entry(now))
+publish_peer(replica)
 redis.call('ZREM', tag .. ':absent', replica)
 for _, entry in ipairs(A.ready) do
   redis.call('HSET', tag .. ':ready', entry.u, entry.r)

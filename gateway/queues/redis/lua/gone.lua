@@ -1,0 +1,38 @@
+-- A replica whose beacon a peer found gone (gateway/queues/redis/peers.py): its process is dead, so
+-- its connections to the backends closed with it and no fallback of its can start work. Each of
+-- its reserved leases ends now on a backend that stops on a closed connection (A.abort), and within
+-- the bound the replica last published (<tag>:peer, d: how long a request may compute on) on one
+-- that finishes the work anyway; never later than its reservation did. Then the freed slots are
+-- dispatched.
+-- A: replica, abort ([backend url]), bands, ttl, backends, bound_s, now (tests).
+-- Only a replica Redis holds as absent: a live one (it rejoined) is not gone.
+-- Returns {freed, granted}.
+local now = now_s()
+if live(A.replica, now) or not redis.call('ZSCORE', tag .. ':absent', A.replica) then
+  return cjson.encode({freed = 0, granted = 0})
+end
+local raw = redis.call('HGET', tag .. ':peer', A.replica)
+local peer = raw and cjson.decode(raw) or {}
+local drain_until = now + tonumber(peer.d or '0')
+local abort = {}
+for _, url in ipairs(A.abort) do abort[url] = true end
+local freed, reserved_until = 0, 0
+for _, lease in ipairs(redis.call('SMEMBERS', tag .. ':held:' .. A.replica)) do
+  local url = string.match(redis.call('HGET', tag .. ':lease', lease) or '', '^(.*)|[^|]*$')
+  local ends = tonumber(redis.call('ZSCORE', tag .. ':leases', lease) or '0')
+  if url and abort[url] then ends = now else ends = math.min(ends, drain_until) end
+  if ends <= now then
+    if free_lease(lease) then freed = freed + 1 end
+  else
+    redis.call('ZADD', tag .. ':leases', 'XX', ends, lease)
+    reserved_until = math.max(reserved_until, ends)
+  end
+end
+redis.call('HDEL', tag .. ':peer', A.replica)
+if reserved_until > now then
+  redis.call('ZADD', tag .. ':absent', reserved_until, A.replica)
+else
+  redis.call('ZREM', tag .. ':absent', A.replica)
+end
+local granted = dispatch(A.bands, A.backends, A.ttl, now, false, nil)
+return cjson.encode({freed = freed, granted = granted})

@@ -1,0 +1,196 @@
+"""Telling a dead replica from a cut-off one, so that a crash costs seconds of slots, not minutes.
+
+Redis sees only that a replica's heartbeat lapsed. A replica cut off from Redis may still be serving
+(its requests, and its fallback's on their capacity), so Redis keeps what it held reserved
+(presence.py). But a killed process leaves a trace another replica can check: the port it listened
+on refuses connections, or another process (a restarted pod, with a new replica id) answers there.
+Each replica therefore keeps a beacon, a TCP port that answers its replica id to whoever connects,
+open for the whole life of the process (not closed while it drains, as the client listener is), and
+publishes its address with each beat. When a replica turns absent, the others probe its beacon:
+
+- refused, or another replica's id: gone. Its connections to the backends closed with it, so a
+  backend that stops on a closed connection (`on_abandon: abort`) runs none of its work now, and
+  one that computes on (`drain`) runs each request at most its measured bound more
+  (policies.service_times.surely_ended_s); nothing of a fallback can run. lua/gone.lua frees the
+  slots on those terms.
+- its own id: alive, cut off from Redis only; everything stays reserved.
+- anything else (a timeout, an unreachable host, a process that accepts and says nothing because it
+  is stopped): unknown, and everything stays reserved, as without a beacon.
+
+A firewall that rejects connections between replicas (rather than dropping them) would look like a
+death: set `store.peer_port: null` there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import ipaddress
+import json
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from gateway.queues.redis.grants import ModelState
+from gateway.upstream.origin import OnAbandon
+
+log = logging.getLogger("gateway.redis")
+
+GREETING = b"inference-gateway replica "
+PROBE_TIMEOUT_S = 1.0
+
+
+class Verdict(enum.Enum):
+    GONE = "gone"
+    HERE = "here"
+    UNKNOWN = "unknown"
+
+
+class Beacon:
+    """Answers its replica id on a port of its own until the process ends."""
+
+    def __init__(self, replica: str) -> None:
+        self.replica = replica
+        self.address: str | None = None
+        """host:port where others reach it, once started with an address to publish."""
+        self._server: asyncio.Server | None = None
+
+    async def start(self, at: BeaconAt) -> None:
+        bind_host, port, advertised_host = at.bind_host, at.port, at.advertised_host
+        answer = GREETING + self.replica.encode() + b"\n"
+
+        async def greet(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(answer)
+            with contextlib.suppress(OSError):
+                await writer.drain()
+            writer.close()
+
+        self._server = await asyncio.start_server(greet, bind_host, port)
+        bound_port = self._server.sockets[0].getsockname()[1]
+        host = advertised_host or reachable_host(bind_host)
+        if host is None:
+            log.warning(
+                "the replica beacon listens on %s:%d but this host's name resolves to a loopback "
+                "address: set store.peer_address for the other replicas to reach it (until then a "
+                "killed replica's slots stay reserved for their full bounds)",
+                bind_host,
+                bound_port,
+            )
+            return
+        self.address = f"[{host}]:{bound_port}" if ":" in host else f"{host}:{bound_port}"
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+
+def reachable_host(bind_host: str) -> str | None:
+    """The address others reach a server bound to `bind_host` at: the host itself unless it is a
+    wildcard, else this host's name resolved (a pod's IP in Kubernetes); None when that is a
+    loopback address while the bind is a wildcard (Debian maps the host name to 127.0.1.1), since
+    a replica on another host probing it would reach its own machine and see a refusal."""
+    if bind_host not in ("0.0.0.0", "::", ""):
+        return bind_host
+    try:
+        resolved = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+    return None if ipaddress.ip_address(resolved).is_loopback else resolved
+
+
+async def probe(address: str, replica: str, timeout_s: float = PROBE_TIMEOUT_S) -> Verdict:
+    """Whether `replica`'s process is still the one at `address` (see the module's rules)."""
+    host, _, port = address.rpartition(":")
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            try:
+                line = await reader.readline()
+            finally:
+                writer.close()
+    except ConnectionRefusedError:
+        return Verdict.GONE
+    except (OSError, TimeoutError, ValueError):
+        return Verdict.UNKNOWN
+    if not line.startswith(GREETING) or not line.endswith(b"\n"):
+        return Verdict.UNKNOWN
+    return Verdict.HERE if line[len(GREETING) : -1].decode(errors="replace") == replica else Verdict.GONE
+
+
+class Peers:
+    """This replica's beacon, and the probes, off the heartbeat's path, of the beacons of the
+    replicas Redis holds as absent, freeing what a gone one held (lua/gone.lua)."""
+
+    def __init__(
+        self,
+        replica: str,
+        beacon_at: BeaconAt | None,
+        client: Redis,
+        run: Callable[[str, ModelState, dict[str, Any]], Awaitable[Any]],
+        spawn: Callable[[Awaitable[Any]], object],
+    ) -> None:
+        self._beacon, self._beacon_at = Beacon(replica), beacon_at
+        self._client = client
+        self._run = run
+        self._spawn = spawn
+        self._probing: set[tuple[str, str]] = set()
+        """(model's tag, replica) whose probe is under way: one at a time each."""
+
+    async def open(self) -> str | None:
+        """Start this replica's beacon, where configured; returns the address to publish."""
+        if self._beacon_at is not None:
+            await self._beacon.start(self._beacon_at)
+        return self._beacon.address
+
+    async def close(self) -> None:
+        await self._beacon.close()
+
+    def look(self, state: ModelState) -> None:
+        """Probe the absent replicas of `state`'s model that are not being probed already."""
+        self._spawn(self._look(state))
+
+    async def _look(self, state: ModelState) -> None:
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.zrange(f"{state.tag}:absent", 0, -1)
+            pipe.hgetall(f"{state.tag}:peer")
+            absent, peers = await pipe.execute()
+        for name in absent:
+            replica = name.decode()
+            entry = peers.get(name)
+            if entry is None or (state.tag, replica) in self._probing:
+                continue
+            self._probing.add((state.tag, replica))
+            self._spawn(self._probe(state, replica, json.loads(entry)["a"]))
+
+    async def _probe(self, state: ModelState, replica: str, address: str) -> None:
+        try:
+            if await probe(address, replica) is not Verdict.GONE:
+                return
+            stops = [b.url for b in state.pool.backends if b.on_abandon is OnAbandon.ABORT]
+            reply = await self._run("gone", state, {"replica": replica, "abort": stops})
+            log.warning(
+                "model %s: replica %s is gone (its beacon at %s): freed %d of its slots, granted %d",
+                state.pool.name,
+                replica,
+                address,
+                reply["freed"],
+                reply["granted"],
+            )
+        finally:
+            self._probing.discard((state.tag, replica))
+
+
+@dataclass(frozen=True, slots=True)
+class BeaconAt:
+    """Where a replica's beacon listens, and the host it tells the others (None: found here)."""
+
+    bind_host: str
+    port: int
+    advertised_host: str | None = None

@@ -232,6 +232,7 @@ async def test_a_ticket_queued_for_an_offer_whose_caller_left_takes_no_slot(clus
 
 async def probed(store: RedisQueue) -> None:
     """`store`'s probes of the absent replicas' beacons, to their end (as its upkeep starts them)."""
+    store._peers._probed_at.clear()  # the rig's clock is not the one probes are spaced by
     store._peers.look(store._models[MODEL])
     await store.settle()
 
@@ -257,9 +258,9 @@ async def test_a_replica_whose_beacon_is_gone_gives_its_slots_back_as_soon_as_it
         assert await free_slots_seen_by(b) == SLOTS - SHARE - 1
         drain_s = a._presence._peer_args(a._models[MODEL])["peer"]["d"]
         assert drain_s < BOUND_S
-        await cluster.advance_to(cluster.now + drain_s - 1, beating=b)
+        await cluster.advance_to(cluster.now + drain_s / 2, beating=b)
         assert await free_slots_seen_by(b) == SLOTS - SHARE - 1
-        await cluster.advance_to(cluster.now + 2, beating=b)
+        await cluster.advance_to(cluster.now + drain_s, beating=b)
         assert await free_slots_seen_by(b) == SLOTS
     assert await cluster.client.hget(f"{cluster.tag}:peer", "a") is None
 
@@ -276,3 +277,26 @@ async def test_a_replica_without_a_beacon_or_back_in_redis_is_never_taken_for_go
     reply = await b._run("gone", b._models[MODEL], {"replica": "a", "abort": ["http://127.0.0.1:9000"]})
     assert reply == {"freed": 0, "granted": 0}
     assert await free_slots_seen_by(b) == SLOTS - 1
+
+
+async def test_a_live_replica_whose_grants_stay_untaken_and_whose_beacon_is_gone_is_reaped_at_once(cluster):
+    # Killed a moment ago, its heartbeat not yet lapsed: every slot freed meanwhile is handed to its
+    # queued tickets and lost until the lapse, unless a peer notices the grants it does not take.
+    beacon = BeaconAt("127.0.0.1", 0)
+    b = await cluster.start("b", model=pool(OnAbandon.ABORT), beacon_at=beacon)
+    a = cluster.replica("a", model=pool(OnAbandon.ABORT), beacon_at=beacon)  # its listener never runs
+    a._presence.beacon = await a._peers.open()
+    await a._presence.join(a._models[MODEL], {})
+    await take(a)
+    held = [await take(b) for _ in range(SLOTS - 1)]
+    assert isinstance(await a.offer(Flow(MODEL, 0), 1.0, 5.0, 100.0, 0.0), Queued)
+    await b.release(held[0], 0.0)  # granted to a's ticket, onto a's list
+    await probed(b)  # the first look at its list's head
+    await probed(b)  # the same head: its beacon answers, alive, only slow to take it
+    assert await free_slots_seen_by(b) == 0
+
+    await a._peers.close()
+    await probed(b)  # the same head, and its beacon refuses
+    assert await cluster.leases("a") == set()
+    assert await free_slots_seen_by(b) == 2  # its request's slot, and the grant it never took
+    assert await cluster.client.llen(f"{cluster.tag}:grants:a") == 0

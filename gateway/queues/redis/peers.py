@@ -27,14 +27,13 @@ import asyncio
 import contextlib
 import enum
 import ipaddress
-import json
 import logging
+import math
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-
-from redis.asyncio import Redis
 
 from gateway.queues.redis.grants import ModelState
 from gateway.upstream.origin import OnAbandon
@@ -43,6 +42,9 @@ log = logging.getLogger("gateway.redis")
 
 GREETING = b"inference-gateway replica "
 PROBE_TIMEOUT_S = 1.0
+REPROBE_S = 1.0
+"""A replica found alive, or not answering, is probed again at most this often (per model)."""
+FORGET_PROBES_S = 60.0
 
 
 class Verdict(enum.Enum):
@@ -132,16 +134,18 @@ class Peers:
         self,
         replica: str,
         beacon_at: BeaconAt | None,
-        client: Redis,
         run: Callable[[str, ModelState, dict[str, Any]], Awaitable[Any]],
         spawn: Callable[[Awaitable[Any]], object],
     ) -> None:
         self._beacon, self._beacon_at = Beacon(replica), beacon_at
-        self._client = client
         self._run = run
         self._spawn = spawn
         self._probing: set[tuple[str, str]] = set()
         """(model's tag, replica) whose probe is under way: one at a time each."""
+        self._probed_at: dict[tuple[str, str], float] = {}
+        """When each was last probed (monotonic): at most every REPROBE_S."""
+        self._heads: dict[tuple[str, str], str] = {}
+        """The head of each live replica's grant list at the last look, where it had one."""
 
     async def open(self) -> str | None:
         """Start this replica's beacon, where configured; returns the address to publish."""
@@ -153,33 +157,43 @@ class Peers:
         await self._beacon.close()
 
     def look(self, state: ModelState) -> None:
-        """Probe the absent replicas of `state`'s model that are not being probed already."""
-        self._spawn(self._look(state))
+        """Probe, in the background, the replicas of `state`'s model that may be gone: the absent
+        ones, and the live ones whose grant list kept the same head since the last look. A replica
+        without a beacon of its own (`store.peer_port: null`) probes none."""
+        if self._beacon_at is not None:
+            self._spawn(self._look(state))
 
     async def _look(self, state: ModelState) -> None:
-        async with self._client.pipeline(transaction=False) as pipe:
-            pipe.zrange(f"{state.tag}:absent", 0, -1)
-            pipe.hgetall(f"{state.tag}:peer")
-            absent, peers = await pipe.execute()
-        for name in absent:
-            replica = name.decode()
-            entry = peers.get(name)
-            if entry is None or (state.tag, replica) in self._probing:
+        reply = await self._run("peers", state, {"replica": self._beacon.replica})
+        now, tag = time.monotonic(), state.tag
+        self._probed_at = {key: at for key, at in self._probed_at.items() if now - at < FORGET_PROBES_S}
+        suspects = {r: (address, False) for r, address in reply["absent"].items() if r != "~"}
+        heads = {r: entry for r, entry in reply["heads"].items() if r != "~"}
+        for replica, entry in heads.items():
+            if self._heads.get((tag, replica)) == entry["h"]:
+                suspects[replica] = (entry["a"], True)
+        self._heads = {key: head for key, head in self._heads.items() if key[0] != tag}
+        self._heads.update({(tag, replica): entry["h"] for replica, entry in heads.items()})
+        for replica, (address, stuck) in suspects.items():
+            key = (tag, replica)
+            if key in self._probing or now - self._probed_at.get(key, -math.inf) < REPROBE_S:
                 continue
-            self._probing.add((state.tag, replica))
-            self._spawn(self._probe(state, replica, json.loads(entry)["a"]))
+            self._probing.add(key)
+            self._probed_at[key] = now
+            self._spawn(self._probe(state, replica, address, stuck))
 
-    async def _probe(self, state: ModelState, replica: str, address: str) -> None:
+    async def _probe(self, state: ModelState, replica: str, address: str, stuck: bool) -> None:
         try:
             if await probe(address, replica) is not Verdict.GONE:
                 return
             stops = [b.url for b in state.pool.backends if b.on_abandon is OnAbandon.ABORT]
-            reply = await self._run("gone", state, {"replica": replica, "abort": stops})
+            reply = await self._run("gone", state, {"replica": replica, "abort": stops, "stuck": stuck})
             log.warning(
-                "model %s: replica %s is gone (its beacon at %s): freed %d of its slots, granted %d",
+                "model %s: replica %s is gone (its beacon at %s%s): freed %d of its slots, granted %d",
                 state.pool.name,
                 replica,
                 address,
+                ", its grants untaken" if stuck else "",
                 reply["freed"],
                 reply["granted"],
             )

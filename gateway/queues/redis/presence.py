@@ -163,14 +163,14 @@ class Presence:
 
     def _peer_args(self, state: ModelState) -> dict[str, Any]:
         """Where the others probe this process once it is absent, and how long a request of its may
-        compute on a backend after its connection closed (lua/gone.lua): the measured bound and a
-        TTL for the release on its way, never beyond the lease's own bound."""
+        compute on a backend after its connection closed (lua/gone.lua): the measured bound, never
+        beyond the lease's own (a dead process has no release on its way)."""
         if self.beacon is None:
             return {}
         estimates = state.estimates
         measured = surely_ended_s([estimates.service_times, *estimates.service_times_by_kind.values()])
         bound = lease_bound_s(state.pool, self._ttl_s)
-        return {"peer": {"a": self.beacon, "d": min(bound, measured + self._ttl_s)}}
+        return {"peer": {"a": self.beacon, "d": min(bound, measured)}}
 
     async def rejoin_as_it_is(self, state: ModelState) -> None:
         """Rejoin after the heartbeat lapsed without Redis being lost: with the work it has."""

@@ -34,6 +34,7 @@ _NAMES = (
     "limit",
     "recover",
     "gone",
+    "peers",
 )
 
 

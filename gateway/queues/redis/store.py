@@ -103,7 +103,7 @@ class RedisQueue:
         self._spawn = self._background.spawn
         """Runs `work` to the end in the background, whatever happens to whoever started it."""
         self.shared_returns = RedisReturns(client, replica_id, bands)
-        self._peers = Peers(replica_id, beacon_at, client, self._run, self._spawn)
+        self._peers = Peers(replica_id, beacon_at, self._run, self._spawn)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -374,6 +374,7 @@ class RedisQueue:
                     self._give_back(slot)
                 if not self._presence.detached:
                     await self.shared_returns.exchange(name, state)
+                    self._peers.look(state)
             if self._clock() >= next_beat:
                 next_beat = self._clock() + beat_s * random.uniform(0.9, 1.1)
                 for state in self._models.values():
@@ -386,7 +387,6 @@ class RedisQueue:
         try:
             await self._beat(state)
             await self._presence.reap(state)
-            self._peers.look(state)
             await self._refresh(state)
         except ReplicaAbsent as error:
             self._on_failure(error)  # a fallback store detaches this replica, and rejoins it later

@@ -42,6 +42,9 @@
 --                                 until its bound), s: {backend url: the most its fallback uses there}}
 --   <tag>:absent            zset  replica -> end of its reservation (replicas reaped while their
 --                                 leases stay reserved)
+--   <tag>:gone              zset  replica -> the end of the window in which replicas Redis does not
+--                                 know are presumed to run (recovery_until): a replica a probe
+--                                 proved dead (gone.lua) is not one of them
 --   <tag>:peer              hash  replica -> JSON {a: its beacon's host:port, d: how long a request
 --                                 of its may compute on after its connection closed}, published
 --                                 with each beat, kept while it is live or absent (gone.lua)
@@ -90,7 +93,8 @@ local function absent_replicas()
       local expected = tonumber(redis.call('HGET', tag .. ':stats', 'replicas_expected') or '1')
       local live = redis.call('ZCOUNT', tag .. ':replicas', '(' .. fmt(now), '+inf')
       local reserved = redis.call('ZCOUNT', tag .. ':absent', '(' .. fmt(now), '+inf')
-      absent_cache = math.max(0, expected - live - reserved)
+      local gone = redis.call('ZCOUNT', tag .. ':gone', '(' .. fmt(now), '+inf')
+      absent_cache = math.max(0, expected - live - reserved - gone)
     end
   end
   return absent_cache

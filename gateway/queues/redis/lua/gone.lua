@@ -4,12 +4,18 @@
 -- the bound the replica last published (<tag>:peer, d: how long a request may compute on) on one
 -- that finishes the work anyway; never later than its reservation did. Then the freed slots are
 -- dispatched.
--- A: replica, abort ([backend url]), bands, ttl, backends, bound_s, now (tests).
--- Only a replica Redis holds as absent: a live one (it rejoined) is not gone.
+-- A: replica, abort ([backend url]), stuck (true: its heartbeat has not lapsed yet, its grants
+--    stayed untaken: it is made absent first), bands, ttl, backends, bound_s, now (tests).
+-- Otherwise only a replica Redis holds as absent: a live one (it rejoined) is not gone.
 -- Returns {freed, granted}.
 local now = now_s()
-if live(A.replica, now) or not redis.call('ZSCORE', tag .. ':absent', A.replica) then
-  return cjson.encode({freed = 0, granted = 0})
+if live(A.replica, now) then
+  if not A.stuck then return cjson.encode({freed = 0, granted = 0}) end
+  reserve_absent(A.replica, now)  -- its untaken grants are freed, its tickets dropped
+end
+if not redis.call('ZSCORE', tag .. ':absent', A.replica) then
+  redis.call('HDEL', tag .. ':peer', A.replica)
+  return cjson.encode({freed = 0, granted = dispatch(A.bands, A.backends, A.ttl, now, false, nil)})
 end
 local raw = redis.call('HGET', tag .. ':peer', A.replica)
 local peer = raw and cjson.decode(raw) or {}
@@ -29,6 +35,9 @@ for _, lease in ipairs(redis.call('SMEMBERS', tag .. ':held:' .. A.replica)) do
   end
 end
 redis.call('HDEL', tag .. ':peer', A.replica)
+local recovery_until = stat('recovery_until')
+if recovery_until > now then redis.call('ZADD', tag .. ':gone', recovery_until, A.replica) end
+redis.call('ZREMRANGEBYSCORE', tag .. ':gone', '-inf', now)
 if reserved_until > now then
   redis.call('ZADD', tag .. ':absent', reserved_until, A.replica)
 else

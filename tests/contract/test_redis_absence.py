@@ -300,3 +300,24 @@ async def test_a_live_replica_whose_grants_stay_untaken_and_whose_beacon_is_gone
     assert await cluster.leases("a") == set()
     assert await free_slots_seen_by(b) == 2  # its request's slot, and the grant it never took
     assert await cluster.client.llen(f"{cluster.tag}:grants:a") == 0
+
+
+async def test_a_state_found_on_another_redis_process_is_dropped_and_the_work_running_counted_again(cluster):
+    # A replica promoted by Sentinel (or Cluster) holds what the old master had replicated, and
+    # maybe not its last grants: the state it carries names the process it was written on.
+    a, b = await cluster.start("a"), await cluster.start("b")
+    running = [await take(a) for _ in range(2)]
+    await cluster.client.set(f"{cluster.tag}:server", "the-old-master's-run-id")
+
+    with pytest.raises(ReplicaAbsent):  # the first script on the new process drops the state
+        await cluster.beat(a)
+    assert await cluster.leases("a") == set()
+    await a._presence.rejoin_as_it_is(a._models[MODEL])  # as its upkeep does
+    assert len(await cluster.leases("a")) == len(running)  # counted again, under new ids
+    # Until b has rejoined too, it is presumed to run all of the backend (it may have run anything).
+    await cluster.reap(a)
+    assert await free_slots_seen_by(a) == 0
+    with pytest.raises(ReplicaAbsent):
+        await cluster.beat(b)
+    await b._presence.rejoin_as_it_is(b._models[MODEL])
+    assert await free_slots_seen_by(b) == SLOTS - len(running)

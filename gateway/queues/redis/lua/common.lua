@@ -45,6 +45,8 @@
 --   <tag>:gone              zset  replica -> the end of the window in which replicas Redis does not
 --                                 know are presumed to run (recovery_until): a replica a probe
 --                                 proved dead (gone.lua) is not one of them
+--   <tag>:server            string the run id of the Redis process this state was written on (see
+--                                 forget_state, at the end)
 --   <tag>:peer              hash  replica -> JSON {a: its beacon's host:port, d: how long a request
 --                                 of its may compute on after its connection closed}, published
 --                                 with each beat, kept while it is live or absent (gone.lua)
@@ -878,4 +880,28 @@ local function view(nbands, backends, now)
     a = redis.call('HGETALL', tag .. ':admitted'),
     th = redis.call('HGETALL', tag .. ':tenant_held'),
   }
+end
+
+-- This state was written on one Redis process; on another (a replica Sentinel or Cluster promoted,
+-- a restart from a snapshot or an append-only file) the last writes before the switch may be
+-- missing: a lease granted on the old master and never replicated would leave a slot counted
+-- free while its request runs. So a state found on another process than it was written on is
+-- dropped whole, before any script reads it, and the replicas rejoin it as after a Redis that lost
+-- its state (their rejoin counts again the work they still run, and presumes for a TTL that the
+-- others run all of each backend until they have rejoined too).
+local function forget_state()
+  local pattern = string.gsub(tag, '([%*%?%[%]\\])', '\\%1') .. ':*'
+  local cursor = '0'
+  repeat
+    local reply = redis.call('SCAN', cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = reply[1]
+    if #reply[2] > 0 then redis.call('DEL', unpack(reply[2])) end
+  until cursor == '0'
+end
+
+local server = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local written_on = redis.call('GET', tag .. ':server')
+if written_on ~= server then
+  if written_on then forget_state() end  -- none yet: a new state, or one from before this check
+  redis.call('SET', tag .. ':server', server)
 end

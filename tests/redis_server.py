@@ -56,7 +56,9 @@ def free_port() -> int:
 class RedisServer:
     """A private redis-server on its own port, which a test may stop and start again."""
 
-    def __init__(self) -> None:
+    def __init__(self, *extra_args: str) -> None:
+        """`extra_args`: more of redis-server's options (`--replicaof host port`)."""
+        self.extra_args = extra_args
         if shutil.which("redis-server") is None:
             if IN_CI:
                 pytest.fail("CI must have redis-server installed (.ci/run installs it)")
@@ -84,6 +86,7 @@ class RedisServer:
                 "no",
                 "--dir",
                 self.dir,
+                *self.extra_args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -95,3 +98,33 @@ class RedisServer:
             self.process.kill()
             self.process.wait(10)
         self.process = None
+
+
+class RedisSentinel:
+    """A private sentinel (redis-server --sentinel) monitoring `master_port` as `name`, quorum 1,
+    quick to declare the master down and to fail over."""
+
+    def __init__(self, name: str, master_port: int, down_after_ms: int = 1000) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="sentinel-")
+        config = os.path.join(self.dir, "sentinel.conf")  # a sentinel rewrites its config file
+        with open(config, "w") as file:
+            file.write(
+                f"bind 127.0.0.1\nport {self.port}\ndir {self.dir}\n"
+                f"sentinel monitor {name} 127.0.0.1 {master_port} 1\n"
+                f"sentinel down-after-milliseconds {name} {down_after_ms}\n"
+                f"sentinel failover-timeout {name} 10000\n"
+            )
+        self.process = subprocess.Popen(
+            ["redis-server", config, "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        eventually_blocking(lambda: _answers(f"redis://127.0.0.1:{self.port}"), what="the sentinel to answer")
+
+    @property
+    def node(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)

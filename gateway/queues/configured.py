@@ -18,8 +18,6 @@ from policies.ordering import Ordering
 from policies.quotas import Quota
 
 if TYPE_CHECKING:
-    from redis.asyncio import BlockingConnectionPool
-
     from gateway.queues.redis.peers import BeaconAt
 
 
@@ -64,19 +62,12 @@ def configured_store(
         metrics.store_up.set(1)
         return MemoryQueue(pools, bands, settings.estimation, **policy)
 
-    assert config.url is not None, "validated by settings"
     # Imported here: redis-py takes 80 ms to import, which a gateway on the memory store never needs.
-    from redis.asyncio import Redis
-
     from gateway.queues.failover import FailoverQueue
+    from gateway.queues.redis.clients import redis_clients
     from gateway.queues.redis.store import LISTEN_WAKE_S, RedisQueue
 
-    timeout_s = config.timeout_ms / 1000
-    pool = command_pool(config.url, config.pool_size, timeout_s)
-    # BLPOP holds its connection: the grant listeners get their own, with a timeout beyond it.
-    listener = Redis.from_url(
-        config.url, socket_timeout=LISTEN_WAKE_S + timeout_s, socket_connect_timeout=timeout_s
-    )
+    commands, listener = redis_clients(config, LISTEN_WAKE_S)
     failover: FailoverQueue | None = None
 
     def failed(error: BaseException) -> None:
@@ -84,7 +75,7 @@ def configured_store(
             failover.redis_failed(error)
 
     shared = RedisQueue(
-        Redis(connection_pool=pool),
+        commands,
         listener,
         pools,
         bands,
@@ -121,19 +112,3 @@ def beacon_at(settings: Settings) -> BeaconAt | None:
     if port is None:
         return None
     return BeaconAt(settings.listen.host, port, settings.store.peer_address)
-
-
-def command_pool(url: str, size: int, timeout_s: float) -> BlockingConnectionPool:
-    """The connections commands take turns on. The default pool raises once more than its size of
-    commands are in flight, and a blocking one past its wait timeout, as an unreachable Redis
-    would: the replica would detach from a Redis that is only busy. So a command waits for a
-    connection as long as it takes; the ones in flight end within their socket timeout."""
-    from redis.asyncio import BlockingConnectionPool
-
-    return BlockingConnectionPool.from_url(
-        url,
-        max_connections=size,
-        timeout=None,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-    )

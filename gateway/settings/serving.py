@@ -51,9 +51,25 @@ class Listen(Frozen):
     """Serve TLS on this listener (HTTPS, or gRPC over TLS); plain when unset."""
 
 
+class RedisSentinel(Frozen):
+    """Redis behind Sentinel: the replicas ask the sentinels where the master is, and follow it when
+    a replica is promoted."""
+
+    master: Name
+    """The name the sentinels monitor the master by (`sentinel monitor <master> ...`)."""
+    nodes: list[Annotated[str, Field(pattern=r"^[^\s:]+:[0-9]{1,5}$")]] = Field(min_length=1)
+    """The sentinels, host:port each."""
+
+    def addresses(self) -> list[tuple[str, int]]:
+        return [(host, int(port)) for host, _, port in (node.rpartition(":") for node in self.nodes)]
+
+
 class Store(Frozen):
     kind: Literal["memory", "redis"] = "memory"
-    url: str | None = None  # redis://host:port/db, required for kind: redis
+    url: str | None = None
+    """redis://host:port/db (or rediss://, unix://), required for kind: redis unless `sentinel` is
+    set; beside `sentinel` it gives only the password, the db and the scheme, its host unused."""
+    sentinel: RedisSentinel | None = None
     key_prefix: str = Field("gw", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     lease_ttl_ms: PositiveMs = 5000.0
     """A replica that stops renewing its slots loses them after this long."""
@@ -80,10 +96,12 @@ class Store(Frozen):
     @model_validator(mode="after")
     def _redis_needs_url(self) -> Store:
         if self.kind == "redis":
-            if not self.url:
-                raise ValueError("store.url is required for kind: redis")
-            if urlsplit(self.url).scheme not in ("redis", "rediss", "unix"):
+            if not self.url and self.sentinel is None:
+                raise ValueError("store.url (or store.sentinel) is required for kind: redis")
+            if self.url and urlsplit(self.url).scheme not in ("redis", "rediss", "unix"):
                 raise ValueError("store.url must be a redis://, rediss:// or unix:// URL")
+        elif self.sentinel is not None:
+            raise ValueError("store.sentinel is for kind: redis")
         return self
 
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 
-from gateway.queues.configured import command_pool
+from gateway.queues.redis.clients import command_pool
 from tests.redis_server import redis_url_or_skip, unique_prefix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]

@@ -28,6 +28,14 @@ def test_the_documented_sample_config_loads():
     assert [p.name for p in settings.priorities] == ["high", "low"]
 
 
+def test_sentinel_names_the_master_and_its_sentinels_and_the_url_may_go():
+    store = {"kind": "redis", "sentinel": {"master": "queue", "nodes": ["s-0:26379", "10.0.0.7:26380"]}}
+    settings = parse_settings(config(store=store))
+    assert settings.store.url is None
+    assert settings.store.sentinel is not None
+    assert settings.store.sentinel.addresses() == [("s-0", 26379), ("10.0.0.7", 26380)]
+
+
 def test_defaults_fill_the_rest():
     settings = parse_settings(config())
     assert settings.store.kind == "memory"
@@ -37,7 +45,10 @@ def test_defaults_fill_the_rest():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"store": {"kind": "redis"}}, "store.url is required for kind: redis"),
+        ({"store": {"kind": "redis"}}, "store.url (or store.sentinel) is required for kind: redis"),
+        ({"store": {"sentinel": {"master": "q", "nodes": ["s:26379"]}}}, "store.sentinel is for kind: redis"),
+        ({"store": {"kind": "redis", "sentinel": {"master": "q", "nodes": []}}}, "store.sentinel.nodes"),
+        ({"store": {"kind": "redis", "sentinel": {"master": "q", "nodes": ["s"]}}}, "store.sentinel.nodes[0]"),
         ({"store": {"kind": "redis", "url": "http://x"}}, "store.url must be a redis://"),
         ({"store": {"kind": "etcd"}}, "store.kind"),
         ({"default_priority": "urgent"}, "default_priority 'urgent' is not one of"),

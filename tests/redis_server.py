@@ -128,3 +128,105 @@ class RedisSentinel:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (10,000 above it, which must be a port too) is free too."""
+    for _ in range(1000):
+        port = free_port()
+        if port + 10_000 > 65_535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10_000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port with a free cluster bus port")
+
+
+CLUSTER_CREATE = ("--cluster-replicas", "0", "--cluster-yes")
+CLUSTER_NODE = (
+    *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"),
+    *("--save", "", "--appendonly", "no"),
+)
+
+
+class RedisClusterServers:
+    """A private Redis Cluster of `masters` masters (no replicas) on ports of their own, each node
+    in a directory of its own that keeps its cluster config across a restart."""
+
+    def __init__(self, masters: int = 3) -> None:
+        if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+            if IN_CI:
+                pytest.fail("CI must have redis-server and redis-cli installed (.ci/run installs them)")
+            pytest.skip("redis-server is not installed")
+        self.ports = [free_cluster_port() for _ in range(masters)]
+        self.dirs = [tempfile.mkdtemp(prefix=f"redis-cluster-{port}-") for port in self.ports]
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        for port in self.ports:
+            self.start(port)
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports), *CLUSTER_CREATE],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for port in self.ports:
+            eventually_blocking(lambda port=port: self.ok(port), what=f"cluster node {port} ok")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports[0]}/0"
+
+    def ok(self, port: int) -> bool:
+        try:
+            reply = subprocess.run(
+                ["redis-cli", "-p", str(port), "cluster", "info"], capture_output=True, timeout=5, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return b"cluster_state:ok" in reply.stdout
+
+    def port_of(self, key: str) -> int:
+        """The port of the master that holds `key`'s slot."""
+        slot = int(
+            subprocess.check_output(["redis-cli", "-p", str(self.ports[0]), "cluster", "keyslot", key])
+        )
+        nodes = subprocess.check_output(
+            ["redis-cli", "-p", str(self.ports[0]), "cluster", "nodes"], text=True
+        )
+        for line in nodes.splitlines():
+            fields = line.split()
+            for span in fields[8:]:
+                low, _, high = span.partition("-")
+                if low.isdigit() and int(low) <= slot <= int(high or low):
+                    return int(fields[1].split(":")[1].split("@")[0])
+        raise AssertionError(f"no master holds slot {slot}")
+
+    def start(self, port: int) -> None:
+        index = self.ports.index(port)
+        self.processes[port] = subprocess.Popen(
+            [
+                "redis-server",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                *CLUSTER_NODE,
+                "--dir",
+                self.dirs[index],
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        eventually_blocking(lambda: _answers(f"redis://127.0.0.1:{port}"), what=f"cluster node {port}")
+
+    def kill(self, port: int) -> None:
+        process = self.processes.pop(port)
+        process.kill()
+        process.wait(10)
+
+    def stop(self) -> None:
+        for port in list(self.processes):
+            self.kill(port)

@@ -89,6 +89,7 @@ def configured_store(
         expected_replicas=config.replicas,
         fallback_max_s=config.fallback_max_ms / 1000 if config.on_store_failure == "local" else 0.0,
         beacon_at=beacon_at(settings),
+        scripts_in_flight=config.pool_size if config.cluster else None,
         **policy,
     )
     local = MemoryQueue(pools, bands, settings.estimation, slot_divisor=config.replicas, **policy)

@@ -70,6 +70,9 @@ class Store(Frozen):
     """redis://host:port/db (or rediss://, unix://), required for kind: redis unless `sentinel` is
     set; beside `sentinel` it gives only the password, the db and the scheme, its host unused."""
     sentinel: RedisSentinel | None = None
+    cluster: bool = False
+    """Redis Cluster: `url` names one node, the client finds the rest. Each model's keys share one
+    hash slot, so its scripts run on one master; models spread over the masters by their names."""
     key_prefix: str = Field("gw", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     lease_ttl_ms: PositiveMs = 5000.0
     """A replica that stops renewing its slots loses them after this long."""
@@ -96,12 +99,16 @@ class Store(Frozen):
     @model_validator(mode="after")
     def _redis_needs_url(self) -> Store:
         if self.kind == "redis":
+            if self.cluster and self.sentinel is not None:
+                raise ValueError("store.cluster and store.sentinel exclude each other (a cluster fails over)")
+            if self.cluster and not self.url:
+                raise ValueError("store.cluster needs store.url, naming one of its nodes")
             if not self.url and self.sentinel is None:
                 raise ValueError("store.url (or store.sentinel) is required for kind: redis")
             if self.url and urlsplit(self.url).scheme not in ("redis", "rediss", "unix"):
                 raise ValueError("store.url must be a redis://, rediss:// or unix:// URL")
-        elif self.sentinel is not None:
-            raise ValueError("store.sentinel is for kind: redis")
+        elif self.sentinel is not None or self.cluster:
+            raise ValueError("store.sentinel and store.cluster are for kind: redis")
         return self
 
 

@@ -46,9 +46,14 @@ def test_defaults_fill_the_rest():
     ("overrides", "message"),
     [
         ({"store": {"kind": "redis"}}, "store.url (or store.sentinel) is required for kind: redis"),
-        ({"store": {"sentinel": {"master": "q", "nodes": ["s:26379"]}}}, "store.sentinel is for kind: redis"),
+        ({"store": {"sentinel": {"master": "q", "nodes": ["s:26379"]}}}, "are for kind: redis"),
+        ({"store": {"cluster": True}}, "are for kind: redis"),
+        ({"store": {"kind": "redis", "cluster": True}}, "store.cluster needs store.url"),
         ({"store": {"kind": "redis", "sentinel": {"master": "q", "nodes": []}}}, "store.sentinel.nodes"),
-        ({"store": {"kind": "redis", "sentinel": {"master": "q", "nodes": ["s"]}}}, "store.sentinel.nodes[0]"),
+        (
+            {"store": {"kind": "redis", "sentinel": {"master": "q", "nodes": ["s"]}}},
+            "store.sentinel.nodes[0]",
+        ),
         ({"store": {"kind": "redis", "url": "http://x"}}, "store.url must be a redis://"),
         ({"store": {"kind": "etcd"}}, "store.kind"),
         ({"default_priority": "urgent"}, "default_priority 'urgent' is not one of"),

@@ -1,16 +1,25 @@
 """The connections to Redis the store's commands and grant listeners take: to one Redis server,
-or to the master a set of sentinels names (followed when they promote a replica)."""
+to the master a set of sentinels names (followed when they promote a replica), or to a Redis
+Cluster (each command to the master of its key's slot)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
-from gateway.settings.serving import Store
+from gateway.settings.serving import RedisSentinel, Store
+
+RedisClient: TypeAlias = Redis | RedisCluster
+
+CLUSTER_SPARE_CONNECTIONS = 8
+"""A cluster client's pools raise rather than wait once a node's connections are all in use: the
+store's scripts wait their turn for one of `pool_size` (Scripts), and the few other commands
+(the returns' exchange, once per wake) take these spare ones."""
 
 
 class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
@@ -32,27 +41,47 @@ def command_pool(url: str, size: int, timeout_s: float) -> BlockingConnectionPoo
     )
 
 
-def redis_clients(config: Store, listen_wake_s: float) -> tuple[Redis, Redis]:
+def redis_clients(config: Store, listen_wake_s: float) -> tuple[RedisClient, RedisClient]:
     """(commands, grant listeners) for the store `config` names. The listeners' BLMPOP holds its
     connection up to `listen_wake_s`: they get their own, with a timeout beyond it."""
+    if config.cluster:
+        return _cluster_clients(config, listen_wake_s)
+    if config.sentinel is not None:
+        return _sentinel_clients(config, config.sentinel, listen_wake_s)
+    assert config.url is not None, "validated by settings"
     timeout_s = config.timeout_ms / 1000
-    if config.sentinel is None:
-        assert config.url is not None, "validated by settings"
-        listener = Redis.from_url(
-            config.url, socket_timeout=listen_wake_s + timeout_s, socket_connect_timeout=timeout_s
-        )
-        return Redis(connection_pool=command_pool(config.url, config.pool_size, timeout_s)), listener
+    listener = Redis.from_url(
+        config.url, socket_timeout=listen_wake_s + timeout_s, socket_connect_timeout=timeout_s
+    )
+    return Redis(connection_pool=command_pool(config.url, config.pool_size, timeout_s)), listener
+
+
+def _cluster_clients(config: Store, listen_wake_s: float) -> tuple[RedisCluster, RedisCluster]:
+    assert config.url is not None, "validated by settings"
+    timeout_s = config.timeout_ms / 1000
+    commands = RedisCluster.from_url(
+        config.url,
+        max_connections=config.pool_size + CLUSTER_SPARE_CONNECTIONS,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+    )
+    listener = RedisCluster.from_url(
+        config.url, socket_timeout=listen_wake_s + timeout_s, socket_connect_timeout=timeout_s
+    )
+    return commands, listener
+
+
+def _sentinel_clients(config: Store, sentinel: RedisSentinel, listen_wake_s: float) -> tuple[Redis, Redis]:
     # The URL beside sentinel gives the master's password, db and scheme; Sentinel gives its host.
+    timeout_s = config.timeout_ms / 1000
     master: dict[str, Any] = {}
     if config.url:
         parsed = parse_url(config.url)
         master = {key: parsed[key] for key in ("db", "username", "password") if key in parsed}
         master["ssl"] = urlsplit(config.url).scheme == "rediss"
-    sentinels = Sentinel(
-        config.sentinel.addresses(), socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-    )
+    sentinels = Sentinel(sentinel.addresses(), socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     commands = sentinels.master_for(
-        config.sentinel.master,
+        sentinel.master,
         connection_pool_class=BlockingSentinelPool,
         max_connections=config.pool_size,
         timeout=None,
@@ -61,9 +90,21 @@ def redis_clients(config: Store, listen_wake_s: float) -> tuple[Redis, Redis]:
         **master,
     )
     listener = sentinels.master_for(
-        config.sentinel.master,
-        socket_timeout=listen_wake_s + timeout_s,
-        socket_connect_timeout=timeout_s,
-        **master,
+        sentinel.master, socket_timeout=listen_wake_s + timeout_s, socket_connect_timeout=timeout_s, **master
     )
     return commands, listener
+
+
+async def drop_idle_connections(client: RedisClient) -> None:
+    """Drop the idle pooled connections to a Redis that went away (each would fail once), not those
+    in use: a command in flight would fail with an error that is not a RedisError. A cluster
+    client finds its nodes again by itself."""
+    if isinstance(client, Redis):
+        await client.connection_pool.disconnect(inuse_connections=False)
+
+
+async def close(client: RedisClient) -> None:
+    if isinstance(client, Redis):
+        await client.aclose(close_connection_pool=True)
+    else:
+        await client.aclose()

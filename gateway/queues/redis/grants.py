@@ -24,11 +24,11 @@ from typing import Any, cast
 
 import anyio
 from anyio.abc import TaskStatus
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.queues.base import Batching, Flow, Slot, Ticket
 from gateway.queues.estimates import PoolEstimates
+from gateway.queues.redis.clients import RedisClient
 from gateway.queues.redis.codec import Displaced, Grant, View, grants, message
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
@@ -331,7 +331,7 @@ async def expire_in_order(
 
 
 async def listen(
-    listener: Redis,
+    listener: RedisClient,
     state: ModelState,
     replica: str,
     wake_s: float,

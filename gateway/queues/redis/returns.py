@@ -19,9 +19,9 @@ import logging
 import math
 from collections.abc import Sequence
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.queues.redis.clients import RedisClient
 from gateway.queues.redis.grants import ModelState
 from policies.return_schedule import SLICES, Promised, ReturnSchedule, promised
 
@@ -29,7 +29,7 @@ log = logging.getLogger("gateway.redis")
 
 
 class RedisReturns:
-    def __init__(self, client: Redis, replica: str, bands: int) -> None:
+    def __init__(self, client: RedisClient, replica: str, bands: int) -> None:
         self._client = client
         self._replica = replica
         self._bands = bands

@@ -8,14 +8,15 @@ gateway.queues.redis.codec encodes and decodes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 from collections.abc import Callable, Mapping
 from importlib.resources import files
 from typing import Any
 
-from redis.asyncio import Redis
-
 from gateway.queues.base import Reservations, reserved_now
+from gateway.queues.redis.clients import RedisClient
 from gateway.queues.redis.codec import backends_arg, decode, encode
 from gateway.queues.redis.presence import lease_bound_s
 from gateway.upstream.backends import ModelPool
@@ -46,17 +47,20 @@ def script_source(name: str) -> str:
 class Scripts:
     def __init__(
         self,
-        client: Redis,
+        client: RedisClient,
         bands: int,
         lease_ttl_s: float,
         redis_clock: Callable[[], float] | None,
         reserved: Reservations = (),
         quotas: Mapping[str, Quota] | None = None,
         tenants: bool = True,
+        in_flight: int | None = None,
     ) -> None:
         """`tenants`: requests may come in flows of several tenants, so the views the scripts
         return carry each band's fair-queuing state (without tenants a turn is the whole band)."""
         self._tenants = tenants
+        self._turns = asyncio.Semaphore(in_flight) if in_flight is not None else contextlib.nullcontext()
+        """At most `in_flight` scripts at once, where the client's pools raise rather than wait."""
         self._quotas = {
             tenant: {"n": q.nominal}
             | ({"b": q.borrowing_limit} if math.isfinite(q.borrowing_limit) else {})
@@ -96,5 +100,6 @@ class Scripts:
             args["tenants"] = True
         if self._redis_clock is not None:
             args["now"] = self._redis_clock()
-        reply = await self._registered[name](keys=[tag], args=[encode(args)])
+        async with self._turns:
+            reply = await self._registered[name](keys=[tag], args=[encode(args)])
         return decode(reply) if isinstance(reply, bytes | str) else reply

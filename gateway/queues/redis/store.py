@@ -31,11 +31,11 @@ from dataclasses import replace
 from typing import Any
 
 from anyio.abc import TaskStatus
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.queues.background import Background
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
+from gateway.queues.redis.clients import RedisClient, close, drop_idle_connections
 from gateway.queues.redis.codec import Displaced, Grant, OfferArgs, View, grants, ready_arg
 from gateway.queues.redis.grants import ModelState, expire_in_order, listen
 from gateway.queues.redis.peers import BeaconAt, Peers
@@ -58,8 +58,8 @@ LISTEN_WAKE_S = 0.25  # BLMPOP returns at once when a grant is pushed: this boun
 class RedisQueue:
     def __init__(
         self,
-        client: Redis,
-        listener: Redis,
+        client: RedisClient,
+        listener: RedisClient,
         pools: Iterable[ModelPool],
         bands: int,
         estimation: Estimation,
@@ -79,16 +79,17 @@ class RedisQueue:
         fallback_max_s: float = 0.0,
         supervisor: Supervisor | None = None,
         tenants: bool = True,
+        scripts_in_flight: int
+        | None = None,  # at most this many scripts at once (a cluster client's pools raise)
         beacon_at: BeaconAt | None = None,  # None: a killed replica's slots stay reserved to their bounds
     ) -> None:
         self._client, self._listener, self._close_clients = client, listener, close_clients
-        self._on_failure = on_failure
         self._bands, self._estimation, self._ordering = bands, estimation, ordering
-        self._replica, self._ttl_s = replica_id, lease_ttl_s
+        self._replica, self._ttl_s, self._clock, self._on_failure = replica_id, lease_ttl_s, clock, on_failure
         self._weight_of = weights
         """A tenant's weight in its bands' fair queuing now; a tenant not named (and "") weighs 1."""
-        self._clock = clock
-        self._scripts = Scripts(client, bands, lease_ttl_s, redis_clock, reserved, quotas, tenants)
+        scripts = (client, bands, lease_ttl_s, redis_clock, reserved, quotas, tenants, scripts_in_flight)
+        self._scripts = Scripts(*scripts)
         presence_args = (replica_id, lease_ttl_s, expected_replicas, fallback_max_s, clock)
         self._presence = Presence(self._run, *presence_args)
         self._models = {
@@ -146,8 +147,8 @@ class RedisQueue:
                     await self._presence.reap(model, leaving=True)
         await self._peers.close()  # the process is done with its work: a probe may say so now
         if self._close_clients:
-            await self._client.aclose(close_connection_pool=True)
-            await self._listener.aclose(close_connection_pool=True)
+            await close(self._client)
+            await close(self._listener)
 
     # -- the RequestQueue protocol ---------------------------------------------------------------
 
@@ -262,10 +263,8 @@ class RedisQueue:
         """Redis is back: rejoin in one script per model (see lua/rejoin.lua). `reserve` maps
         model -> backend url -> slots the fallback store may still use; they are held as leases
         until `release_reserved`. Returns the models that have some."""
-        # Drop idle pooled connections to the Redis that went away (each would fail once), not
-        # those in use: a command in flight would fail with an error that is not a RedisError.
-        await self._client.connection_pool.disconnect(inuse_connections=False)
-        await self._listener.connection_pool.disconnect(inuse_connections=False)
+        await drop_idle_connections(self._client)
+        await drop_idle_connections(self._listener)
         for name, state in self._models.items():
             await self._presence.join(state, reserve.get(name, {}))
             await self._refresh(state)

@@ -27,10 +27,10 @@ from gateway.settings.serving import (
     Model,
     PriorityClass,
     Shutdown,
-    Store,
     Tenant,
     Tls,
 )
+from gateway.settings.store import Store
 from gateway.settings.tuning import Admission, Autoscaling, Estimation, Health, Kueue, RetryAfter, Signals
 from gateway.settings.windows import TimeWindow
 from policies.admission import AdmissionConfig

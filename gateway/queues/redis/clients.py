@@ -12,7 +12,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
-from gateway.settings.serving import RedisSentinel, Store
+from gateway.settings.store import RedisSentinel, Store
 
 RedisClient: TypeAlias = Redis | RedisCluster
 

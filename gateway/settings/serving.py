@@ -1,4 +1,4 @@
-"""Settings of what the gateway serves: listeners, the store, classes, models and backends, tenants,
+"""Settings of what the gateway serves: listeners, classes, models and backends, tenants,
 limits, forwarding and shutdown."""
 
 from __future__ import annotations

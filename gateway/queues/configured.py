@@ -65,9 +65,13 @@ def configured_store(
     # Imported here: redis-py takes 80 ms to import, which a gateway on the memory store never needs.
     from gateway.queues.failover import FailoverQueue
     from gateway.queues.redis.clients import redis_clients
+    from gateway.queues.redis.scripts import ScriptRunning
     from gateway.queues.redis.store import LISTEN_WAKE_S, RedisQueue
+    from gateway.telemetry.store_calls import StoreCalls
 
     commands, listener = redis_clients(config, LISTEN_WAKE_S)
+    calls = StoreCalls()
+    metrics.registry.register(calls)
     failover: FailoverQueue | None = None
 
     def failed(error: BaseException) -> None:
@@ -89,7 +93,7 @@ def configured_store(
         expected_replicas=config.replicas,
         fallback_max_s=config.fallback_max_ms / 1000 if config.on_store_failure == "local" else 0.0,
         beacon_at=beacon_at(settings),
-        scripts_in_flight=config.pool_size if config.cluster else None,
+        running=ScriptRunning(config.pool_size if config.cluster else None, calls),
         **policy,
     )
     local = MemoryQueue(pools, bands, settings.estimation, slot_divisor=config.replicas, **policy)

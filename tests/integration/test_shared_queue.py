@@ -79,6 +79,21 @@ async def test_replicas_share_one_slot_count_under_overload(start_sim, start_gat
     await eventually(lambda: slots_in_use(redis_server.url, prefix) == 0, what="slots to return")
 
 
+async def test_each_replica_counts_the_scripts_it_runs_and_their_round_trips(
+    start_sim, start_gateway, redis_server
+):
+    sim = start_sim(slots=2, base_ms=20)
+    gateway = start_gateway(shared_config(sim, 2, redis_server.url, unique_prefix()))
+    async with aiohttp.ClientSession() as http:
+        for _ in range(10):  # one at a time: each granted at its offer, released after
+            assert (await infer(http, gateway))[0] == 200
+    runs = gateway.metric_by("gateway_redis_scripts_total", "script")
+    assert runs["offer"] >= 10 and runs["heartbeat"] >= 1, runs
+    await eventually(lambda: gateway.metric("gateway_redis_scripts_total", script="release") >= 10)
+    took = gateway.metric("gateway_redis_script_seconds_total", script="offer")
+    assert 0 < took / runs["offer"] < 1.0  # a round trip on 127.0.0.1, not nothing and not a timeout
+
+
 async def test_priority_is_global_across_replicas(start_sim, start_gateway, redis_server):
     sim = start_sim(slots=1, base_ms=300)
     prefix = unique_prefix()

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
 
@@ -19,6 +21,7 @@ from gateway.queues.base import Reservations, reserved_now
 from gateway.queues.redis.clients import RedisClient
 from gateway.queues.redis.codec import backends_arg, decode, encode
 from gateway.queues.redis.presence import lease_bound_s
+from gateway.telemetry.store_calls import StoreCalls
 from gateway.upstream.backends import ModelPool
 from policies.quotas import Quota
 
@@ -39,6 +42,17 @@ _NAMES = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class ScriptRunning:
+    """How a replica runs its scripts."""
+
+    in_flight: int | None = None
+    """At most this many at once (a cluster client's pools raise past their size); None: no bound
+    here (a blocking pool makes commands wait for a connection)."""
+    calls: StoreCalls = field(default_factory=StoreCalls)
+    """Counts of the scripts run and their round trips, for /metrics."""
+
+
 def script_source(name: str) -> str:
     lua = files("gateway.queues.redis") / "lua"
     return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
@@ -54,11 +68,15 @@ class Scripts:
         reserved: Reservations = (),
         quotas: Mapping[str, Quota] | None = None,
         tenants: bool = True,
-        in_flight: int | None = None,
+        running: ScriptRunning | None = None,
     ) -> None:
         """`tenants`: requests may come in flows of several tenants, so the views the scripts
         return carry each band's fair-queuing state (without tenants a turn is the whole band)."""
         self._tenants = tenants
+        self.calls = running.calls
+        """Scripts run and their round trips, for /metrics."""
+        running = running if running is not None else ScriptRunning()
+        in_flight = running.in_flight
         self._turns = asyncio.Semaphore(in_flight) if in_flight is not None else contextlib.nullcontext()
         """At most `in_flight` scripts at once, where the client's pools raise rather than wait."""
         self._quotas = {
@@ -101,5 +119,7 @@ class Scripts:
         if self._redis_clock is not None:
             args["now"] = self._redis_clock()
         async with self._turns:
+            sent = time.perf_counter()
             reply = await self._registered[name](keys=[tag], args=[encode(args)])
+            self.calls.record(name, time.perf_counter() - sent)
         return decode(reply) if isinstance(reply, bytes | str) else reply

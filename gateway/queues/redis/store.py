@@ -41,7 +41,7 @@ from gateway.queues.redis.grants import ModelState, expire_in_order, listen
 from gateway.queues.redis.peers import BeaconAt, Peers
 from gateway.queues.redis.presence import Holding, Presence, ReplicaAbsent
 from gateway.queues.redis.returns import RedisReturns
-from gateway.queues.redis.scripts import Scripts
+from gateway.queues.redis.scripts import ScriptRunning, Scripts
 from gateway.settings import Estimation
 from gateway.supervision import Loop, Supervisor
 from gateway.upstream.backends import ModelPool
@@ -79,8 +79,7 @@ class RedisQueue:
         fallback_max_s: float = 0.0,
         supervisor: Supervisor | None = None,
         tenants: bool = True,
-        scripts_in_flight: int
-        | None = None,  # at most this many scripts at once (a cluster client's pools raise)
+        running: ScriptRunning | None = None,  # how its scripts run: at most how many at once, counted
         beacon_at: BeaconAt | None = None,  # None: a killed replica's slots stay reserved to their bounds
     ) -> None:
         self._client, self._listener, self._close_clients = client, listener, close_clients
@@ -88,7 +87,7 @@ class RedisQueue:
         self._replica, self._ttl_s, self._clock, self._on_failure = replica_id, lease_ttl_s, clock, on_failure
         self._weight_of = weights
         """A tenant's weight in its bands' fair queuing now; a tenant not named (and "") weighs 1."""
-        scripts = (client, bands, lease_ttl_s, redis_clock, reserved, quotas, tenants, scripts_in_flight)
+        scripts = (client, bands, lease_ttl_s, redis_clock, reserved, quotas, tenants, running)
         self._scripts = Scripts(*scripts)
         presence_args = (replica_id, lease_ttl_s, expected_replicas, fallback_max_s, clock)
         self._presence = Presence(self._run, *presence_args)

@@ -73,9 +73,9 @@ class Scripts:
         """`tenants`: requests may come in flows of several tenants, so the views the scripts
         return carry each band's fair-queuing state (without tenants a turn is the whole band)."""
         self._tenants = tenants
+        running = running if running is not None else ScriptRunning()
         self.calls = running.calls
         """Scripts run and their round trips, for /metrics."""
-        running = running if running is not None else ScriptRunning()
         in_flight = running.in_flight
         self._turns = asyncio.Semaphore(in_flight) if in_flight is not None else contextlib.nullcontext()
         """At most `in_flight` scripts at once, where the client's pools raise rather than wait."""

@@ -13,6 +13,7 @@ from gateway.queues.base import Flow, Granted, Queued, Slot
 from gateway.queues.redis.peers import BeaconAt
 from gateway.queues.redis.presence import ReplicaAbsent
 from gateway.queues.redis.store import RedisQueue
+from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.origin import OnAbandon
 from tests.contract.redis_cluster import (
     BOUND_S,
@@ -321,3 +322,23 @@ async def test_a_state_found_on_another_redis_process_is_dropped_and_the_work_ru
         await cluster.beat(b)
     await b._presence.rejoin_as_it_is(b._models[MODEL])
     assert await free_slots_seen_by(b) == SLOTS - len(running)
+
+
+async def test_with_many_slots_in_use_a_fresh_view_is_not_sent_the_work_in_flight_again(cluster):
+    # Each lease in flight costs a view a read and a reply: with more than a few dozen, a script
+    # leaves them out where the replica's own view is a few milliseconds old; it keeps its own.
+    many = 80  # above lua/common.lua's LEASES_ALWAYS_SENT
+    backend = BackendState(MODEL, "http://127.0.0.1:9000", 100, "/v2/health/ready", ready=True)
+    big = ModelPool(MODEL, [backend], expected_service_s=0.04)
+    a = await cluster.start("a", model=big)
+    local = [1000.0]
+    a._clock = lambda: local[0]
+    slots = [await take(a) for _ in range(many)]
+    await a._refresh(a._models[MODEL])  # a full view: every lease's grant time
+    assert len(a.stats(MODEL).started_at) == many
+    slots.append(await take(a))  # its view fresh: the reply leaves them out, the replica keeps its own
+    stats = a.stats(MODEL)
+    assert len(stats.started_at) == many and stats.free_slots == 100 - many - 1
+    local[0] += 0.1  # no longer fresh: the next reply brings them all
+    slots.append(await take(a))
+    assert len(a.stats(MODEL).started_at) == many + 2

@@ -102,10 +102,19 @@ class View:
         return cls(seen_at, 0.0, stats, StoreCounters.empty(bands))
 
     @classmethod
-    def parse(cls, raw: dict[str, Any], seen_at: float, reserved: tuple[int, ...] = ()) -> View:
+    def parse(
+        cls, raw: dict[str, Any], seen_at: float, reserved: tuple[int, ...] = (), last: View | None = None
+    ) -> View:
         """The view a script returned; with `reserved` slots per band, each band's usable free slots
-        from the slots each band holds (`ib`)."""
+        from the slots each band holds (`ib`). Where it left out the work in flight (many slots in
+        use, and the replica's own view fresh: lua/common.lua, view), `last`'s stands."""
         redis_now = float(raw["now"])
+        if "st" in raw or last is None:
+            # Grant times on Redis's clock, moved to the local one: the reply left Redis about now.
+            started_at = tuple(seen_at - (redis_now - float(t)) for t in as_list(raw.get("st")))
+            kinds, held_absent = tuple(as_list(raw.get("sk"))), int(raw.get("ra") or 0)
+        else:
+            started_at, kinds, held_absent = last.stats.started_at, last.stats.started_kinds, last.held_absent
         free = int(raw["free"])
         held = [int(n) for n in as_list(raw.get("ib"))]
         stats = QueueStats(
@@ -114,9 +123,8 @@ class View:
             free_by_band=usable_by_band(free, held, reserved) if reserved and held else (),
             inflight_by_tenant=_pairs(as_list(raw.get("th"))),
             queued_work_by_band=tuple(float(w) for w in raw["w"]),
-            # Grant times on Redis's clock, moved to the local one: the reply left Redis about now.
-            started_at=tuple(seen_at - (redis_now - float(t)) for t in raw.get("st") or ()),
-            started_kinds=tuple(as_list(raw.get("sk"))),
+            started_at=started_at,
+            started_kinds=kinds,
             fair_turns=tuple(_fair_turns(band) for band in as_list(raw.get("ft"))),
         )
         counters = StoreCounters(
@@ -130,7 +138,7 @@ class View:
             granted_by_flow=_granted(as_list(raw.get("g"))),
             admitted_by_flow=_granted(as_list(raw.get("a"))),
         )
-        return cls(seen_at, redis_now, stats, counters, int(raw.get("ra") or 0))
+        return cls(seen_at, redis_now, stats, counters, held_absent)
 
 
 def _fair_turns(raw: Any) -> FairTurns | None:

@@ -90,6 +90,18 @@ class ModelState:
         estimates = PoolEstimates(bands, pool.expected_service_s, estimation)
         return cls(pool, f"{{{key_prefix}:{pool.name}}}", estimates, bands, now)
 
+    def view_fresh(self, now: float) -> bool:
+        """Whether the last view is a few milliseconds old (VIEW_FRESH_S): a script may then leave
+        out of its view the work in flight, which costs Redis a read lease by lease."""
+        return self.view.redis_now > 0 and now - self.view.seen_at < VIEW_FRESH_S
+
+    def take_view(self, raw: dict[str, Any], now: float, reserved: tuple[int, ...]) -> None:
+        """The view a script returned, unless a later one came first."""
+        view = View.parse(raw, now, reserved, self.view)
+        if view.redis_now >= self.view.redis_now:
+            self.view = view
+            self.estimates.observe(view.counters, view.redis_now)
+
     def throughput(self, now: float, reservations: tuple[int, ...]) -> Throughput:
         """The pool's speeds, of the slots its requests can use: those Redis holds for absent
         replicas serve none until their reservations end (seconds to minutes), so a pool that

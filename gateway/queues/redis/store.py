@@ -36,7 +36,7 @@ from redis.exceptions import RedisError
 from gateway.queues.background import Background
 from gateway.queues.base import Batching, Flow, Full, Granted, Offer, Queued, Slot, Ticket, Unavailable
 from gateway.queues.redis.clients import RedisClient, close, drop_idle_connections
-from gateway.queues.redis.codec import Displaced, Grant, OfferArgs, View, grants, ready_arg
+from gateway.queues.redis.codec import Displaced, Grant, OfferArgs, grants, ready_arg
 from gateway.queues.redis.grants import ModelState, expire_in_order, listen
 from gateway.queues.redis.peers import BeaconAt, Peers
 from gateway.queues.redis.presence import Holding, Presence, ReplicaAbsent
@@ -338,10 +338,7 @@ class RedisQueue:
             log.exception("model %s: could not deliver grant %s", state.pool.name, grant)
 
     def _take_view(self, state: ModelState, raw: dict[str, Any]) -> None:
-        view = View.parse(raw, self._clock(), self._scripts.reservations())
-        if view.redis_now >= state.view.redis_now:
-            state.view = view
-            state.estimates.observe(view.counters, view.redis_now)
+        state.take_view(raw, self._clock(), self._scripts.reservations())
 
     async def _withdrawn(self, state: ModelState, ticket_id: str) -> bool:
         """Run the withdraw script: whether Redis took the ticket out (else it had granted it)."""
@@ -351,6 +348,8 @@ class RedisQueue:
 
     async def _run(self, script: str, state: ModelState, args: dict[str, Any]) -> Any:
         args["per_slot"] = state.estimates.handover_cost  # the work a slot takes, for quotas
+        # A view's work in flight costs Redis a read lease by lease: not sent where this one's is fresh.
+        args["fresh"] = script != "snapshot" and state.view_fresh(self._clock())
         return await self._scripts.run(script, state.tag, state.pool, args)
 
     async def _publish_ready(self, state: ModelState) -> None:

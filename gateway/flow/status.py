@@ -34,6 +34,7 @@ class QueueView(Protocol):
 
     def stats(self, model: str) -> QueueStats: ...
     def throughput(self, model: str, now: float) -> Throughput: ...
+    def replicas(self) -> Mapping[str, str]: ...
 
 
 class StatusBoard:
@@ -72,8 +73,19 @@ class StatusBoard:
             "time": time.time(),
             "draining": self._draining(),
             "config_hash": self.config_hash,
-            "store": {"kind": self._store_kind, "replicas": self._replicas},
+            "store": self._store_state(),
             "models": [self._model(pool, now, oldest) for pool in self._pools.values()],
+        }
+
+    def _store_state(self) -> dict[str, Any]:
+        """The store, and the replicas seen live on it with the hash of the config each runs: a
+        reload that reached only some of them shows as more than one config."""
+        seen = self._store.replicas()
+        return {
+            "kind": self._store_kind,
+            "replicas": self._replicas,
+            "seen": [{"replica": replica, "config_hash": config} for replica, config in sorted(seen.items())],
+            "configs": len(set(seen.values())),
         }
 
     def _model(self, pool: ModelPool, now: float, oldest: Mapping[tuple[str, int], float]) -> dict[str, Any]:

@@ -106,13 +106,27 @@ def request_status_route(
     return Route("/status/requests/{request_id}", locate)
 
 
+def _seen(store: dict[str, Any]) -> str:
+    """The replicas seen live on a shared store, and whether they run one config."""
+    if not store["seen"]:
+        return ""
+    configs = ", ".join(
+        f"<span data-replica='{name}'>{name} {escape(r['config_hash'][:12])}</span>"
+        for r in store["seen"]
+        for name in [escape(r["replica"])]
+    )
+    differ = " <b class='down'>configs differ</b>" if store["configs"] > 1 else ""
+    return f", {len(store['seen'])} seen ({configs}){differ}"
+
+
 def render_body(document: dict[str, Any]) -> str:
     """The page's body: a table of classes, of tenants and of backends per model."""
     store = document["store"]
     parts = [
         "<h1>inference-gateway</h1>",
-        f"<p>store <b>{escape(store['kind'])}</b>, {store['replicas']} replica(s); "
-        f"config {escape(document['config_hash'][:12])}"
+        f"<p>store <b>{escape(store['kind'])}</b>, {store['replicas']} replica(s) expected"
+        + _seen(store)
+        + f"; config {escape(document['config_hash'][:12])}"
         + (" &mdash; <b class='down'>draining</b>" if document["draining"] else "")
         + "</p>",
     ]

@@ -76,6 +76,7 @@ def build_runtime(
     store = configured_store(
         settings, pool_list, metrics, clock=clock, weight_of=windows.weight, reserved_of=reserved_of
     )
+    store.identify(settings.config_hash())  # told to the replicas that share it (the status page)
     metrics.watch_pools(pool_list, [p.name for p in settings.priorities], store, clock, settings.quotas())
     supervisor = supervisor if supervisor is not None else Supervisor()
     signals = SignalBoard(
@@ -203,6 +204,7 @@ def create_app(
             windows=rt.windows,
             controller=rt.controller,
             board=board,
+            store=rt.store,
             registry=rt.metrics.registry,
         )
 

@@ -25,6 +25,7 @@ from gateway.flow.controller import AdmissionController
 from gateway.flow.request_meta import RequestClassifier
 from gateway.flow.status import StatusBoard
 from gateway.flow.windows import WindowClock
+from gateway.queues.base import RequestQueue
 from gateway.settings import ConfigError, Settings, load_settings
 from gateway.settings.reload import plan_reload
 
@@ -43,6 +44,7 @@ class ConfigReloader:
         windows: WindowClock,
         controller: AdmissionController,
         board: StatusBoard,
+        store: RequestQueue,
         registry: CollectorRegistry,
     ) -> None:
         self.path = path
@@ -52,6 +54,7 @@ class ConfigReloader:
         self._windows = windows
         self._controller = controller
         self._board = board
+        self._store = store
         self._reloads = Counter(
             "gateway_config_reloads", "Config reloads, by result.", ["result"], registry=registry
         )
@@ -84,6 +87,7 @@ class ConfigReloader:
         self.settings = plan.applied
         self._info.remove(self._hash)
         self._hash = self._board.config_hash = plan.applied.config_hash()
+        self._store.identify(self._hash)  # the others' status pages show it from its next beat
         self._info.labels(self._hash).set(1)
         self._reloads.labels("ok").inc()
         log.warning(

@@ -223,6 +223,14 @@ class RequestQueue(Protocol):
         """The pool's measured speeds; `now` is on the store's clock."""
         ...
 
+    def identify(self, config_hash: str) -> None:
+        """The hash of the config this replica runs, told to the others that share the store."""
+        ...
+
+    def replicas(self) -> Mapping[str, str]:
+        """The replicas seen live on this store -> the hash of the config each runs ({} in memory)."""
+        ...
+
     async def offer(
         self,
         flow: Flow,

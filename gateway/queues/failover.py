@@ -134,6 +134,12 @@ class FailoverQueue:
     def stats(self, model: str) -> QueueStats:
         return self._redis.stats(model) if self.up else self._local.stats(model)
 
+    def identify(self, config_hash: str) -> None:
+        self._redis.identify(config_hash)
+
+    def replicas(self) -> Mapping[str, str]:
+        return self._redis.replicas()
+
     def throughput(self, model: str, now: float) -> Throughput:
         return self._redis.throughput(model, now) if self.up else self._local.throughput(model, now)
 

@@ -7,6 +7,7 @@ importable from here.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,13 @@ class Settings(Frozen):
 
     def config_hash(self) -> str:
         """A digest of the settings as loaded (keys digested too), the same for the same config on
-        every replica: what the status page shows, to tell replicas' configs apart."""
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+        every replica: what the status page shows, to tell replicas' configs apart. The listeners'
+        ports are left out: a replica told port 0 runs with the one it bound."""
+        settings = self.model_dump(mode="json")
+        for listener in ("listen", "admin_listen", "grpc_listen"):
+            if settings.get(listener):
+                settings[listener].pop("port", None)
+        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
     @model_validator(mode="after")
     def _cross_references(self) -> Settings:

@@ -257,7 +257,7 @@ async def test_a_replica_whose_beacon_is_gone_gives_its_slots_back_as_soon_as_it
         assert await cluster.leases("a") == set()
     else:  # the backend computes on, each request at most its measured bound (and a TTL) more
         assert await free_slots_seen_by(b) == SLOTS - SHARE - 1
-        drain_s = a._presence._peer_args(a._models[MODEL])["peer"]["d"]
+        drain_s = a._presence._identity_args(a._models[MODEL])["peer"]["d"]
         assert drain_s < BOUND_S
         await cluster.advance_to(cluster.now + drain_s / 2, beating=b)
         assert await free_slots_seen_by(b) == SLOTS - SHARE - 1

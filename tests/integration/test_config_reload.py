@@ -154,3 +154,45 @@ async def test_a_class_allowance_reloaded_applies_to_arrivals_and_spares_what_is
         assert refused_status == 429 and refused["rule"] == "priorities[low].max_wait_ms", refused
         await clear_the_fault(sim)
         assert [(await running)[0], (await queued)[0]] == [200, 200]  # admitted under the old allowance
+
+
+@pytest.mark.redis
+async def test_replicas_on_redis_show_each_others_config_and_a_reload_that_reached_one_of_them(
+    start_sim, start_gateway
+):
+    from tests.redis_server import RedisServer, unique_prefix
+
+    server = RedisServer()
+    try:
+        sim = start_sim(slots=4)
+        config = reload_config(sim, tenant("acme", ACME))
+        prefix = unique_prefix()
+        config["store"] = {
+            "kind": "redis",
+            "url": server.url,
+            "key_prefix": prefix,
+            "replicas": 2,
+            "lease_ttl_ms": 600,
+        }
+        first, second = start_gateway(config), start_gateway(config)
+
+        def store_seen(gateway) -> dict:
+            return json.loads(http_get(gateway.admin_url + "/status.json")[1])["store"]
+
+        def both_seen_with_one_config() -> bool:
+            seen = store_seen(first)
+            return len(seen["seen"]) == 2 and seen["configs"] == 1
+
+        await eventually(both_seen_with_one_config, what="both replicas on the first's page, one config")
+        rewrite(
+            second,
+            reload_config(sim, tenant("acme", ACME), tenant("beta", BETA)) | {"store": config["store"]},
+        )
+        assert json.loads(http_post(second.admin_url + "/admin/config/reload", b"")[1])["result"] == "ok"
+        await eventually(
+            lambda: store_seen(first)["configs"] == 2, what="the first's page showing two configs"
+        )
+        page = http_get(first.admin_url + "/status")[1].decode()
+        assert "configs differ" in page
+    finally:
+        server.stop()

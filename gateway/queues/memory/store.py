@@ -73,6 +73,12 @@ class MemoryQueue:
     def stats(self, model: str) -> QueueStats:
         return self._models[model].stats()
 
+    def identify(self, config_hash: str) -> None:
+        pass  # no one else to tell
+
+    def replicas(self) -> Mapping[str, str]:
+        return {}
+
     def throughput(self, model: str, now: float) -> Throughput:
         queue = self._models[model]
         queue.estimates.observe(queue.counters, now)

@@ -146,6 +146,8 @@ class Peers:
         """When each was last probed (monotonic): at most every REPROBE_S."""
         self._heads: dict[tuple[str, str], str] = {}
         """The head of each live replica's grant list at the last look, where it had one."""
+        self._live: dict[str, dict[str, str]] = {}
+        """Per model's tag, the replicas live at the last look -> the hash of their configs."""
 
     async def open(self) -> str | None:
         """Start this replica's beacon, where configured; returns the address to publish."""
@@ -159,13 +161,20 @@ class Peers:
     def look(self, state: ModelState) -> None:
         """Probe, in the background, the replicas of `state`'s model that may be gone: the absent
         ones, and the live ones whose grant list kept the same head since the last look. A replica
-        without a beacon of its own (`store.peer_port: null`) probes none."""
-        if self._beacon_at is not None:
-            self._spawn(self._look(state))
+        without a beacon of its own (`store.peer_port: null`) probes none; either way it learns
+        which replicas are live, and the config each runs."""
+        self._spawn(self._look(state))
+
+    def live(self) -> dict[str, str]:
+        """The replicas live on any model at the last looks -> the hash of the config each runs."""
+        return {replica: config for seen in self._live.values() for replica, config in seen.items()}
 
     async def _look(self, state: ModelState) -> None:
         reply = await self._run("peers", state, {"replica": self._beacon.replica})
         now, tag = time.monotonic(), state.tag
+        self._live[tag] = {r: config for r, config in reply["live"].items() if r != "~"}
+        if self._beacon_at is None:
+            return
         self._probed_at = {key: at for key, at in self._probed_at.items() if now - at < FORGET_PROBES_S}
         suspects = {r: (address, False) for r, address in reply["absent"].items() if r != "~"}
         heads = {r: entry for r, entry in reply["heads"].items() if r != "~"}

@@ -89,6 +89,8 @@ class Presence:
         """Serving from a fallback store: no beat, no lease freed, until it rejoins."""
         self.beacon: str | None = None
         """host:port of this process's beacon (peers.py), published with each beat."""
+        self.config_hash = ""
+        """The hash of the config this replica runs, published with each beat (the status page)."""
 
     def holding(self, state: ModelState) -> Holding:
         sent_at = state.beat_sent_at
@@ -105,7 +107,7 @@ class Presence:
             "replica": self.replica,
             "ttl": self._ttl_s,
             **self._hold_args(state),
-            **self._peer_args(state),
+            **self._identity_args(state),
             # A new state forgot what replicas it does not know yet may run from their fallbacks.
             "window": self.fallback_max_s + lease_bound_s(state.pool, self._ttl_s),
             "lost": int(state.beat_sent_at is not None),  # joined before: a new state is a lost one
@@ -141,7 +143,7 @@ class Presence:
             "ttl": self._ttl_s,
             "expected": self._expected,
             **self._hold_args(state),
-            **self._peer_args(state),
+            **self._identity_args(state),
             "leases": [*state.held, *state.reserved],
         }
         if (await self._run("heartbeat", state, args))["absent"]:
@@ -161,16 +163,17 @@ class Presence:
             ],
         }
 
-    def _peer_args(self, state: ModelState) -> dict[str, Any]:
-        """Where the others probe this process once it is absent, and how long a request of its may
-        compute on a backend after its connection closed (lua/gone.lua): the measured bound, never
-        beyond the lease's own (a dead process has no release on its way)."""
+    def _identity_args(self, state: ModelState) -> dict[str, Any]:
+        """The config this replica runs (c); with a beacon, where the others probe this process
+        once it is absent (a), and how long a request of its may compute on a backend after its
+        connection closed (d, lua/gone.lua): the measured bound, never beyond the lease's own (a
+        dead process has no release on its way)."""
         if self.beacon is None:
-            return {}
+            return {"peer": {"c": self.config_hash}}
         estimates = state.estimates
         measured = surely_ended_s([estimates.service_times, *estimates.service_times_by_kind.values()])
         bound = lease_bound_s(state.pool, self._ttl_s)
-        return {"peer": {"a": self.beacon, "d": min(bound, measured)}}
+        return {"peer": {"c": self.config_hash, "a": self.beacon, "d": min(bound, measured)}}
 
     async def rejoin_as_it_is(self, state: ModelState) -> None:
         """Rejoin after the heartbeat lapsed without Redis being lost: with the work it has."""

@@ -85,8 +85,7 @@ class RedisQueue:
         self._client, self._listener, self._close_clients = client, listener, close_clients
         self._bands, self._estimation, self._ordering = bands, estimation, ordering
         self._replica, self._ttl_s, self._clock, self._on_failure = replica_id, lease_ttl_s, clock, on_failure
-        self._weight_of = weights
-        """A tenant's weight in its bands' fair queuing now; a tenant not named (and "") weighs 1."""
+        self._weight_of = weights  # a tenant's weight in its bands' fair queuing now (unnamed: 1)
         scripts = (client, bands, lease_ttl_s, redis_clock, reserved, quotas, tenants, running)
         self._scripts = Scripts(*scripts)
         presence_args = (replica_id, lease_ttl_s, expected_replicas, fallback_max_s, clock)
@@ -94,14 +93,12 @@ class RedisQueue:
         self._models = {
             pool.name: ModelState.of(pool, key_prefix, bands, estimation, clock()) for pool in pools
         }
-        self.supervisor = supervisor if supervisor is not None else Supervisor()
-        """Runs the grant listeners and the upkeep loop; stopped with the store."""
+        self.supervisor = supervisor if supervisor is not None else Supervisor()  # its loops, stopped with it
         self._listeners: dict[str, Loop] = {}
         self._upkeep_loop: Loop | None = None
         self._stopping = False
         self._background = Background(on_failure)
-        self._spawn = self._background.spawn
-        """Runs `work` to the end in the background, whatever happens to whoever started it."""
+        self._spawn = self._background.spawn  # runs work to its end, whatever happens to its starter
         self.shared_returns = RedisReturns(client, replica_id, bands)
         self._peers = Peers(replica_id, beacon_at, self._run, self._spawn)
 
@@ -156,6 +153,12 @@ class RedisQueue:
 
     def throughput(self, model: str, now: float) -> Throughput:
         return self._models[model].throughput(now, self._scripts.reservations())
+
+    def identify(self, config_hash: str) -> None:
+        self._presence.config_hash = config_hash
+
+    def replicas(self) -> Mapping[str, str]:
+        return self._peers.live()
 
     def record_service(self, model: str, service_s: float, slot: Slot | None = None) -> None:
         self._models[model].record_service(service_s, slot)

@@ -3,22 +3,29 @@
 -- caller compares with the head it saw at its last look: a live replica takes its grants within
 -- milliseconds, so a head that stays is one whose process may be dead, with every slot handed to
 -- it lost until its heartbeat lapses.
+-- Also the live replicas and the config each runs (c: its hash), for the status page.
 -- A: replica (the caller), now (tests).
--- Returns {absent: {replica: beacon}, heads: {replica: {a: beacon, h: its list's head}}}.
+-- Returns {absent: {replica: beacon}, heads: {replica: {a: beacon, h: its list's head}},
+-- live: {replica: config hash}}.
 local now = now_s()
-local absent, heads = {}, {}
-for _, replica in ipairs(redis.call('ZRANGE', tag .. ':absent', 0, -1)) do
+local absent, heads, seen = {}, {}, {}
+local function peer(replica)
   local raw = redis.call('HGET', tag .. ':peer', replica)
-  if raw then absent[replica] = cjson.decode(raw).a end
+  return raw and cjson.decode(raw) or {}
+end
+for _, replica in ipairs(redis.call('ZRANGE', tag .. ':absent', 0, -1)) do
+  absent[replica] = peer(replica).a
 end
 for _, replica in ipairs(redis.call('ZRANGEBYSCORE', tag .. ':replicas', '(' .. fmt(now), '+inf')) do
-  if replica ~= A.replica then
+  local info = peer(replica)
+  seen[replica] = info.c or ''
+  if replica ~= A.replica and info.a then
     local head = redis.call('LINDEX', tag .. ':grants:' .. replica, 0)
-    local raw = head and redis.call('HGET', tag .. ':peer', replica)
-    if raw then heads[replica] = {a = cjson.decode(raw).a, h = head} end
+    if head then heads[replica] = {a = info.a, h = head} end
   end
 end
--- cjson encodes an empty table as an array: a marker keeps both objects.
+-- cjson encodes an empty table as an array: a marker keeps each an object.
 absent['~'] = ''
 heads['~'] = {}
-return cjson.encode({absent = absent, heads = heads})
+seen['~'] = ''
+return cjson.encode({absent = absent, heads = heads, live = seen})

@@ -48,6 +48,7 @@ class StatusBoard:
         *,
         store_kind: str,
         replicas: int,
+        store_mode: str = "memory",
         config_hash: str,
         quotas: Mapping[str, Quota] | None = None,
         draining: Callable[[], bool] = lambda: False,
@@ -59,6 +60,7 @@ class StatusBoard:
         self._recent = recent
         self._queued = queued
         self._store_kind = store_kind
+        self._store_mode = store_mode
         self._replicas = replicas
         self.config_hash = config_hash
         self._quotas = dict(quotas or {})
@@ -83,6 +85,7 @@ class StatusBoard:
         seen = self._store.replicas()
         return {
             "kind": self._store_kind,
+            "mode": self._store_mode,
             "replicas": self._replicas,
             "seen": [{"replica": replica, "config_hash": config} for replica, config in sorted(seen.items())],
             "configs": len(set(seen.values())),

@@ -124,7 +124,8 @@ def render_body(document: dict[str, Any]) -> str:
     store = document["store"]
     parts = [
         "<h1>inference-gateway</h1>",
-        f"<p>store <b>{escape(store['kind'])}</b>, {store['replicas']} replica(s) expected"
+        f"<p>store <b>{escape(store['kind'])}</b> ({escape(store['mode'])}), "
+        f"{store['replicas']} replica(s) expected"
         + _seen(store)
         + f"; config {escape(document['config_hash'][:12])}"
         + (" &mdash; <b class='down'>draining</b>" if document["draining"] else "")

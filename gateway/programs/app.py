@@ -304,6 +304,7 @@ def status_board(settings: Settings, rt: Runtime) -> StatusBoard:
         rt.metrics.recent,
         rt.admission.queued,
         store_kind=settings.store.kind,
+        store_mode=settings.store.mode,
         replicas=settings.store.replicas,
         config_hash=settings.config_hash(),
         quotas=settings.quotas(),

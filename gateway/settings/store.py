@@ -56,6 +56,13 @@ class Store(Frozen):
     """The host other replicas reach the beacon at (a pod's IP); by default the client listener's
     host, or when that is a wildcard, this host's name resolved (not a loopback address)."""
 
+    @property
+    def mode(self) -> str:
+        """memory, or how the replicas reach Redis: one server, behind Sentinel, or a Cluster."""
+        if self.kind == "memory":
+            return "memory"
+        return "cluster" if self.cluster else "sentinel" if self.sentinel is not None else "single"
+
     @model_validator(mode="after")
     def _redis_needs_url(self) -> Store:
         if self.kind == "redis":

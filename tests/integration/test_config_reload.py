@@ -181,7 +181,7 @@ async def test_replicas_on_redis_show_each_others_config_and_a_reload_that_reach
 
         def both_seen_with_one_config() -> bool:
             seen = store_seen(first)
-            return len(seen["seen"]) == 2 and seen["configs"] == 1
+            return len(seen["seen"]) == 2 and seen["configs"] == 1 and seen["mode"] == "single"
 
         await eventually(both_seen_with_one_config, what="both replicas on the first's page, one config")
         rewrite(

@@ -125,11 +125,13 @@ def _acquire(
     cost: float,
     batching: Batching | None,
     kind: str,
+    trace: RequestTrace | None,
 ) -> Awaitable[Lease | Refusal]:
     # The one call into the controller's queue protocol (returned, not awaited: no extra frame).
     flow = Flow(model, meta.band, meta.flow_tenant)
+    exemplar = trace.exemplar if trace is not None else None
     return controller.acquire(
-        flow, cost, meta.budget_s, until_disconnect, on_grant, batching, body_bytes=body_bytes, kind=kind
+        flow, cost, meta.budget_s, until_disconnect, on_grant, batching, body_bytes, kind, exemplar
     )
 
 
@@ -215,6 +217,7 @@ class AdmittedCall:
                     self._cost,
                     self._batching,
                     self._kind,
+                    self._trace,
                 )
             except BaseException as error:
                 self._left_queue()

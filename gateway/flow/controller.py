@@ -102,6 +102,7 @@ class AdmissionController:
         batching: Batching | None = None,
         body_bytes: int = 0,
         kind: str = "",
+        exemplar: dict[str, str] | None = None,
     ) -> Lease | Refusal:
         """A slot for a request of `flow` that costs `cost` work units, or the reason it gets none.
 
@@ -111,6 +112,7 @@ class AdmissionController:
         and before anything else when it gets one at the offer.
         `body_bytes` (its body, held in this replica) counts against the queued-bytes bound until
         it leaves the queue. `kind`: the request's kind (policies.request_kinds), for its service time.
+        `exemplar`: its trace id, where traced and sampled, kept beside its queue wait's bucket.
         """
         model, band = flow.model, flow.band
         arrived_at = self._clock()
@@ -130,11 +132,19 @@ class AdmissionController:
         if body_bytes and (excess := self._queued_bytes.hold(model, body_bytes)) > 0:
             # No room to queue its body; a slot free this moment it may still take (a limit of no
             # work ahead), since bodies count only while they wait.
-            now = await self._slot_now(flow, request, arrived_at, batching, on_grant)
+            now = await self._slot_now(flow, request, arrived_at, batching, on_grant, exemplar)
             return self._too_many_bytes(model, request, throughput, excess) if now is None else now
         try:
             return await self._queue(
-                flow, request, throughput, external, arrived_at, until_disconnect, on_grant, batching
+                flow,
+                request,
+                throughput,
+                external,
+                arrived_at,
+                until_disconnect,
+                on_grant,
+                batching,
+                exemplar,
             )
         finally:
             if body_bytes:
@@ -150,6 +160,7 @@ class AdmissionController:
         until_disconnect: Callable[[], Awaitable[object]],
         on_grant: Callable[[Slot], None] | None,
         batching: Batching | None,
+        exemplar: dict[str, str] | None = None,
     ) -> Lease | Refusal:
         """Offer the request to the store and, if it is queued, wait for its slot."""
         model, band, cost = flow.model, flow.band, request.cost
@@ -182,7 +193,7 @@ class AdmissionController:
                     offering if batching is None else self._holds.offering(flow, batching, offering)
                 )
         if isinstance(offer, Granted):
-            return self._granted_now(offer.slot, flow, on_grant)
+            return self._granted_now(offer.slot, flow, on_grant, exemplar)
         if isinstance(offer, Full):
             stats = replace(offer.stats, external_waiting=external) if external else offer.stats
             if offer.at_cap:
@@ -215,7 +226,7 @@ class AdmissionController:
             confidence = admission.settled(band, flow.tenant, expired=not isinstance(result, Slot))
             self._metrics.set_confidence(model, self._class_names[band], confidence)
         if isinstance(result, Slot):
-            self._metrics.observe_queue_wait(model, self._class_names[band], waited_s)
+            self._metrics.observe_queue_wait(model, self._class_names[band], waited_s, exemplar)
             if batching is None:
                 return Lease(result, waited_s)
             batch_wait_s = waited_s if batching.hold else 0.0
@@ -238,21 +249,24 @@ class AdmissionController:
         arrived_at: float,
         batching: Batching | None,
         on_grant: Callable[[Slot], None] | None,
+        exemplar: dict[str, str] | None = None,
     ) -> Lease | None:
         """A slot free this moment, or None: the offer's limit of no work ahead keeps it from queuing."""
         offer = await self._store.offer(flow, request.cost, 0.0, 0.0, arrived_at, batching, kind=request.kind)
         if isinstance(offer, Granted):
-            return self._granted_now(offer.slot, flow, on_grant)
+            return self._granted_now(offer.slot, flow, on_grant, exemplar)
         if isinstance(offer, Queued):  # not for a limit of 0, unless a store rounds it differently
             await self._store.withdraw(offer.ticket, Outcome.QUEUE_FULL)
         return None
 
-    def _granted_now(self, slot: Slot, flow: Flow, on_grant: Callable[[Slot], None] | None) -> Lease:
+    def _granted_now(
+        self, slot: Slot, flow: Flow, on_grant: Callable[[Slot], None] | None, exemplar: dict[str, str] | None
+    ) -> Lease:
         """A slot granted at the offer: its hook runs first, as a queued one's does in the grant, so
         that the caller holds the slot before anything else here may raise."""
         if on_grant is not None:
             on_grant(slot)
-        self._metrics.observe_queue_wait(flow.model, self._class_names[flow.band], 0.0)
+        self._metrics.observe_queue_wait(flow.model, self._class_names[flow.band], 0.0, exemplar)
         return Lease(slot, 0.0)
 
     async def release(self, lease: Lease, service_s: float | None = None) -> None:

@@ -4,6 +4,7 @@ testers send to the serving port before a run."""
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -33,6 +34,10 @@ def ops_routes(readiness: Readiness, registry: CollectorRegistry) -> list[BaseRo
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
+        # OpenMetrics where the scraper asks for it (Prometheus does): only it carries exemplars.
+        if "application/openmetrics-text" in request.headers.get("accept", ""):
+            exposition = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
+            return Response(exposition, media_type=openmetrics.CONTENT_TYPE_LATEST)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return [

@@ -31,6 +31,7 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _COST_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 50_000)
 _RETRY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+Exemplar = dict[str, str] | None  # a trace id a histogram keeps beside a bucket (OpenMetrics)
 
 
 class GatewayMetrics:
@@ -176,8 +177,8 @@ class GatewayMetrics:
         """A request of a model the gateway batches got its slot after `seconds` held for companions."""
         self._child(self.batch_wait, model).observe(seconds)
 
-    def observe_queue_wait(self, model: str, priority: str, seconds: float) -> None:
-        self._child(self.queue_wait, model, priority).observe(seconds)
+    def observe_queue_wait(self, model: str, priority: str, seconds: float, trace: Exemplar = None) -> None:
+        self._child(self.queue_wait, model, priority).observe(seconds, trace)
 
     def count_admitted_into_queue(self, model: str, priority: str) -> None:
         self._child(self.admitted_queued, model, priority).inc()
@@ -189,8 +190,8 @@ class GatewayMetrics:
     def set_confidence(self, model: str, priority: str, confidence: float) -> None:
         self._child(self.confidence, model, priority).set(confidence)
 
-    def observe_upstream(self, model: str, seconds: float) -> None:
-        self._child(self.upstream_latency, model).observe(seconds)
+    def observe_upstream(self, model: str, seconds: float, trace: Exemplar = None) -> None:
+        self._child(self.upstream_latency, model).observe(seconds, trace)
 
     def observe_retry_after(self, model: str, priority: str, seconds: float) -> None:
         self._child(self.retry_after, model, priority).observe(seconds)

@@ -242,3 +242,9 @@ class RequestTrace:
     @property
     def trace_id(self) -> str:
         return format(self._server.get_span_context().trace_id, "032x")
+
+    @property
+    def exemplar(self) -> dict[str, str] | None:
+        """The trace id as a histogram's exemplar (OpenMetrics), where the trace is sampled: a slow
+        bucket on a dashboard leads to a trace that was kept."""
+        return {"trace_id": self.trace_id} if self.sampled else None

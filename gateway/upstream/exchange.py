@@ -81,7 +81,7 @@ class Forwarder:
         client: UpstreamClient,
         *,
         on_unreachable: Callable[[ModelPool, BackendState], None],
-        observe_upstream_s: Callable[[str, float], None],
+        observe_upstream_s: Callable[[str, float, dict[str, str] | None], None],
         on_verdict: Callable[[ModelPool, BackendState, Verdict], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -248,7 +248,8 @@ class UpstreamExchange:
             if self._budget_at is not None:
                 count_deadline(backend, reply, forwarder.clock() <= self._budget_at, self.started_at)
             if reply.complete:
-                forwarder.observe_upstream_s(self._pool.name, self.elapsed_s)
+                exemplar = self.trace.exemplar if self.trace is not None else None
+                forwarder.observe_upstream_s(self._pool.name, self.elapsed_s, exemplar)
                 if reply.status < 400:
                     service_s = self.elapsed_s
             elif isinstance(reply.given_up, TimeoutError) and not isinstance(reply.given_up, BackendStalled):
@@ -310,6 +311,8 @@ class UpstreamTrace(Protocol):
 
     def upstream_started(self, attributes: dict[str, object]) -> str: ...
     def upstream_ended(self, status: int | None, error: str | None = None) -> None: ...
+    @property
+    def exemplar(self) -> dict[str, str] | None: ...
 
 
 def with_field(wire: bytes, name: bytes, value: bytes) -> bytes:

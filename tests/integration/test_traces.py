@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.eventually import eventually
@@ -119,6 +120,36 @@ async def test_a_request_is_traced_in_the_clients_trace_with_its_queue_wait_and_
     sent = [t for t in sim.stats()["traceparents"] if CLIENT_TRACE in t]
     assert sent == [f"00-{CLIENT_TRACE}-{upstream.span_id.hex()}-01"]
     assert found.resources[0]["service.name"] == "gateway-under-test"
+
+
+async def test_the_queue_wait_and_upstream_histograms_keep_a_sampled_traces_id_as_their_exemplar(
+    start_sim, start_gateway, receiver
+):
+    _, endpoint = receiver
+    sim = start_sim(slots=1, base_ms=20)
+    gateway = start_gateway(gateway_config([(sim.url, 1)]), env=traced_env(endpoint))
+    async with aiohttp.ClientSession() as http:
+        headers = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}
+        async with http.post(gateway.url + "/v2/models/sim/infer", json=INFER, headers=headers) as reply:
+            assert reply.status == 200
+        # An unsampled client trace leaves no exemplar of its own.
+        unsampled = {"traceparent": f"00-{'ab' * 16}-{CLIENT_SPAN}-00"}
+        async with http.post(gateway.url + "/v2/models/sim/infer", json=INFER, headers=unsampled) as reply:
+            assert reply.status == 200
+        accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
+        async with http.get(gateway.url + "/metrics", headers=accept) as reply:
+            assert reply.content_type == "application/openmetrics-text"
+            exposition = await reply.text()
+    exemplars: dict[str, set[str]] = {}
+    for family in openmetrics_families(exposition):  # the whole exposition parses as OpenMetrics
+        for sample in family.samples:
+            if sample.exemplar is not None:
+                exemplars.setdefault(family.name, set()).add(sample.exemplar.labels["trace_id"])
+    assert exemplars["gateway_queue_wait_seconds"] == {CLIENT_TRACE}
+    assert exemplars["gateway_upstream_latency_seconds"] == {CLIENT_TRACE}
+    async with aiohttp.ClientSession() as http:  # the text format stays the default
+        async with http.get(gateway.url + "/metrics") as reply:
+            assert reply.content_type == "text/plain" and "# {" not in await reply.text()
 
 
 async def test_a_refused_request_is_an_error_span_with_its_reason_and_advice(

@@ -3,14 +3,16 @@
 - `Authorization: Bearer <key>` names the tenant when keys are configured, else `X-Tenant` does;
   a request joins its tenant's flow (fair queuing by weight) when that is a configured tenant, the
   one unnamed flow otherwise, so flows and their metrics are configured names only;
-- `X-Priority: <class>` picks the class, capped by the tenant's `max_priority`;
+- `X-Priority: <class>` picks the class, capped by the tenant's `max_priority`; without it, Triton's
+  `priority` request parameter does where `priority_levels` maps it (`at_level`, once the ingress
+  has read the request);
 - `X-Request-Timeout-Ms: <int>` is the client's whole budget;
 - `x-stainless-retry-count` (the openai SDK's) or `X-Retry-Attempt` above 0 marks a retry.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.flow.admitted import RequestMeta
 from gateway.settings import Settings, Tenant, key_digest
@@ -50,6 +52,12 @@ class RequestClassifier:
         self._tenants_by_digest = settings.api_key_digests()
         self._tenants_by_name = {} if self._tenants_by_digest else {t.name: t for t in settings.tenants}
         self._priority_limit = settings.limits.max_priority_header_bytes
+        self._levels = {
+            level: self._class_names.index(name) for level, name in settings.priority_levels.items()
+        }
+        self._caps = {
+            t.name: self._class_names.index(t.max_priority) for t in settings.tenants if t.max_priority
+        }
         self.keyed = bool(self._tenants_by_digest)
         """Tenants are told apart by their keys (every caller needs one)."""
 
@@ -113,6 +121,27 @@ class RequestClassifier:
             budget_s = int(text) / 1000
         flow_tenant = found.name if found is not None else ""
         return RequestMeta(self._class_names[band], band, tenant, budget_s, flow_tenant, retry)
+
+    @property
+    def reads_levels(self) -> bool:
+        """Whether Triton's `priority` parameter picks the class of requests without X-Priority."""
+        return bool(self._levels)
+
+    def at_level(self, meta: RequestMeta, level: object) -> RequestMeta | Problem:
+        """`meta`, of a request that sent no X-Priority, in the class of Triton's `priority`
+        parameter `level` (None: it sent none), capped by its tenant's `max_priority`."""
+        if level is None:
+            return meta
+        if isinstance(level, bool) or not isinstance(level, int) or level < 0:
+            return Problem(Outcome.UNKNOWN_PRIORITY, "the priority parameter must be a non-negative integer")
+        band = self._default_band if level == 0 else self._levels.get(level)
+        if band is None:
+            mapped = ", ".join(f"{n}: {self._class_names[b]}" for n, b in sorted(self._levels.items()))
+            return Problem(
+                Outcome.UNKNOWN_PRIORITY, f"priority {level} is not mapped (priority_levels: {mapped})"
+            )
+        band = max(band, self._caps.get(meta.flow_tenant, 0))
+        return replace(meta, priority=self._class_names[band], band=band)
 
     def _tenant_for(self, authorization: bytes | None) -> Tenant | None:
         if authorization is None or len(authorization) > MAX_AUTHORIZATION_BYTES:

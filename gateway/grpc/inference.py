@@ -24,7 +24,7 @@ from gateway.flow.drain import DRAINING_RETRY_S
 from gateway.flow.request_meta import Problem, RequestClassifier
 from gateway.grpc.answer import GrpcAnswer, GrpcBatchAnswer
 from gateway.grpc.status import GrpcError, outcome_error
-from gateway.grpc.tensors import TensorError, batch_size, request_body
+from gateway.grpc.tensors import TensorError, batch_size, parameter_values, request_body
 from gateway.queues.base import Batching
 from gateway.telemetry.access_log import AccessLog, AccessRecord
 from gateway.telemetry.tracing import RequestTrace, Tracing
@@ -126,6 +126,11 @@ class GrpcInference:
         meta = self._classifier.classify(headers)
         if isinstance(meta, Problem):
             return self._fail(record, meta.outcome, detail=meta.detail)
+        if self._classifier.reads_levels and not any(name == b"x-priority" for name, _ in headers):
+            level = parameter_values(request.parameters).get("priority")  # tritonclient's priority=
+            meta = self._classifier.at_level(meta, level)
+            if isinstance(meta, Problem):
+                return self._fail(record, meta.outcome, detail=meta.detail)
         if time_left_s is not None:  # the call's deadline bounds the budget as X-Request-Timeout-Ms does
             budget_s = min(math.inf if meta.budget_s is None else meta.budget_s, max(0.001, time_left_s))
             meta = replace(meta, budget_s=budget_s)

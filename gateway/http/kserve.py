@@ -17,7 +17,7 @@ from gateway.flow.request_meta import Problem, RequestClassifier
 from gateway.http.asgi_io import read_body, send_response
 from gateway.http.batches import batch_part
 from gateway.http.intake import AdmittedEndpoint, upstream_request
-from gateway.http.pricing import batch_items
+from gateway.http.pricing import batch_items, request_parameter
 from gateway.http.relay import send_error
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import ModelPool
@@ -52,6 +52,11 @@ class InferEndpoint(AdmittedEndpoint):
         if isinstance(body, Outcome):
             await self.fail(scope, send, body, model=model, priority=meta.priority)
             return
+        if intake.classifier.reads_levels and not any(k == b"x-priority" for k, _ in scope["headers"]):
+            meta = intake.classifier.at_level(meta, request_parameter(body, scope["headers"], "priority"))
+            if isinstance(meta, Problem):
+                await self.fail(scope, send, meta.outcome, model=model, detail=meta.detail)
+                return
         limits = pool.batch_limits
         part = None if limits is None else batch_part(scope, body, limits, intake.header_rules)
         if part is not None and limits is not None:

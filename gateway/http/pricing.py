@@ -37,6 +37,19 @@ def batch_items(body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> float:
     return float(first)
 
 
+def request_parameter(body: bytes, headers: Iterable[tuple[bytes, bytes]], name: str) -> object:
+    """A KServe v2 request's `parameters[name]` (JSON, or a binary body's JSON header), or None
+    where it has none or cannot be read (the backend judges such a body)."""
+    length = header_length_of(headers)
+    if length is not None and not 0 <= length <= len(body):
+        return None
+    try:
+        parameters = json.loads(body if length is None else body[:length]).get("parameters")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return parameters.get(name) if isinstance(parameters, dict) else None
+
+
 def prompt_chars(payload: dict[str, Any]) -> int:
     """The characters of an OpenAI request's prompt: its messages' text and the tools it offers
     (their schemas are prompt too, often thousands of tokens), or its `prompt` (token ids count 4

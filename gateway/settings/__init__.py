@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -82,6 +82,10 @@ class Settings(Frozen):
     store: Store = Store()
     priorities: list[PriorityClass] = Field(min_length=1)
     default_priority: str
+    priority_levels: dict[Annotated[int, Field(ge=1, le=2**63)], str] = Field(default_factory=dict)
+    """Triton's `priority` request parameter (1 the highest; tritonclient's `priority=`,
+    perf_analyzer's) -> class, for a request that sends no X-Priority; 0, Triton's default, is the
+    default class, and a level not listed is refused (unknown_priority)."""
     ordering: Ordering = Ordering.FIFO
     models: list[Model] = Field(min_length=1)
     tenants: list[Tenant] = Field(default_factory=list)
@@ -128,6 +132,9 @@ class Settings(Frozen):
             raise ValueError("grpc_listen must use another port than listen and admin_listen")
         if self.default_priority not in class_names:
             raise ValueError(f"default_priority {self.default_priority!r} is not one of {class_names}")
+        for level, name in self.priority_levels.items():
+            if name not in class_names:
+                raise ValueError(f"priority_levels[{level}]: {name!r} is not one of {class_names}")
         _unique("windows", [w.name for w in self.windows])
         window_names = {w.name for w in self.windows}
         named = [(f"class {p.name!r}", p.only_in) for p in self.priorities]

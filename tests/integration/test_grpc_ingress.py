@@ -531,3 +531,31 @@ def test_a_grpc_port_already_taken_is_said_at_once(tmp_path):
         taken.close()
     assert done.returncode == 2, done.stderr
     assert f"cannot listen on 127.0.0.1:{config['grpc_listen']['port']}" in done.stderr
+
+
+def test_tritonclients_priority_picks_the_class_where_priority_levels_maps_it(start_sim, start_gateway):
+    import tritonclient.http as triton_http
+
+    sim = start_sim(slots=2, base_ms=5)
+    gateway = start_gateway(grpc_config(sim, priority_levels={1: "high", 2: "low"}))
+    array = np.array([[1.0]], dtype=np.float32)
+    over_grpc = triton_grpc.InferenceServerClient(gateway.grpc_target)
+    over_http = triton_http.InferenceServerClient(gateway.url.removeprefix("http://"))
+    try:
+        over_grpc.infer("sim", [infer_input("INPUT0", "FP32", array)], priority=1)
+        tensor = triton_http.InferInput("INPUT0", [1, 1], "FP32")
+        tensor.set_data_from_numpy(array)
+        over_http.infer("sim", [tensor], priority=1)
+        over_http.infer("sim", [tensor])  # none: the default class
+        assert gateway.metric("gateway_requests_total", model="sim", priority="high", outcome="ok") == 2
+        assert gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="ok") == 1
+        with pytest.raises(triton_grpc.InferenceServerException) as refused:
+            over_grpc.infer("sim", [infer_input("INPUT0", "FP32", array)], priority=7)
+        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "priority 7 is not mapped" in refused.value.message()
+        with pytest.raises(triton_http.InferenceServerException) as refused_http:
+            over_http.infer("sim", [tensor], priority=7)
+        assert "priority 7 is not mapped" in refused_http.value.message()
+    finally:
+        over_grpc.close()
+        over_http.close()

@@ -30,6 +30,7 @@ from typing import Any
 
 from gateway.queues.base import Slot
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.tracing import batch_trace
 from gateway.tensors.batch import HEADER_LENGTH, Part, SplitError, header_length_of, merged, split
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.client import RawHeaders, downstream_response_headers
@@ -176,6 +177,7 @@ class BatchRound:
         self.members: list[BatchMember] = []
         self._exchange: UpstreamExchange | None = None
         self.started_at = 0.0
+        self._formed_ns = time.time_ns()  # the slot's grant: where a traced batch's span starts
 
     def upstream_s(self) -> float:
         """The merged call's time with its backend: to its end, or so far."""
@@ -229,7 +231,10 @@ class BatchRound:
         )
         exchange.on_done = self._done
         self.started_at = batches.clock()
-        batches.metrics.observe_batch(self._pool.name, sum(p.rows for p in parts))
+        rows = sum(p.rows for p in parts)
+        attributes = {"gateway.batch.members": len(live), "gateway.batch.rows": rows}
+        exchange.trace = batch_trace([m.exchange.trace for m in live], self._formed_ns, attributes)
+        batches.metrics.observe_batch(self._pool.name, rows)
         exchange.start_at_grant(self.slot)
         return exchange
 

@@ -178,6 +178,7 @@ class GrpcInference:
             # Its key apart from HTTP requests': a merged call goes up with its first member's fields.
             part = replace(part, key=hashlib.blake2b(f"grpc:{part.key}".encode(), digest_size=12).hexdigest())
             work = self._batches.member(pool, upstream, part, meta.budget_s)
+            work.exchange.trace = trace  # its own call's, alone on its slot; a batch's links it
             answer: GrpcAnswer = GrpcBatchAnswer(work, admission.drain, admission.no_backend_retry_s)
             batching = Batching(part.key, limits.max_batch_size, limits.max_delay_s, limits.preferred_sizes)
         else:

@@ -159,6 +159,7 @@ class AdmittedEndpoint:
         if batching is not None:
             part, limits = batching
             member = intake.batches.member(pool, request(), part, meta.budget_s)
+            member.exchange.trace = trace  # its own call's, alone on its slot; a batch's links it
             batch_relay = BatchRelay(receive, send, self.style, member, drain, retry_s)
             shares = Batching(part.key, limits.max_batch_size, limits.max_delay_s, limits.preferred_sizes)
             call = AdmittedCall(

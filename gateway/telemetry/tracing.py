@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -248,3 +248,41 @@ class RequestTrace:
         """The trace id as a histogram's exemplar (OpenMetrics), where the trace is sampled: a slow
         bucket on a dashboard leads to a trace that was kept."""
         return {"trace_id": self.trace_id} if self.sampled else None
+
+
+class BatchTrace:
+    """A merged call's spans: `batch`, from the round's forming (the slot's grant) to the call's
+    end, in the first traced member's trace and linked to every traced member's server span (one
+    call serves them all); and the upstream call as its child, whose context the backend gets."""
+
+    __slots__ = ("_batch", "_calls")
+
+    def __init__(self, members: Sequence[RequestTrace], started_ns: int, attributes: dict[str, Any]) -> None:
+        from opentelemetry.trace import Link
+
+        first = members[0]
+        self._batch = first._tracer.start_span(
+            "batch",
+            context=first._context,
+            links=[Link(m._server.get_span_context()) for m in members],
+            attributes=attributes,
+            start_time=started_ns,
+        )
+        self._calls = RequestTrace(first._tracer, first._propagator, self._batch)
+
+    @property
+    def exemplar(self) -> dict[str, str] | None:
+        return self._calls.exemplar
+
+    def upstream_started(self, attributes: dict[str, object]) -> str:
+        return self._calls.upstream_started(attributes)
+
+    def upstream_ended(self, status: int | None, error: str | None = None) -> None:
+        self._calls.upstream_ended(status, error)
+        self._batch.end()
+
+
+def batch_trace(members: Sequence[object], started_ns: int, attributes: dict[str, Any]) -> BatchTrace | None:
+    """The merged call's trace, where any of its members' is sampled (None otherwise)."""
+    traced = [m for m in members if isinstance(m, RequestTrace) and m.sampled]
+    return BatchTrace(traced, started_ns, attributes) if traced else None

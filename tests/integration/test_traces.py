@@ -152,6 +152,49 @@ async def test_the_queue_wait_and_upstream_histograms_keep_a_sampled_traces_id_a
             assert reply.content_type == "text/plain" and "# {" not in await reply.text()
 
 
+async def test_a_batchs_call_is_one_span_linked_to_each_members_trace(start_sim, start_gateway, receiver):
+    import numpy as np
+    import tritonclient.http.aio as triton
+
+    from tests.integration.test_batching import batching_config, hold_the_slot, infer, let_go, queued, rows
+
+    found, endpoint = receiver
+    sim = start_sim(slots=4, base_ms=20)
+    gateway = start_gateway(batching_config(sim), env=traced_env(endpoint))
+    members = {"a" * 32: "m-a", "b" * 32: "m-b"}  # each its own client trace
+    client = triton.InferenceServerClient(gateway.url.removeprefix("http://"))
+    try:
+        blocker = await hold_the_slot(client, sim)
+        sent = [
+            asyncio.ensure_future(
+                infer(client, rows(1, n), request_id, headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"})
+            )
+            for n, (trace, request_id) in enumerate(members.items())
+        ]
+        await queued(gateway, 2)
+        await let_go(sim)
+        await blocker
+        for result in await asyncio.gather(*sent):
+            assert np.asarray(result.as_numpy("OUTPUT0")).shape == (1, 3)
+    finally:
+        await client.close()
+
+    def batch_span():
+        return next((span for span in found.spans if span.name == "batch"), None)
+
+    await eventually(lambda: batch_span() is not None, what="the batch's span at the receiver")
+    batch = batch_span()
+    assert {link.trace_id.hex() for link in batch.links} == set(members)
+    assert batch.trace_id.hex() in members  # in its first member's trace
+    attributes = {a.key: a.value.int_value for a in batch.attributes}
+    assert attributes == {"gateway.batch.members": 2, "gateway.batch.rows": 2}
+    await eventually(lambda: "POST upstream" in found.in_trace(batch.trace_id.hex()), what="its call's span")
+    call = found.in_trace(batch.trace_id.hex())["POST upstream"]
+    assert call.parent_span_id == batch.span_id
+    # The backend was told the batch's call as its parent.
+    assert f"00-{batch.trace_id.hex()}-{call.span_id.hex()}-01" in sim.stats()["traceparents"]
+
+
 async def test_a_refused_request_is_an_error_span_with_its_reason_and_advice(
     start_sim, start_gateway, receiver
 ):

@@ -22,6 +22,7 @@ from gateway.flow.batch_calls import Batches
 from gateway.flow.drain import DRAINING_RETRY_S
 from gateway.flow.request_meta import RequestClassifier
 from gateway.http.batches import BatchRelay
+from gateway.http.pricing import usage_in
 from gateway.http.relay import Relay, StreamRewrite, send_error
 from gateway.queues.base import Batching
 from gateway.telemetry.access_log import AccessLog
@@ -151,6 +152,8 @@ class AdmittedEndpoint:
         intake.admission.metrics.observe_cost(pool.name, cost)
         trace = scope.get(TRACE)
         in_body = self.style is ErrorStyle.OPENAI
+        if in_body and trace is not None and trace.sampled:  # the GenAI conventions' token counts
+            observe = _noting_usage(trace, observe)
         request = partial(
             upstream_request, scope, body, intake.header_rules, model_in_body=in_body, priority=meta.priority
         )
@@ -191,6 +194,18 @@ class AdmittedEndpoint:
             access=record,
             trace=trace,
         ).run()
+
+
+def _noting_usage(trace: RequestTrace, observe: Callable[[bytes], None] | None) -> Callable[[bytes], None]:
+    """`observe`, telling the trace the answer's `usage` too (an OpenAI answer, or its stream's tail)."""
+
+    def noted(answer: bytes) -> None:
+        if (usage := usage_in(answer)) is not None:
+            trace.usage(*usage)
+        if observe is not None:
+            observe(answer)
+
+    return noted
 
 
 def _noting_status(trace: RequestTrace, send: Send) -> Send:

@@ -220,6 +220,12 @@ class RequestTrace:
         span.end()
         self._upstream = None
 
+    def usage(self, input_tokens: float, output_tokens: float) -> None:
+        """The tokens the engine counted (an OpenAI answer's `usage`), as the GenAI semantic
+        conventions name them, on the server span: the upstream call's has ended by then."""
+        self._server.set_attribute("gen_ai.usage.input_tokens", int(input_tokens))
+        self._server.set_attribute("gen_ai.usage.output_tokens", int(output_tokens))
+
     def status(self, code: int) -> None:
         """The answer's HTTP status, as it starts (a 5xx is an error of the server span)."""
         self._server.set_attribute("http.response.status_code", code)

@@ -266,10 +266,20 @@ async def test_an_openai_calls_upstream_span_follows_the_genai_conventions(
         ) as reply,
     ):
         assert reply.status == 200
-        await reply.read()
+        usage = (await reply.json())["usage"]
     await eventually(lambda: "chat sim" in found.in_trace(CLIENT_TRACE), what="the upstream span 'chat sim'")
     upstream = found.in_trace(CLIENT_TRACE)["chat sim"]
     attributes = _attributes(upstream)
     assert upstream.kind == trace_pb2.Span.SPAN_KIND_CLIENT
     assert (attributes["gen_ai.operation.name"], attributes["gen_ai.request.model"]) == ("chat", "sim")
     assert attributes["http.response.status_code"] == 200
+
+    # The engine's token counts, on the server span (the answer is read after the call's span ended).
+    def server_span() -> trace_pb2.Span | None:
+        spans = found.in_trace(CLIENT_TRACE).values()
+        return next((span for span in spans if span.kind == trace_pb2.Span.SPAN_KIND_SERVER), None)
+
+    await eventually(lambda: server_span() is not None, what="the server span")
+    served = _attributes(server_span())
+    assert served["gen_ai.usage.input_tokens"] == usage["prompt_tokens"] > 0
+    assert served["gen_ai.usage.output_tokens"] == usage["completion_tokens"] == 3

@@ -19,6 +19,7 @@ from gateway.http.batches import batch_part
 from gateway.http.intake import AdmittedEndpoint, upstream_request
 from gateway.http.pricing import batch_items, request_parameter
 from gateway.http.relay import send_error
+from gateway.telemetry.access_log import AccessLog, AccessRecord
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.client import HeaderRules, downstream_response_headers
@@ -81,7 +82,9 @@ class ModelPassthrough:
         no_backend_retry_s: float,
         header_rules: HeaderRules,
         classifier: RequestClassifier,
+        access: AccessLog | None = None,
     ) -> None:
+        self._access = access
         self._header_rules = header_rules
         self._classifier = classifier
         self._pools = pools
@@ -93,49 +96,59 @@ class ModelPassthrough:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Counted in the drain like admitted requests, so that its cut answers a hung backend's
         # metadata call with 503 rather than leaving it to the server's cancel (a 500).
-        drain = self._drain
+        drain, access, record = self._drain, self._access, None
         drain.started()
+        if access is not None:  # its line too: its route, model, tenant, status and outcome
+            record = access.start(scope, "model." + _passthrough_route(scope["path"]))
+            send = access.watch(record, send)
         try:
-            await self._forward(scope, send)
+            outcome = await self._forward(scope, send, record)
         except asyncio.CancelledError:
             if not drain.absorb_cut():
                 raise
             self._metrics.count("", "", Outcome.DRAINING)  # nothing is sent before the backend answers
-            await self._error(send, Outcome.DRAINING, retry_after_s=DRAINING_RETRY_S)
+            outcome = Outcome.DRAINING
+            await self._error(send, outcome, retry_after_s=DRAINING_RETRY_S)
         finally:
             drain.finished()
+        if record is not None and access is not None:
+            record.outcome = outcome.value
+            access.write(record)
 
-    async def _forward(self, scope: Scope, send: Send) -> None:
+    async def _forward(self, scope: Scope, send: Send, record: AccessRecord | None) -> Outcome:
         checked = self._classifier.classify(scope["headers"])  # the key, before the model name
         if isinstance(checked, Problem):
             self._metrics.count("", "", checked.outcome)
             await self._error(send, checked.outcome, detail=checked.detail)
-            return
+            return checked.outcome
         model = scope["path_params"]["model"]
         pool = self._pools.get(model)
         if pool is None:
             self._metrics.count("", "", Outcome.UNKNOWN_MODEL)
             await self._error(send, Outcome.UNKNOWN_MODEL, detail=repr(model))
-            return
+            return Outcome.UNKNOWN_MODEL
+        if record is not None:
+            record.asks(model, "", checked.tenant or "")
         backend = next((b for b in pool.backends if b.ready), None)
         if backend is None:
             await self._error(send, Outcome.NO_BACKEND, retry_after_s=self._no_backend_retry_s)
-            return
+            return Outcome.NO_BACKEND
         try:
             request = upstream_request(scope, b"", self._header_rules)
             reply, body = await self._forwarder.fetch(pool, backend, request)
         except TimeoutError:
             await self._error(send, Outcome.UPSTREAM_TIMEOUT)
-            return
+            return Outcome.UPSTREAM_TIMEOUT
         except UpstreamError as error:
             await self._error(send, Outcome.UPSTREAM_ERROR, detail=type(error).__name__)
-            return
+            return Outcome.UPSTREAM_ERROR
         headers = downstream_response_headers(reply.headers)
         # An answer to HEAD has no body but tells the length the GET's would have.
         length = reply.content_length if request.method == "HEAD" else len(body)
         if length is not None:
             headers.append((b"content-length", str(length).encode()))
         await send_response(send, reply.status, headers, body)
+        return Outcome.OK
 
     async def _error(
         self, send: Send, outcome: Outcome, *, detail: str | None = None, retry_after_s: float | None = None
@@ -143,6 +156,12 @@ class ModelPassthrough:
         await send_error(
             send, ErrorStyle.KSERVE, outcome, self._drain, detail=detail, retry_after_s=retry_after_s
         )
+
+
+def _passthrough_route(path: str) -> str:
+    """metadata, ready or config: what of a model a passthrough path asks."""
+    last = path.rstrip("/").rsplit("/", 1)[-1]
+    return last if last in ("ready", "config") else "metadata"
 
 
 def kserve_routes(readiness: Readiness, passthrough: ModelPassthrough) -> list[BaseRoute]:

@@ -190,6 +190,7 @@ def create_app(
         no_backend_retry_s=rt.admission.no_backend_retry_s,
         header_rules=header_rules,
         classifier=classifier,
+        access=intake.access,
     )
 
     grpc_listener = None if settings.grpc_listen is None else grpc_listener_of(settings, rt, intake)

@@ -1,5 +1,6 @@
-"""The access log: one line per admitted-route request (KServe infer, OpenAI), as text or JSON, on
-the `gateway.access` logger at info.
+"""The access log: one line per request on the admitted routes (KServe infer, OpenAI) and the model
+passthrough (a model's metadata, `/ready` and `/config`: routes `model.metadata`, `model.ready`,
+`model.config`), as text or JSON, on the `gateway.access` logger at info.
 
 A line says who asked for what and how it ended: its request id (the client's `X-Request-Id`, or
 one made here; the answer carries it back as `x-request-id`, so a client or a load test can find
@@ -12,7 +13,8 @@ Lines are rate-limited (`access_log.max_lines_per_s`, a bucket as deep as one se
 refusal storm of thousands a second must not fill the disk nor take the event loop's time. The
 lines dropped are counted, and said in the next line written (`suppressed=N`).
 
-Model passthrough (metadata, `/config`, `/ready`) and the operator routes write none.
+The operator routes (health, readiness, metrics, the status page) write none: probes would bury
+the clients' lines.
 """
 
 from __future__ import annotations

@@ -84,3 +84,32 @@ async def test_a_storm_of_refusals_is_cut_to_the_rate_and_what_was_dropped_is_to
             assert time.monotonic() < deadline, "no line told what was dropped"
             await one_more_tells()
     assert sum(told) >= 200 - (5 + 5 * elapsed + 1)
+
+
+async def test_a_models_metadata_readiness_and_config_passed_through_leave_a_line_each(
+    start_sim, start_gateway
+):
+    sim = start_sim(slots=1, base_ms=5)
+    config = gateway_config(
+        [(sim.url, 1)], tenants=[{"name": "team-a", "api_keys": [KEY]}], access_log={"format": "json"}
+    )
+    gateway = start_gateway(config)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with aiohttp.ClientSession() as http:
+        for path, request_id in (("/v2/models/sim", "m-meta"), ("/v2/models/sim/ready", "m-ready")):
+            async with http.get(gateway.url + path, headers=headers | {"X-Request-Id": request_id}) as reply:
+                assert reply.status == 200 and reply.headers["x-request-id"] == request_id
+        async with http.get(
+            gateway.url + "/v2/models/nope/config", headers=headers | {"X-Request-Id": "m-404"}
+        ) as reply:
+            assert reply.status == 404
+    await eventually(lambda: len(access_lines(gateway)) == 3, what="a line for each")
+    lines = {line["id"]: line for line in access_lines(gateway)}
+    assert {k: lines["m-meta"][k] for k in ("route", "model", "tenant", "status", "outcome")} == {
+        "route": "model.metadata", "model": "sim", "tenant": "team-a", "status": 200, "outcome": "ok",
+    }  # fmt: skip
+    assert (lines["m-ready"]["route"], lines["m-ready"]["outcome"]) == ("model.ready", "ok")
+    assert (lines["m-404"]["route"], lines["m-404"]["outcome"], lines["m-404"]["status"]) == (
+        "model.config", "unknown_model", 404,
+    )  # fmt: skip
+    assert KEY not in gateway.log()

@@ -23,6 +23,7 @@ async def started(replica: str) -> Beacon:
     beacon = Beacon(replica)
     await beacon.start(BeaconAt("127.0.0.1", 0))
     assert beacon.address is not None and beacon.address.startswith("127.0.0.1:")
+    assert beacon.address.endswith("@" + socket.gethostname())  # loopback: this machine's only
     return beacon
 
 
@@ -78,3 +79,12 @@ def test_a_wildcard_bind_is_advertised_by_this_hosts_address_never_a_loopback_on
     monkeypatch.setattr(peers.socket, "gethostbyname", lambda name: "10.244.0.7")  # a pod's IP
     assert reachable_host("0.0.0.0") == "10.244.0.7"
     assert reachable_host("::") == "10.244.0.7"
+
+
+async def test_a_loopback_beacon_is_probed_only_from_its_own_machine():
+    # From another machine 127.0.0.1 is the prober's own: a refusal there would prove nothing.
+    beacon = await started("replica-a")
+    address = beacon.address.partition("@")[0]
+    await beacon.close()
+    assert await probe(address + "@another-machine", "replica-a") is Verdict.UNKNOWN
+    assert await probe(address + "@" + socket.gethostname(), "replica-a") is Verdict.GONE

@@ -15,7 +15,8 @@ publishes its address with each beat. When a replica turns absent, the others pr
   slots on those terms.
 - its own id: alive, cut off from Redis only; everything stays reserved.
 - anything else (a timeout, an unreachable host, a process that accepts and says nothing because it
-  is stopped): unknown, and everything stays reserved, as without a beacon.
+  is stopped, a loopback beacon seen from another machine): unknown, and everything stays
+  reserved, as without a beacon.
 
 A firewall that rejects connections between replicas (rather than dropping them) would look like a
 death: set `store.peer_port: null` there.
@@ -84,7 +85,10 @@ class Beacon:
                 bound_port,
             )
             return
-        self.address = f"[{host}]:{bound_port}" if ":" in host else f"{host}:{bound_port}"
+        address = f"[{host}]:{bound_port}" if ":" in host else f"{host}:{bound_port}"
+        if _is_loopback(host):  # reachable from this machine only: probed only from it
+            address += "@" + socket.gethostname()
+        self.address = address
 
     async def close(self) -> None:
         if self._server is not None:
@@ -107,8 +111,22 @@ def reachable_host(bind_host: str) -> str | None:
     return None if ipaddress.ip_address(resolved).is_loopback else resolved
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 async def probe(address: str, replica: str, timeout_s: float = PROBE_TIMEOUT_S) -> Verdict:
-    """Whether `replica`'s process is still the one at `address` (see the module's rules)."""
+    """Whether `replica`'s process is still the one at `address` (see the module's rules). A
+    loopback address carries its machine's name (`host:port@machine`): from another machine it
+    would reach the prober's own loopback, where a refusal proves nothing, so it is unknown."""
+    address, _, machine = address.partition("@")
+    if machine and machine != socket.gethostname():
+        return Verdict.UNKNOWN
     host, _, port = address.rpartition(":")
     try:
         async with asyncio.timeout(timeout_s):

@@ -47,9 +47,10 @@
 --                                 proved dead (gone.lua) is not one of them
 --   <tag>:server            string the run id of the Redis process this state was written on (see
 --                                 forget_state, at the end)
---   <tag>:peer              hash  replica -> JSON {a: its beacon's host:port, d: how long a request
---                                 of its may compute on after its connection closed}, published
---                                 with each beat, kept while it is live or absent (gone.lua)
+--   <tag>:peer              hash  replica -> JSON {c: the hash of the config it runs; with a beacon,
+--                                 a: the beacon's host:port, d: how long a request of its may
+--                                 compute on after its connection closed}, published with each
+--                                 beat, kept while it is live or absent (peers.lua, gone.lua)
 --   <tag>:stats             hash  raw counters: off:<band>, adm:<band> (work offered, admitted),
 --                                 drained_work, drained_s, drained_at, handovers, handed_work;
 --                                 backlog_at; recovery_until, unknown_until, replicas_expected;
@@ -398,7 +399,8 @@ local function hold_entry(now)
   return cjson.encode({t = fmt(hold_until), s = share})
 end
 
--- Where the others can probe this replica's process once it is absent (gone.lua), if it has a beacon.
+-- What the others know of this replica's process: the config it runs (the status page) and, with a
+-- beacon, where to probe it once it is absent (peers.lua, gone.lua).
 local function publish_peer(replica)
   if A.peer then
     redis.call('HSET', tag .. ':peer', replica, cjson.encode(A.peer))

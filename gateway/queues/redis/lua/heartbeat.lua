@@ -2,7 +2,7 @@
 -- A: replica, ttl, expected (replicas the config expects), hold_s (how long its leases stay
 --    reserved once it is absent, from now; 0: each only until its own bound), share ({u: url, n}
 --    each: the most its fallback may use of each backend), leases (the leases it uses: its
---    requests' and its fallback's reservations), peer (its beacon: {a, d}, or absent), bound_s,
+--    requests' and its fallback's reservations), peer ({c: its config's hash; a, d: its beacon}), bound_s,
 --    now (tests).
 -- A lease it no longer names (its release was lost) lapses within one TTL; one in its grant list,
 -- not taken yet, is renewed. A replica whose heartbeat already lapsed is not brought back: its

@@ -110,7 +110,7 @@ class GrpcInference:
         return answered
 
     def _record(self, headers: Headers) -> AccessRecord | None:
-        if self._access is None:
+        if self._access is None or not self._access.enabled:
             return None
         sent = next((value for name, value in headers if name == b"x-request-id"), None)
         return self._access.begin(sent, "RPC", ROUTE)

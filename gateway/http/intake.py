@@ -71,7 +71,7 @@ class AdmittedEndpoint:
         drain.started()
         access = self.intake.access
         record = None
-        if access is not None:
+        if access is not None and access.enabled:
             record = scope[ACCESS_RECORD] = access.start(scope, self.route(scope))
             send = access.watch(record, send)
         trace = None

@@ -98,7 +98,7 @@ class ModelPassthrough:
         # metadata call with 503 rather than leaving it to the server's cancel (a 500).
         drain, access, record = self._drain, self._access, None
         drain.started()
-        if access is not None:  # its line too: its route, model, tenant, status and outcome
+        if access is not None and access.enabled:  # its line too: route, model, tenant, status, outcome
             record = access.start(scope, "model." + _passthrough_route(scope["path"]))
             send = access.watch(record, send)
         try:

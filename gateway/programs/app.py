@@ -177,9 +177,11 @@ def create_app(
         max_body_bytes=settings.limits.max_body_bytes,
         header_rules=header_rules,
         batches=Batches(rt.forwarder, rt.metrics, rt.admission.no_backend_retry_s),
-        access=AccessLog(settings.access_log.format, settings.access_log.max_lines_per_s)
-        if settings.access_log.enabled
-        else None,
+        access=AccessLog(
+            settings.access_log.format,
+            settings.access_log.max_lines_per_s,
+            enabled=settings.access_log.enabled,
+        ),
         tracing=rt.tracing,
     )
     passthrough = ModelPassthrough(
@@ -206,6 +208,7 @@ def create_app(
             controller=rt.controller,
             board=board,
             store=rt.store,
+            access=intake.access,
             registry=rt.metrics.registry,
         )
 

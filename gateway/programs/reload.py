@@ -28,6 +28,7 @@ from gateway.flow.windows import WindowClock
 from gateway.queues.base import RequestQueue
 from gateway.settings import ConfigError, Settings, load_settings
 from gateway.settings.reload import plan_reload
+from gateway.telemetry.access_log import AccessLog
 
 log = logging.getLogger("gateway.reload")
 
@@ -46,6 +47,7 @@ class ConfigReloader:
         board: StatusBoard,
         store: RequestQueue,
         registry: CollectorRegistry,
+        access: AccessLog | None = None,
     ) -> None:
         self.path = path
         self.settings = settings
@@ -55,6 +57,7 @@ class ConfigReloader:
         self._controller = controller
         self._board = board
         self._store = store
+        self._access = access
         self._reloads = Counter(
             "gateway_config_reloads", "Config reloads, by result.", ["result"], registry=registry
         )
@@ -88,6 +91,9 @@ class ConfigReloader:
         self._info.remove(self._hash)
         self._hash = self._board.config_hash = plan.applied.config_hash()
         self._store.identify(self._hash)  # the others' status pages show it from its next beat
+        if self._access is not None:
+            lines = plan.applied.access_log
+            self._access.reconfigure(lines.enabled, lines.format, lines.max_lines_per_s)
         self._info.labels(self._hash).set(1)
         self._reloads.labels("ok").inc()
         log.warning(

@@ -4,7 +4,8 @@ Live: the tenants' keys, names (a tenant added, or removed: its keys stop workin
 is still served) and `max_priority`, which decide how a request is classified, and their `weight`,
 which fair queuing reads at every hand-over; and each class's `max_wait_ms`, which admission reads
 for each arrival (the classes themselves, their names and order, stay: the queues are laid out by
-them; a request queued before keeps the allowance it was admitted with). Everything else waits for
+them; a request queued before keeps the allowance it was admitted with); and the access log
+(`access_log`: on or off, its format and rate, from the next request). Everything else waits for
 a restart and is reported,
 never half-applied: listeners and TLS (sockets are bound), the store, classes (the queues are laid
 out by them), models and backends, quotas and windows (the stores and admission hold them). A
@@ -36,7 +37,7 @@ def plan_reload(old: Settings, new: Settings, running: Settings | None = None) -
     a port bound for 0, earlier reloads), which the applied settings are made from. A change that
     takes a restart is reported at every reload until one. ConfigError when the applied settings
     would not be a valid config (new tenants beside the old classes, say)."""
-    live_sections = ("tenants", "priorities")
+    live_sections = ("tenants", "priorities", "access_log")
     restart = [f for f in Settings.model_fields if f not in live_sections and _differs(old, new, f)]
     base = running or old
     priorities, classes_live, classes_held = _classes(base, new)
@@ -58,7 +59,10 @@ def plan_reload(old: Settings, new: Settings, running: Settings | None = None) -
     names = {t.name for t in new.tenants}
     live += [f"tenants[{name}] removed" for name in before if name not in names]
     live += classes_live
+    if _differs(base, new, "access_log"):
+        live.append("access_log")
     document = base.model_dump()
+    document["access_log"] = new.access_log.model_dump()
     document["tenants"] = [t.model_dump() for t in merged]
     document["priorities"] = [p.model_dump() for p in priorities]
     applied = parse_settings(document, "the reloaded config")  # the cross-references checked again

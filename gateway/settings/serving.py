@@ -288,7 +288,8 @@ class Tenant(Frozen):
 
 
 class AccessLog(Frozen):
-    """One line per admitted-route request on the `gateway.access` logger (gateway.telemetry.access_log)."""
+    """One line per request on the `gateway.access` logger (gateway.telemetry.access_log); live on a
+    config reload."""
 
     enabled: bool = True
     format: Literal["text", "json"] = "text"

@@ -87,7 +87,11 @@ class AccessLog:
         style: Literal["text", "json"],
         max_lines_per_s: float,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        enabled: bool = True,
     ) -> None:
+        self.enabled = enabled
+        """Whether requests get a record and a line (`access_log.enabled`, live on a reload)."""
         self._style = style
         self._rate = max_lines_per_s
         self._tokens = max_lines_per_s
@@ -97,6 +101,12 @@ class AccessLog:
         """Lines dropped since the process started."""
         self._untold = 0
         """Lines dropped since the last one written, which it tells."""
+
+    def reconfigure(self, enabled: bool, style: Literal["text", "json"], max_lines_per_s: float) -> None:
+        """A reloaded config's `access_log`, from the next request on."""
+        self.enabled, self._style = enabled, style
+        if max_lines_per_s != self._rate:
+            self._rate = self._tokens = max_lines_per_s
 
     def start(self, scope: Scope, route: str) -> AccessRecord:
         """The record of a request: its id the client's `X-Request-Id` where it is one a log can

@@ -196,3 +196,19 @@ async def test_replicas_on_redis_show_each_others_config_and_a_reload_that_reach
         assert "configs differ" in page
     finally:
         server.stop()
+
+
+async def test_the_access_log_is_turned_on_by_a_reload(start_sim, start_gateway):
+    sim = start_sim(slots=2)
+    config = reload_config(sim, tenant("acme", ACME)) | {"access_log": {"enabled": False}}
+    gateway = start_gateway(config)
+    marker = " gateway.access: "
+    async with aiohttp.ClientSession() as http:
+        assert await status_for(http, gateway, ACME) == 200
+        rewrite(gateway, config | {"access_log": {"enabled": True, "format": "json"}})
+        done = json.loads(http_post(gateway.admin_url + "/admin/config/reload", b"")[1])
+        assert (done["result"], done["applied"], done["restart_only"]) == ("ok", ["access_log"], [])
+        assert await status_for(http, gateway, ACME) == 200
+    await eventually(lambda: marker in gateway.log(), what="a line once it is on")
+    lines = [json.loads(line.split(marker, 1)[1]) for line in gateway.log().splitlines() if marker in line]
+    assert [(line["tenant"], line["status"]) for line in lines] == [("acme", 200)]  # none from before

@@ -84,3 +84,11 @@ def test_tenants_that_break_a_rule_of_the_whole_config_are_refused():
     )
     with pytest.raises(ConfigError, match="api_keys"):
         plan_reload(old, keyless)
+
+
+def test_the_access_log_is_live_on_a_reload():
+    old = config()
+    new = parse_settings(old.model_dump() | {"access_log": {"enabled": False, "format": "json"}})
+    plan = plan_reload(old, new)
+    assert plan.live == ["access_log"] and plan.restart_only == []
+    assert (plan.applied.access_log.enabled, plan.applied.access_log.format) == (False, "json")

@@ -315,6 +315,7 @@ async def test_with_beacons_a_killed_replicas_slots_come_back_within_seconds_and
         stop.set()
         await asyncio.gather(*doomed_work, *survivor_work, return_exceptions=True)
     assert back_after_s < KILL_TIMEOUT_S / 10
+    assert survivor.metric("gateway_replica_probes_total", verdict="gone") >= 1
     assert sim.stats()["peak_inflight"] <= SLOTS, [f"{at - killed_at:.2f}:{n}" for at, n in watch.samples]
     admin.close()
 
@@ -354,6 +355,9 @@ async def test_a_stopped_replica_is_not_taken_for_a_dead_one(start_sim, start_ga
             await eventually(
                 lambda: watch.look() == SLOTS, timeout_s=bound_s + SLACK_S, what="the survivor on them"
             )
+            # It was probed, and not taken for dead.
+            assert survivor.metric("gateway_replica_probes_total", verdict="unknown") >= 1
+            assert survivor.metric("gateway_replica_probes_total", verdict="gone") == 0
         finally:
             stopped.signal(signal.SIGCONT)
         assert await asyncio.gather(*waiting) == [200] * SLOTS

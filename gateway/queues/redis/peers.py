@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.queues.redis.grants import ModelState
+from gateway.telemetry.store_calls import StoreCalls
 from gateway.upstream.origin import OnAbandon
 
 log = logging.getLogger("gateway.redis")
@@ -154,8 +155,10 @@ class Peers:
         beacon_at: BeaconAt | None,
         run: Callable[[str, ModelState, dict[str, Any]], Awaitable[Any]],
         spawn: Callable[[Awaitable[Any]], object],
+        calls: StoreCalls | None = None,
     ) -> None:
         self._beacon, self._beacon_at = Beacon(replica), beacon_at
+        self._calls = calls if calls is not None else StoreCalls()
         self._run = run
         self._spawn = spawn
         self._probing: set[tuple[str, str]] = set()
@@ -211,7 +214,9 @@ class Peers:
 
     async def _probe(self, state: ModelState, replica: str, address: str, stuck: bool) -> None:
         try:
-            if await probe(address, replica) is not Verdict.GONE:
+            verdict = await probe(address, replica)
+            self._calls.probed(verdict.value)
+            if verdict is not Verdict.GONE:
                 return
             stops = [b.url for b in state.pool.backends if b.on_abandon is OnAbandon.ABORT]
             reply = await self._run("gone", state, {"replica": replica, "abort": stops, "stuck": stuck})

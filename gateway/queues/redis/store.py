@@ -100,7 +100,7 @@ class RedisQueue:
         self._background = Background(on_failure)
         self._spawn = self._background.spawn  # runs work to its end, whatever happens to its starter
         self.shared_returns = RedisReturns(client, replica_id, bands)
-        self._peers = Peers(replica_id, beacon_at, self._run, self._spawn)
+        self._peers = Peers(replica_id, beacon_at, self._run, self._spawn, self._scripts.calls)
 
     # -- lifecycle -----------------------------------------------------------------------------
 

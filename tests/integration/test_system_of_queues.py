@@ -340,8 +340,10 @@ async def test_borrowed_capacity_goes_back_to_its_owner_as_the_borrowed_requests
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         await set_fault(sim, {"hang": True})  # a request runs until the test lets it finish
-        owned = [asyncio.ensure_future(infer(http, "team-a")) for _ in range(2)]
-        await hanging(sim, 2, "team-a's requests within its quota to run")
+        owned = []
+        for running in (1, 2):  # one after the other: the backend releases the longest held first
+            owned.append(asyncio.ensure_future(infer(http, "team-a")))
+            await hanging(sim, running, "team-a's requests within its quota to run")
         lent = [asyncio.ensure_future(infer(http, "team-a")) for _ in range(2)]
         await hanging(sim, 4, "team-a to borrow team-b's idle quota")
         waiting = [asyncio.ensure_future(infer(http, "team-a")) for _ in range(2)]

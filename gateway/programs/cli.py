@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from gateway.server.serving import CannotListen, bind, run, url_of
+from gateway.tools.loadtest import command as loadtest
 from gateway.tools.model_server.continuous import SCHEDULING_POLICIES, ContinuousSpec
 from gateway.tools.model_server.engine import SERVICE_DISTRIBUTIONS
 from gateway.tools.planning import command as plan
@@ -95,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
 
     plan.register(commands)
     add_simulate(commands)
+    loadtest.register(commands)
     for command in commands.choices.values():  # `serve --log-level debug` as well as before it
         command.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS)
     return parser

@@ -1,0 +1,176 @@
+"""`inference-gateway loadtest` as a user runs it: a real process against a real gateway in front of the
+simulator, its report read back, its HTML rendered in a real headless browser (Debian's chromium)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from llmd_benchmark_report import import_benchmark_report
+
+from tests.integration.servers import gateway_config
+from tests.redis_server import free_port
+
+IN_CI = bool(os.environ.get("CI"))
+CHROMIUM = shutil.which("chromium")
+
+
+def loadtest(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "loadtest", "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def read_report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def test_clients_following_retry_after_at_1_5x_are_reported_served_in_the_end_and_on_first_retry(
+    start_sim, start_gateway, tmp_path
+):
+    sim = start_sim(slots=8, base_ms=40)
+    gateway = start_gateway(gateway_config([(sim.url, 8)]))
+    out = tmp_path / "run"
+    ran = loadtest(
+        "--target", gateway.url, "--model", "sim", "--rate", "300", "--duration", "4",
+        "--retry-after", "3", "--out", str(out),
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    document = read_report(out)
+    (run,) = document["runs"]
+    overall = run["overall"]
+    assert 1000 <= overall["sent"] <= 1400  # 300/s for 4 s, Poisson
+    refused_first = sum(overall["first_attempt_refused_by_reason"].values())
+    assert refused_first > 0.1, overall  # 1.5x the pool's 200/s: a third is refused at first
+    assert overall["retried"] > 0 and overall["first_retry_admitted"] > 0.5, overall
+    assert overall["served_eventually"] > 1 - refused_first + 0.05, overall  # the retries were served
+    assert overall["attempts_per_served"] > 1
+    assert overall["refusal_ms"]["p50"] < 50  # refused at once
+    assert overall["queue_ms"]["p99"] is not None and overall["upstream_ms"]["p50"] >= 40
+    assert run["jain_index"] == 1.0
+    queued = [s["values"].get("gateway_queue_depth{priority=low}") for s in run["scrapes"] if s["ok"]]
+    assert queued and max(queued) > 0, run["scrapes"]
+    lines = (out / "requests.jsonl").read_text().splitlines()
+    assert len(lines) == overall["sent"]
+    assert json.loads(lines[0])["attempts"][0]["status"] in (200, 429)
+    (exported,) = out.glob("benchmark_report_v0.2,_*.yaml")
+    assert (
+        import_benchmark_report(str(exported)).results.request_performance.aggregate.requests.total
+        == (overall["sent"])
+    )
+    assert "served in the end" in ran.stdout and "report.html" in ran.stdout
+    render_in_a_browser(out / "report.html")
+
+
+def render_in_a_browser(page: Path) -> None:
+    if CHROMIUM is None:
+        reason = "needs Debian's chromium (apt-get install chromium; .ci/run installs it)"
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    shown = subprocess.run(
+        [
+            CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri(),
+        ],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    dom = shown.stdout
+    assert "<h1>Load test of sim" in dom, shown.stderr[-2000:]
+    assert dom.count("<svg") >= 3 and "<polyline" in dom  # outcomes, advice, queued
+    assert "Retry-After advised and actual" in dom
+    assert "Uncaught" not in shown.stderr
+
+
+def test_streams_report_time_to_first_token_and_inter_token_latency(start_sim, start_gateway, tmp_path):
+    sim = start_sim(slots=4, base_ms=5, token_ms=20)
+    gateway = start_gateway(gateway_config([(sim.url, 4)]))
+    out = tmp_path / "stream"
+    ran = loadtest(
+        "--target", gateway.url, "--model", "sim", "--kind", "chat", "--stream", "--size", "6",
+        "--rate", "20", "--duration", "2", "--deadline-ms", "2000", "--out", str(out),
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    overall = read_report(out)["runs"][0]["overall"]
+    assert overall["served"] == overall["sent"] > 20
+    assert 5 <= overall["ttft_ms"]["p50"] < 200, overall
+    assert 15 <= overall["itl_ms"]["p50"] <= 40, overall  # 20 ms a token
+    assert overall["latency_ms"]["p50"] >= 6 * 20 - 20
+
+
+def test_a_scenario_mixes_classes_and_tenants_and_reports_each(start_sim, start_gateway, tmp_path):
+    sim = start_sim(slots=8, base_ms=40)
+    config = gateway_config([(sim.url, 8)], tenants=[{"name": "acme"}, {"name": "beta"}])
+    gateway = start_gateway(config)
+    scenario = tmp_path / "mix.yaml"
+    scenario.write_text(
+        yaml.safe_dump(
+            {
+                "traffic": [
+                    {"name": "urgent", "priority": "high", "tenant": "acme", "share": 1, "deadline_ms": 250},
+                    {"name": "bulk-a", "priority": "low", "tenant": "acme", "share": 2},
+                    {"name": "bulk-b", "priority": "low", "tenant": "beta", "share": 2},
+                ]
+            }
+        )
+    )
+    out = tmp_path / "mix"
+    ran = loadtest(
+        "--target", gateway.url, "--model", "sim", "--scenario", str(scenario), "--rate", "300",
+        "--duration", "3", "--out", str(out),
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    run = read_report(out)["runs"][0]
+    assert set(run["by_class"]) == {"high", "low"} and set(run["by_tenant"]) == {"acme", "beta"}
+    assert set(run["by_traffic"]) == {"urgent", "bulk-a", "bulk-b"}
+    high, low = run["by_class"]["high"], run["by_class"]["low"]
+    assert high["goodput_share"] > low["goodput_share"], (high, low)  # urgent work first
+    assert run["jain_index"] is not None and 0 < run["jain_index"] <= 1
+
+
+def test_bad_arguments_and_an_absent_target_are_told_plainly(tmp_path):
+    scenario = tmp_path / "bad.yaml"
+    scenario.write_text("traffic:\n  - colour: red\n")
+    ran = loadtest(
+        "--target", "http://127.0.0.1:1", "--model", "m", "--scenario", str(scenario), "--rate", "1"
+    )
+    assert ran.returncode == 2 and "colour" in ran.stderr
+    ran = loadtest("--target", "http://127.0.0.1:1", "--model", "m")
+    assert ran.returncode == 2 and "--rate" in ran.stderr
+    out = tmp_path / "absent"
+    ran = loadtest(
+        "--target", f"http://127.0.0.1:{free_port()}", "--model", "m", "--rate", "20", "--duration", "0.5",
+        "--out", str(out),
+    )  # fmt: skip
+    assert ran.returncode == 1 and "no answer" in ran.stderr
+    overall = read_report(out)["runs"][0]["overall"]
+    assert overall["answered"] == 0 and overall["refused_by_reason"], overall
+
+
+@pytest.mark.slow
+def test_a_sweep_finds_the_pools_capacity(start_sim, start_gateway, tmp_path):
+    """8 slots x 40 ms serve 200 requests/s: the sweep's knee is within 20% of it."""
+    sim = start_sim(slots=8, base_ms=40)
+    gateway = start_gateway(gateway_config([(sim.url, 8)]))
+    out = tmp_path / "sweep"
+    ran = loadtest(
+        "--target", gateway.url, "--model", "sim", "--sweep", "--rate", "80", "--duration", "3",
+        "--out", str(out), timeout_s=240,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    document = read_report(out)
+    offered = [run["rate_rps"] for run in document["runs"]]
+    assert offered[-1] > 250, offered  # it went past saturation, and stopped there
+    assert len(offered) < 12, offered
+    assert 160 <= document["sweep"]["max_sustainable_rps"] <= 240, document["sweep"]
+    assert len(list(out.glob("benchmark_report_v0.2,_*_stage_*.yaml"))) == len(offered)

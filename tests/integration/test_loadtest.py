@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -174,3 +175,24 @@ def test_a_sweep_finds_the_pools_capacity(start_sim, start_gateway, tmp_path):
     assert len(offered) < 12, offered
     assert 160 <= document["sweep"]["max_sustainable_rps"] <= 240, document["sweep"]
     assert len(list(out.glob("benchmark_report_v0.2,_*_stage_*.yaml"))) == len(offered)
+
+
+@pytest.mark.slow
+def test_the_locustfiles_users_follow_the_advice_and_its_summary_says_how_it_held(
+    start_sim, start_gateway, tmp_path
+):
+    sim = start_sim(slots=2, base_ms=40)
+    gateway = start_gateway(gateway_config([(sim.url, 2)]))
+    ran = subprocess.run(
+        [
+            sys.executable, "-m", "locust", "-f", str(Path(__file__).parents[2] / "loadtests" / "locustfile.py"),
+            "--host", gateway.url, "--headless", "-u", "40", "-r", "40", "-t", "4s", "--only-summary",
+        ],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    output = ran.stdout + ran.stderr
+    summary = re.search(r"retries: (\d+) over ([\d.]+) s, refused again (\d+)%", output)
+    assert summary is not None, output[-3000:]
+    assert int(summary[1]) > 0 and 3.5 <= float(summary[2]) < 30
+    thirds = re.findall(r"^\s+([\d.]+)-\s*([\d.]+) s: ", output, re.MULTILINE)
+    assert len(thirds) == 3 and float(thirds[-1][1]) == float(summary[2]), output[-3000:]

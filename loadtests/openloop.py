@@ -1,4 +1,5 @@
-"""Open-loop Poisson load: requests leave on a fixed schedule whatever the answers do.
+"""Open-loop Poisson load: requests leave on a fixed schedule whatever the answers do. The
+benchmarks' face of the one load generator, `inference-gateway loadtest`'s (gateway/tools/loadtest/).
 
 Latency is measured from each request's scheduled time, not from when it was actually sent, so a
 slow client or server cannot hide queueing (no coordinated omission). The same seed gives the
@@ -12,14 +13,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import statistics
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-import aiohttp
+from gateway.tools.loadtest import client
+from gateway.tools.loadtest.requests import Prepared
+from gateway.tools.loadtest.workload import Arrival as KitArrival
+from gateway.tools.loadtest.workload import Scenario, Traffic, arrivals
 
 T = TypeVar("T")
 INFER_PATH = "/v2/models/sim/infer"
@@ -54,7 +56,9 @@ class Outcome:
 
 
 _EXPIRED_IN_QUEUE = b'"deadline_expired_in_queue"'
-_HAPROXY_QUEUE_TIMEOUT = b"No server is available to handle this request"
+_HAPROXY_QUEUE_TIMEOUT = client.NO_SERVER
+_WAITED_REASONS = frozenset({"deadline_expired_in_queue", "no_server_available"})
+"""The kit's reasons for a refusal after a wait (see `expired_in_queue`)."""
 
 
 def expired_in_queue(status: int, body: bytes) -> bool:
@@ -72,16 +76,13 @@ MIX = (TrafficClass("high", 0.2, 250), TrafficClass("low", 0.8, 1000))
 def poisson_schedule(
     rate_rps: float, duration_s: float, mix: Sequence[TrafficClass] = MIX, seed: int = 1
 ) -> list[Arrival]:
-    """Arrival times of a Poisson process at `rate_rps` for `duration_s`, each tagged with a class."""
-    rng = random.Random(seed)
-    arrivals, now = [], 0.0
-    weights = [c.share for c in mix]
-    while True:
-        now += rng.expovariate(rate_rps)
-        if now >= duration_s:
-            return arrivals
-        chosen = rng.choices(mix, weights)[0]
-        arrivals.append(Arrival(now, chosen.priority, chosen.deadline_ms))
+    """Arrival times of a Poisson process at `rate_rps` for `duration_s`, each tagged with a class:
+    the kit's arrivals (gateway/tools/loadtest/workload.py), one Poisson process per class."""
+    scenario = Scenario(tuple(Traffic(c.priority, share=c.share, deadline_ms=c.deadline_ms) for c in mix))
+    return [
+        Arrival(a.at_s, mix[a.traffic].priority, mix[a.traffic].deadline_ms)
+        for a in arrivals(scenario, rate_rps, duration_s, seed)
+    ]
 
 
 async def run(
@@ -93,55 +94,41 @@ async def run(
     timeout_factor: float = 3.0,
     request_for: Callable[[Arrival], tuple[bytes, dict[str, str]]] | None = None,
 ) -> list[Outcome]:
-    """Send `schedule` to `url + path`; a request gives up after `timeout_factor` x its deadline + 1 s.
+    """Send `schedule` to `url + path` with the kit's client (gateway/tools/loadtest/client.py); a
+    request gives up after `timeout_factor` x its deadline + 1 s.
 
     With several URLs (gateway replicas) the requests go to them in turn, like a round-robin
     load balancer. `request_for` gives an arrival's body and headers, where they are not `body`
     and its class and deadline (X-Priority, X-Request-Timeout-Ms).
     """
-    urls = [url] if isinstance(url, str) else list(url)
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-    outcomes: list[Outcome] = []
-    async with aiohttp.ClientSession(connector=connector) as session:
-        started = time.monotonic()
+    prepared = []
+    for arrival in schedule:
+        if request_for is None:
+            data = body
+            headers = {
+                "Content-Type": "application/json",
+                "X-Priority": arrival.priority,
+                "X-Request-Timeout-Ms": str(arrival.deadline_ms),
+            }
+        else:
+            data, headers = request_for(arrival)
+        prepared.append(Prepared(path, data, headers, False, arrival.deadline_ms / 1000))
+    sends = [KitArrival(a.at_s, index) for index, a in enumerate(schedule)]
+    records, _ = await client.run(url, sends, prepared, timeout_factor=timeout_factor)
+    return [_outcome(schedule[record.arrival.traffic], record) for record in records]
 
-        async def one(arrival: Arrival, url: str) -> None:
-            if request_for is None:
-                data = body
-                headers = {
-                    "Content-Type": "application/json",
-                    "X-Priority": arrival.priority,
-                    "X-Request-Timeout-Ms": str(arrival.deadline_ms),
-                }
-            else:
-                data, headers = request_for(arrival)
-            timeout = aiohttp.ClientTimeout(total=arrival.deadline_ms / 1000 * timeout_factor + 1)
-            scheduled = started + arrival.at_s
-            try:
-                async with session.post(url + path, data=data, headers=headers, timeout=timeout) as reply:
-                    answer = await reply.read()
-                    outcomes.append(
-                        Outcome(
-                            arrival,
-                            reply.status,
-                            time.monotonic() - scheduled,
-                            "Retry-After" in reply.headers,
-                            expired_in_queue=expired_in_queue(reply.status, answer),
-                        )
-                    )
-            except (aiohttp.ClientError, TimeoutError) as error:
-                outcomes.append(
-                    Outcome(arrival, None, time.monotonic() - scheduled, error=type(error).__name__)
-                )
 
-        tasks = []
-        for index, arrival in enumerate(schedule):
-            delay = started + arrival.at_s - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(one(arrival, urls[index % len(urls)])))
-        await asyncio.gather(*tasks)
-    return outcomes
+def _outcome(arrival: Arrival, record: client.RequestRecord) -> Outcome:
+    answer = record.final
+    if answer.status is None:
+        return Outcome(arrival, None, record.latency_s, error=answer.reason)
+    return Outcome(
+        arrival,
+        answer.status,
+        record.latency_s,
+        answer.advised_s is not None,
+        expired_in_queue=answer.reason in _WAITED_REASONS,
+    )
 
 
 def run_fast(main: Coroutine[Any, Any, T]) -> T:

@@ -20,6 +20,7 @@ from tests.redis_server import free_port
 
 IN_CI = bool(os.environ.get("CI"))
 CHROMIUM = shutil.which("chromium")
+LOCUSTFILE = Path(__file__).parents[2] / "loadtests" / "locustfile.py"
 
 
 def loadtest(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
@@ -185,7 +186,7 @@ def test_the_locustfiles_users_follow_the_advice_and_its_summary_says_how_it_hel
     gateway = start_gateway(gateway_config([(sim.url, 2)]))
     ran = subprocess.run(
         [
-            sys.executable, "-m", "locust", "-f", str(Path(__file__).parents[2] / "loadtests" / "locustfile.py"),
+            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE),
             "--host", gateway.url, "--headless", "-u", "40", "-r", "40", "-t", "4s", "--only-summary",
         ],
         capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,

@@ -22,6 +22,8 @@ from gateway.tools.loadtest.workload import Arrival
 
 RETRIED_STATUSES = frozenset({429, 503})
 """Answers a client following Retry-After tries again, when they carry the advice."""
+NO_SERVER = b"No server is available to handle this request"
+"""HAProxy's 503 when its queue timed out (or no server is up), as the benchmarks compare against it."""
 MAX_ADVICE_S = 60.0
 """Advice beyond this is not followed (the openai SDK's own bound): the request ends refused."""
 
@@ -79,7 +81,7 @@ class Progress:
 
 
 async def run(
-    url: str,
+    url: str | Sequence[str],
     schedule: Sequence[Arrival],
     prepared: Sequence[Prepared],
     *,
@@ -88,7 +90,8 @@ async def run(
     progress: Callable[[Progress, float], None] | None = None,
     metrics: Mapping[str, str] | None = None,
 ) -> tuple[list[RequestRecord], list[Scrape]]:
-    """Send `schedule` to `url`, arrival `a` as `prepared[a.traffic]`; an attempt gives up after
+    """Send `schedule` to `url`, arrival `a` as `prepared[a.traffic]`, to several URLs (gateway
+    replicas) in turn as a round-robin balancer would, retries included; an attempt gives up after
     `timeout_factor` x its deadline + 1 s. `retries`: how many times a request refused with advice
     (429 or 503 with Retry-After, and no `x-should-retry: false`) is sent again after waiting it.
     `metrics`: name -> /metrics URL of what to scrape every second during the run."""
@@ -96,6 +99,7 @@ async def run(
     scrapes: list[Scrape] = []
     stop_scraping = asyncio.Event()
     state = Progress(len(schedule))
+    urls = [url] if isinstance(url, str) else list(url)
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
     async with aiohttp.ClientSession(connector=connector) as session:
         started = time.monotonic()
@@ -103,7 +107,7 @@ async def run(
         def clock() -> float:
             return time.monotonic() - started
 
-        async def one(arrival: Arrival) -> None:
+        async def one(arrival: Arrival, url: str) -> None:
             request = prepared[arrival.traffic]
             timeout = aiohttp.ClientTimeout(total=request.deadline_s * timeout_factor + 1)
             attempts: list[Attempt] = []
@@ -134,7 +138,7 @@ async def run(
                 delay = arrival.at_s - clock()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks.append(asyncio.ensure_future(one(arrival)))
+                tasks.append(asyncio.ensure_future(one(arrival, urls[state.sent % len(urls)])))
                 state.sent += 1
             await asyncio.gather(*tasks)
         finally:
@@ -256,6 +260,8 @@ def refusal_reason(status: int, body: bytes) -> str:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         payload = None
+    if status == 503 and NO_SERVER in body:
+        return "no_server_available"
     if isinstance(payload, dict):
         if isinstance(payload.get("reason"), str):
             return str(payload["reason"])

@@ -197,3 +197,36 @@ def test_the_locustfiles_users_follow_the_advice_and_its_summary_says_how_it_hel
     assert int(summary[1]) > 0 and 3.5 <= float(summary[2]) < 30
     thirds = re.findall(r"^\s+([\d.]+)-\s*([\d.]+) s: ", output, re.MULTILINE)
     assert len(thirds) == 3 and float(thirds[-1][1]) == float(summary[2]), output[-3000:]
+
+
+@pytest.mark.slow
+def test_a_recommendation_from_a_sweep_holds_when_the_run_is_repeated_with_it(launcher, tmp_path):
+    """Sweep one backend of 8 slots x 40 ms, ask for 300 requests/s, run the recommended pool at 300
+    requests/s, and find what was predicted."""
+    sim = launcher.sim(slots=8, base_ms=40)
+    gateway = launcher.gateway(gateway_config([(sim.url, 8)]))
+    advised = tmp_path / "advised"
+    ran = loadtest(
+        "--target", gateway.url, "--model", "sim", "--priority", "low", "--sweep", "--rate", "80",
+        "--duration", "3", "--recommend", "--target-rate", "300", "--out", str(advised), timeout_s=240,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    recommended = json.loads((advised / "recommendation.json").read_text())
+    assert recommended["measured"]["slots_per_backend"] == 8 and recommended["measured"]["backends"] == 1
+    low = recommended["classes"]["low"]
+    assert 900 <= low["max_wait_ms"] < 1000 and recommended["replicas"] in (2, 3), recommended
+    assert f"max_wait_ms: {low['max_wait_ms']}" in ran.stdout
+
+    sims = [launcher.sim(slots=8, base_ms=40) for _ in range(recommended["replicas"])]
+    config = gateway_config([(s.url, 8) for s in sims])
+    config["priorities"][1]["max_wait_ms"] = low["max_wait_ms"]
+    repeated = launcher.gateway(config)
+    checked = tmp_path / "checked"
+    ran = loadtest(
+        "--target", repeated.url, "--model", "sim", "--priority", "low", "--rate", "300", "--duration", "4",
+        "--compare", str(advised / "recommendation.json"), "--out", str(checked),
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    compared = read_report(checked)["compared"]["classes"]["low"]
+    assert compared["measured_within_deadline"] >= compared["predicted_within_deadline"] - 0.02, compared
+    assert "Predicted and measured" in (checked / "report.html").read_text()

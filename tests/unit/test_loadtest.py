@@ -23,6 +23,14 @@ from gateway.tools.loadtest.client import (
     refusal_reason,
     server_timing,
 )
+from gateway.tools.loadtest.recommend import (
+    Pool,
+    RecommendError,
+    compare,
+    config_snippet,
+    measured_pool,
+    recommend,
+)
 from gateway.tools.loadtest.requests import prepare
 from gateway.tools.loadtest.summary import fair_shares, group_stats, jain_index, knee, percentile, summarize
 from gateway.tools.loadtest.workload import (
@@ -33,6 +41,7 @@ from gateway.tools.loadtest.workload import (
     arrivals,
     scenario_from,
 )
+from policies.capacity import mgc
 
 
 def test_arrivals_keep_each_entrys_rate_and_share():
@@ -237,3 +246,62 @@ def test_charts_draw_lines_broken_where_a_value_is_missing():
     svg = line_chart("t", "x", "y", [Series("s", [(0, 1), (1, None), (2, 3), (3, 4)])])
     assert svg.count("<polyline") == 1 and svg.count("<circle") == 1
     assert nice_max(0) == 1 and nice_max(180) == 200 and nice_max(201) == 250 and nice_max(3) == 5
+
+
+POOL = Pool(backends=1, slots_per_backend=8, service_mean_s=0.040, service_cv=0.1, service_p99_s=0.045)
+MIX = Scenario(
+    (Traffic("urgent", priority="high", share=1, deadline_ms=250), Traffic("bulk", priority="low", share=4))
+)
+
+
+def test_the_recommendation_is_the_fewest_backends_meeting_every_class_and_the_ceiling():
+    recommended = recommend(POOL, MIX, rate=100, target_rate=600, slo_share=0.99, ceiling=0.8)
+    replicas = recommended["replicas"]
+    high, low = recommended["classes"]["high"], recommended["classes"]["low"]
+    assert (high["max_wait_ms"], low["max_wait_ms"]) == (205, 955)  # the deadline less the p99 service
+    assert (high["rate_rps"], low["rate_rps"]) == (120, 480)
+    # 600/s of 40 ms is 24 slots busy: 30 at the 80% ceiling, so 4 backends of 8; not 3.
+    assert replicas == 4
+    fewer = mgc(600, 25, (replicas - 1) * 8, 0.1)
+    assert fewer.utilization > 0.8 or fewer.wait_exceeded(0.205) > 0.01
+    assert high["predicted_within_deadline"] >= 0.99 * 0.99 and high["predicted_queue_p99_ms"] < 205
+    # The urgent class alone: 120/s of 40 ms is 4.8 slots busy; its SLO needs a few more.
+    assert 6 <= high["reserved_slots"] <= 9 and "reserved_slots" not in low
+    assert mgc(120, 25, high["reserved_slots"] - 1, 0.1).wait_exceeded(0.205) > 0.01
+    snippet = config_snippet(recommended, "sim")
+    assert "  - name: high\n    max_wait_ms: 205\n    reserved_slots:" in snippet and "4 of them" in snippet
+
+
+def test_a_deadline_below_the_service_time_is_refused_not_planned():
+    tight = Scenario((Traffic("t", priority="high", deadline_ms=40),))
+    with pytest.raises(RecommendError, match=r"high.*below the p99 service time"):
+        recommend(POOL, tight, rate=10, target_rate=10, slo_share=0.99, ceiling=0.8)
+
+
+def test_a_recommendation_needs_server_timing_and_the_pools_slots():
+    served = [
+        RequestRecord(Arrival(0, 0), [Attempt(0, 200, "ok", 0.05, upstream_ms=40 + i % 3)]) for i in range(30)
+    ]
+    with pytest.raises(RecommendError, match="gateway_backend_slots"):
+        measured_pool(served, [], None)
+    scrape = {
+        "source": "gateway",
+        "ok": True,
+        "values": {"gateway_backend_slots{backend=a}": 8.0, "gateway_backend_slots{backend=b}": 8.0},
+    }
+    pool = measured_pool(served, [scrape], None)
+    assert (pool.backends, pool.slots_per_backend) == (2, 8)
+    assert pool.service_mean_s == pytest.approx(0.041, abs=0.001) and pool.service_p99_s == 0.042
+    with pytest.raises(RecommendError, match="Server-Timing"):
+        measured_pool(served[:5], [scrape], None)
+
+
+def test_a_later_run_is_compared_with_the_prediction():
+    recommended = recommend(POOL, MIX, rate=100, target_rate=600, slo_share=0.99, ceiling=0.8)
+    run = {
+        "rate_rps": 600,
+        "by_class": {"high": {"goodput_share": 0.995, "queue_ms": {"p99": 3.0}}},
+    }
+    compared = compare(recommended, run)
+    assert compared["classes"]["high"]["measured_within_deadline"] == 0.995
+    assert "low" not in compared["classes"]  # the run sent none

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gateway.programs.arguments import count, number
-from gateway.tools.loadtest import client, llmd, report, summary
+from gateway.tools.loadtest import client, llmd, recommend, report, summary
 from gateway.tools.loadtest.requests import prepare
 from gateway.tools.loadtest.workload import (
     KINDS,
@@ -75,6 +75,19 @@ def register(commands: Any) -> None:
     how.add_argument(
         "--timeout-factor", type=number(1.0), default=3.0, help="an attempt gives up at this x deadline"
     )
+    advice = load.add_argument_group("config for a target SLO (recommend.py)")
+    advice.add_argument("--recommend", action="store_true", help="from this run, values for --target-rate")
+    advice.add_argument("--target-rate", type=number(0.0, strict=True), help="requests/s to plan for")
+    advice.add_argument(
+        "--slo-share", type=number(0.0, 1.0, strict=True), default=0.99, help="share in deadline"
+    )
+    advice.add_argument(
+        "--ceiling", type=number(0.0, 1.0, strict=True), default=0.8, help="utilization ceiling"
+    )
+    advice.add_argument(
+        "--slots-per-backend", type=count(1, 10**6), help="where the gateway's /metrics is not read"
+    )
+    advice.add_argument("--compare", type=Path, help="a recommendation.json: its prediction beside this run")
     out = load.add_argument_group("what is read and written")
     out.add_argument("--out", type=Path, help="directory for the report (default: loadtest-<time>)")
     out.add_argument("--gateway-metrics", help="the gateway's /metrics URL (default: TARGET/metrics; 'none')")
@@ -88,6 +101,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         scenario = _scenario(args)
         rates = _fixed_rates(args)
+        predicted = _read_json(args.compare) if args.compare is not None else None
     except ScenarioError as error:
         print(f"loadtest: {error}", file=sys.stderr)
         return 2
@@ -106,10 +120,12 @@ def main(args: argparse.Namespace) -> int:
         "runs": [],
     }
     records_out = (out / "requests.jsonl").open("w")
+    every_record: list[client.RequestRecord] = []
     try:
         for step, rate in enumerate(_rates(args, rates)):
             run, records = _run_step(args, scenario, rate, step)
             document["runs"].append(run)
+            every_record += records
             _write_records(records_out, step, records)
             _print_step(run)
             if rates is None and args.sweep and _past_saturation(document["runs"]):
@@ -119,6 +135,17 @@ def main(args: argparse.Namespace) -> int:
     if len(document["runs"]) > 1:
         document["sweep"] = summary.knee(document["runs"])
         print(f"sweep: {json.dumps(document['sweep'])}")
+    if predicted is not None:
+        document["compared"] = recommend.compare(predicted, document["runs"][-1])
+        print(f"predicted and measured: {json.dumps(document['compared']['classes'])}")
+    if args.recommend:
+        try:
+            document["recommendation"] = _recommend(args, scenario, document, every_record)
+        except recommend.RecommendError as error:
+            print(f"loadtest: --recommend {error}", file=sys.stderr)
+            return 2
+        (out / "recommendation.json").write_text(json.dumps(document["recommendation"], indent=1))
+        print(recommend.config_snippet(document["recommendation"], args.model))
     (out / "report.json").write_text(json.dumps(document, indent=1))
     (out / "report.html").write_text(report.render(document))
     if not args.no_llmd:
@@ -128,6 +155,30 @@ def main(args: argparse.Namespace) -> int:
         print(f"loadtest: no answer from {args.target}", file=sys.stderr)
         return 1
     return 0
+
+
+def _recommend(
+    args: argparse.Namespace,
+    scenario: Scenario,
+    document: dict[str, Any],
+    records: list[client.RequestRecord],
+) -> dict[str, Any]:
+    runs = document["runs"]
+    scrapes = [scrape for run in runs for scrape in run["scrapes"]]
+    pool = recommend.measured_pool(records, scrapes, args.slots_per_backend)
+    target = args.target_rate if args.target_rate is not None else runs[-1]["rate_rps"]
+    first_rate = args.rate if args.rate is not None else 10.0
+    return recommend.recommend(pool, scenario, first_rate, target, args.slo_share, args.ceiling)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ScenarioError(f"{path}: {error}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("classes"), dict):
+        raise ScenarioError(f"{path}: not a recommendation.json")
+    return document
 
 
 def _scenario(args: argparse.Namespace) -> Scenario:

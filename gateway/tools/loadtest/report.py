@@ -50,6 +50,10 @@ def render(document: Mapping[str, Any]) -> str:
     ]
     if len(runs) > 1:
         parts.append(_sweep(document))
+    if "recommendation" in document:
+        parts.append(_recommendation(document["recommendation"]))
+    if "compared" in document:
+        parts.append(_compared(document["compared"]))
     parts += [_run(run, several=len(runs) > 1) for run in runs]
     data = _script_safe(json.dumps(document))
     parts.append(f'<script type="application/json" id="report">{data}</script></body></html>')
@@ -168,3 +172,51 @@ def _queued_label(name: str) -> str:
 
 def _points(xs: Sequence[float], ys: Sequence[float | None]) -> list[tuple[float, float | None]]:
     return list(zip(xs, ys, strict=True))
+
+
+def _recommendation(recommended: Mapping[str, Any]) -> str:
+    measured = recommended["measured"]
+    rows = "".join(
+        _row(
+            name,
+            values["max_wait_ms"],
+            values.get("reserved_slots", "-"),
+            f"{100 * values['predicted_within_deadline']:.1f}%",
+            values["predicted_queue_p99_ms"],
+        )
+        for name, values in recommended["classes"].items()
+    )
+    return (
+        f"<h2>Recommended for {recommended['target_rate_rps']:g} requests/s</h2>"
+        f"<p><b>{recommended['replicas']}</b> backends of {measured['slots_per_backend']} slots (measured "
+        f"service {measured['service_mean_ms']} ms mean, {measured['service_p99_ms']} ms p99, cv "
+        f"{measured['service_cv']}), at most {100 * recommended['max_utilization']:.0f}% busy, "
+        f"{100 * recommended['slo_share']:g}% of each class within its deadline.</p>"
+        "<table><tr><th>class</th><th>max_wait_ms</th><th>reserved_slots</th>"
+        f"<th>predicted within deadline</th><th>predicted queue p99 ms</th></tr>{rows}</table>"
+    )
+
+
+def _compared(compared: Mapping[str, Any]) -> str:
+    rows = "".join(
+        _row(
+            name,
+            _cell(row, "predicted_within_deadline", "share"),
+            _cell(row, "measured_within_deadline", "share"),
+            _cell(row, "predicted_queue_p99_ms", None),
+            _cell(row, "measured_queue_p99_ms", None),
+        )
+        for name, row in compared["classes"].items()
+    )
+    return (
+        "<h2>Predicted and measured</h2>"
+        f"<p>The recommendation for {compared['target_rate_rps']:g} requests/s, beside this run at "
+        f"{compared['offered_rps']:g}.</p>"
+        "<table><tr><th>class</th><th>predicted within deadline</th><th>measured</th>"
+        f"<th>predicted queue p99 ms</th><th>measured</th></tr>{rows}</table>"
+    )
+
+
+def _row(*cells: object) -> str:
+    """A table row of text cells (a `_cell`'s numbers and shares hold nothing escaping changes)."""
+    return "<tr>" + "".join(f"<td>{escape(str(cell))}</td>" for cell in cells) + "</tr>"

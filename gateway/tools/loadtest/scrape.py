@@ -18,6 +18,7 @@ KEPT: Mapping[str, tuple[str, ...]] = {
     # family: the labels its samples are summed by
     "gateway_queue_depth": ("priority",),
     "gateway_inflight_requests": (),
+    "gateway_backend_slots": ("backend",),
     "gateway_backend_queue": (),
     "vllm:num_requests_running": (),
     "vllm:num_requests_waiting": (),

@@ -249,6 +249,33 @@ async def test_a_stock_grpc_client_with_the_documented_retry_policy_waits_out_th
     assert took_s >= 0.5, f"served after {took_s:.2f} s: the retries did not wait out the pushback"
 
 
+async def test_tritonclient_grpc_given_the_retry_policy_as_channel_args_waits_out_the_pushback(
+    start_sim, start_gateway
+):
+    """The few lines docs/loadtest.md gives tritonclient users, held to the same test as grpcio's."""
+    sim = start_sim(slots=1, base_ms=800)
+    priorities = [{"name": "high", "max_wait_ms": 100}, {"name": "low", "max_wait_ms": 100}]
+    gateway = start_gateway(grpc_config(sim, slots=1, expected_service_ms=800, priorities=priorities))
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}]})
+    busy = asyncio.ensure_future(
+        asyncio.to_thread(http_post, gateway.url + "/v2/models/sim/infer", body.encode())
+    )
+    await eventually(lambda: sim.stats()["inflight"] == 1, timeout_s=5)
+    channel_args = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(RETRY_CONFIG))]
+    client = triton_grpc.InferenceServerClient(gateway.grpc_target, channel_args=channel_args)
+    started = time.monotonic()
+    answer = await asyncio.to_thread(
+        client.infer, "sim", [infer_input("INPUT0", "FP32", np.array([3], dtype=np.float32))]
+    )
+    took_s = time.monotonic() - started
+    client.close()
+    assert answer.as_numpy("OUTPUT0").tolist() == [3.0]
+    assert (await busy)[0] == 200
+    refused = gateway.metric_by("gateway_requests_total", "outcome", priority="low")
+    assert refused.get("deadline_unmeetable", 0) + refused.get("queue_full", 0) >= 1, refused
+    assert took_s >= 0.5, f"served after {took_s:.2f} s: the retries did not wait out the pushback"
+
+
 def small_request(value: float = 1.0, model: str = "sim", request_id: str = ""):
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     request.inputs.add(name="INPUT0", datatype="FP32", shape=[1]).contents.fp32_contents.append(value)

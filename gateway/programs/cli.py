@@ -1,4 +1,4 @@
-"""`inference-gateway serve | probe | sim | demo | plan | simulate`: the command line."""
+"""`inference-gateway serve | probe | sim | demo | plan | simulate | loadtest`: the command line."""
 
 from __future__ import annotations
 

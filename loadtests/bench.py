@@ -30,7 +30,8 @@ On a machine of two cores or more the servers under test (the proxy, or its repl
 Redis) run on the first core and everything else (this process, which generates the load, and
 the simulated backend) on the others, as in a fleet, where neither the clients nor the GPU
 servers share the gateway's cores. Sharing them, the processes the proxy's answers wake take its
-core from it, and every request it has read waits for their turn (docs/benchmarks.md, "Who runs
+core from it, and every request it has read waits for their turn
+(docs/benchmarks/history/2026-12-04.md, "Who runs
 where"). A run with a redis target shares the cores: pinned, its replicas and Redis would share
 one core that one gateway has to itself. `--share-cores` shares them in every run, as every run
 did before 2026-12-04.

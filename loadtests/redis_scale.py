@@ -1,5 +1,5 @@
 """What a request costs Redis and the gateway, by path, measured on a running replica (issue 38's
-scale plan, docs/scale.md).
+scale plan, docs/benchmarks/scale.md).
 
 One gateway replica on a private Redis in front of the sim (8 slots of 40 ms). Each phase sends
 open-loop Poisson load and reads, before and after: the replica's scripts by name and their round

@@ -1,5 +1,5 @@
 """Redis's own time per script of the Redis store, as Redis counts it (INFO commandstats), with
-`--held` leases in flight (docs/scale.md): what one master's core can serve of one model.
+`--held` leases in flight (docs/benchmarks/scale.md): what one master's core can serve of one model.
 
 A RedisQueue on a private key prefix of the Redis at `--url` (a private one by default) takes
 slots at its offers and frees them, then runs the upkeep's scripts; each batch between resets of

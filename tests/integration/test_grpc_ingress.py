@@ -252,7 +252,8 @@ async def test_a_stock_grpc_client_with_the_documented_retry_policy_waits_out_th
 async def test_tritonclient_grpc_given_the_retry_policy_as_channel_args_waits_out_the_pushback(
     start_sim, start_gateway
 ):
-    """The few lines docs/loadtest.md gives tritonclient users, held to the same test as grpcio's."""
+    """The few lines docs/guides/tuning-slos.md gives tritonclient users, held to the same test as
+    grpcio's."""
     sim = start_sim(slots=1, base_ms=800)
     priorities = [{"name": "high", "max_wait_ms": 100}, {"name": "low", "max_wait_ms": 100}]
     gateway = start_gateway(grpc_config(sim, slots=1, expected_service_ms=800, priorities=priorities))

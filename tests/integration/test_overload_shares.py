@@ -128,7 +128,7 @@ async def flood(
 def busy_share(store_section) -> float:
     """The share of the backend's capacity a flood must be served at, at least: no slot idles but
     for the hand-overs. In memory a hand-over is instant. Through Redis it takes a round trip and a
-    wake (docs/architecture.md), which on this 2-core machine, with the suite's other load tests
+    wake (docs/design/architecture.md), which on this 2-core machine, with the suite's other load tests
     beside it, cut a flood to 0.64 of the capacity once (above 0.85 alone): there the bar catches
     only a dispatch that leaves slots idle for good (grants lost, a flow never handed over)."""
     return 0.85 if store_section is None else 0.5
@@ -174,7 +174,7 @@ async def test_tenants_weighted_3_to_1_flooding_at_2_5x_with_3_s_waits_are_serve
     assert len(counted) >= busy_share(store_section) * SLOTS * 1000 / SERVICE_MS * (SEND_S - COUNTED_FROM_S)
     assert sum(who == "team-b" for _, who, _ in refused) > 0.5 * PER_TENANT_RATE * SEND_S  # overloaded
     # The twin hands slots over at once, as the memory store does; through Redis a hand-over takes
-    # a round trip and a wake, 3-4 ms of each 50 ms slot on this busy machine (docs/architecture.md),
+    # a round trip and a wake, 3-4 ms of each 50 ms slot on this busy machine (docs/design/architecture.md),
     # which Redis's gateway refuses for: its shares of refusals are the memory store's to match.
     check_the_simulator_agrees(served, refused, refusals=store_section is None)
     check_admitted_served_in_time(served, refused)  # what admission let in, dispatch reached in time

@@ -35,7 +35,6 @@ at, status, latency, advice), to read a run's Retry-After request by request.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import os
@@ -48,9 +47,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.tools.loadtest import client
+from gateway.tools.loadtest.requests import Prepared
+from gateway.tools.loadtest.workload import Arrival as KitArrival
 from loadtests.bench import HAProxy
 from loadtests.openloop import (
     INFER_BODY,
@@ -71,8 +72,6 @@ FIXED_BACKOFF_S = 0.5
 """When a refusal carries no advice (HAProxy's 503): the openai SDK's first backoff, without growth."""
 WAIT_LIMIT_SERVICES = 1.5
 """A class's queue-wait limit is its deadline less this many service times (issue 13's measurement)."""
-_EXPIRED_MARKS = (b'"deadline_expired_in_queue"', b"No server is available")
-"""The gateway's reason for a deadline run out in its queue; HAProxy's 503 body after `timeout queue`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,15 +226,6 @@ class Journey:
     """The advice would have brought it back past the horizon."""
 
 
-def _advice_ms(headers: Any) -> float | None:
-    for name, scale in (("retry-after-ms", 1.0), ("Retry-After", 1000.0)):
-        try:
-            return float(headers[name]) * scale
-        except (KeyError, ValueError):
-            continue
-    return None
-
-
 async def replay(
     urls: Sequence[str],
     schedule: Sequence[Arrival],
@@ -244,66 +234,44 @@ async def replay(
     horizon_s: float,
     timeout_factor: float = 3.0,
 ) -> list[Journey]:
-    """Send `schedule` open-loop; a refused request (429, 503) comes back after its advice, `retries`
-    times at most and never past `horizon_s` from the start; an attempt gives up after `timeout_factor`
-    x its deadline + 1 s."""
-    journeys = [Journey(arrival) for arrival in schedule]
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        started = time.monotonic()
-
-        async def attempt(url: str, sent: Arrival, retry: int) -> Attempt:
-            headers = {
+    """Send `schedule` open-loop with the kit's client (gateway/tools/loadtest/client.py); a refused
+    request (429, 503) comes back after its advice (FIXED_BACKOFF_S where it has none), `retries`
+    times at most and never past `horizon_s` from the start, each retry to the next URL; an attempt
+    gives up after `timeout_factor` x its deadline + 1 s."""
+    prepared = [
+        Prepared(
+            INFER_PATH,
+            INFER_BODY,
+            {
                 "Content-Type": "application/json",
-                "X-Priority": sent.priority,
-                "X-Request-Timeout-Ms": str(sent.deadline_ms),
-                **({"X-Retry-Attempt": str(retry)} if retry else {}),
-            }
-            timeout = aiohttp.ClientTimeout(total=sent.deadline_ms / 1000 * timeout_factor + 1)
-            scheduled = started + sent.at_s
-            try:
-                async with session.post(
-                    url + INFER_PATH, data=INFER_BODY, headers=headers, timeout=timeout
-                ) as reply:
-                    answer = await reply.read()
-                    expired = reply.status in (429, 503) and any(mark in answer for mark in _EXPIRED_MARKS)
-                    outcome = Outcome(
-                        sent,
-                        reply.status,
-                        time.monotonic() - scheduled,
-                        "Retry-After" in reply.headers,
-                        None,
-                        expired,
-                    )
-                    should_retry = reply.headers.get("x-should-retry", "").lower() != "false"
-                    return Attempt(outcome, _advice_ms(reply.headers), should_retry)
-            except (aiohttp.ClientError, TimeoutError) as error:
-                outcome = Outcome(sent, None, time.monotonic() - scheduled, error=type(error).__name__)
-                return Attempt(outcome, None, False)
+                "X-Priority": arrival.priority,
+                "X-Request-Timeout-Ms": str(arrival.deadline_ms),
+            },
+            False,
+            arrival.deadline_ms / 1000,
+        )
+        for arrival in schedule
+    ]
+    sends = [KitArrival(arrival.at_s, index) for index, arrival in enumerate(schedule)]
+    retrying = client.Retrying(retries, backoff_s=FIXED_BACKOFF_S, horizon_s=horizon_s)
+    records, _ = await client.run(urls, sends, prepared, retrying=retrying, timeout_factor=timeout_factor)
+    return [_journey(schedule[record.arrival.traffic], record) for record in records]
 
-        async def travel(index: int, journey: Journey) -> None:
-            sent = journey.arrival
-            for retry in range(retries + 1):
-                result = await attempt(urls[(index + retry) % len(urls)], sent, retry)
-                journey.attempts.append(result)
-                if retry == retries or result.outcome.status not in (429, 503) or not result.should_retry:
-                    return
-                wait_s = FIXED_BACKOFF_S if result.retry_after_ms is None else result.retry_after_ms / 1000
-                back_at_s = time.monotonic() - started + wait_s
-                if back_at_s > horizon_s:
-                    journey.abandoned = True
-                    return
-                sent = Arrival(back_at_s, sent.priority, sent.deadline_ms)
-                await asyncio.sleep(max(0.0, started + back_at_s - time.monotonic()))
 
-        tasks = []
-        for index, journey in enumerate(journeys):
-            delay = started + journey.arrival.at_s - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(travel(index, journey)))
-        await asyncio.gather(*tasks)
-    return journeys
+def _journey(arrival: Arrival, record: client.RequestRecord) -> Journey:
+    journey = Journey(arrival, abandoned=record.abandoned)
+    for index, answer in enumerate(record.attempts):
+        # A retry's latency counts from its own send (its scheduled time, but for the loop's lag).
+        sent = arrival if index == 0 else Arrival(answer.sent_s, arrival.priority, arrival.deadline_ms)
+        latency_s = answer.ended_s - sent.at_s
+        if answer.status is None:
+            outcome = Outcome(sent, None, latency_s, error=answer.reason)
+        else:
+            expired = answer.reason in ("deadline_expired_in_queue", "no_server_available")
+            outcome = Outcome(sent, answer.status, latency_s, answer.advised_s is not None, None, expired)
+        advice_ms = None if answer.advised_s is None else answer.advised_s * 1000
+        journey.attempts.append(Attempt(outcome, advice_ms, answer.retryable))
+    return journey
 
 
 def is_target(name: str) -> bool:

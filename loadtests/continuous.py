@@ -41,13 +41,13 @@ import os
 import random
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
+from gateway.tools.loadtest import client
+from gateway.tools.loadtest.requests import Prepared
+from gateway.tools.loadtest.workload import Arrival as KitArrival
 from loadtests.bench import HAProxy
 from loadtests.matrix import chosen_targets, result_table, results_path, run_matrix
 from loadtests.openloop import percentile, run_fast
@@ -121,47 +121,26 @@ def body_of(chat: Chat) -> bytes:
 
 
 async def send_all(url: str, chats: list[Chat], deadline_ms: float | None = None) -> list[Result]:
-    results: list[Result] = []
+    """Every chat streamed at its time by the kit's client (gateway/tools/loadtest/client.py); a
+    stream gives up after 60 s. The time to first token counts from the scheduled send."""
     headers = {"Content-Type": "application/json"}
     if deadline_ms is not None:
         headers["X-Request-Timeout-Ms"] = str(round(deadline_ms))
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        started = time.monotonic()
+    path = "/v1/chat/completions"
+    prepared = [Prepared(path, body_of(chat), headers, True, 59.0) for chat in chats]
+    sends = [KitArrival(chat.at_s, index) for index, chat in enumerate(chats)]
+    records, _ = await client.run(url, sends, prepared, timeout_factor=1.0)
+    return [_result(chats[record.arrival.traffic], record) for record in records]
 
-        async def one(chat: Chat) -> None:
-            scheduled = started + chat.at_s
-            result = Result(chat, None)
-            results.append(result)
-            timeout = aiohttp.ClientTimeout(total=60)
-            try:
-                async with session.post(
-                    url + "/v1/chat/completions",
-                    data=body_of(chat),
-                    headers=headers,
-                    timeout=timeout,
-                ) as reply:
-                    result.status = reply.status
-                    if reply.status != 200:
-                        await reply.read()
-                        return
-                    async for line in reply.content:
-                        if result.ttft_s is None and line.startswith(b"data: {"):
-                            result.ttft_s = time.monotonic() - scheduled
-                        if line.strip() == b"data: [DONE]":
-                            result.complete = True
-                            result.end_s = time.monotonic() - scheduled
-            except (aiohttp.ClientError, TimeoutError):
-                pass  # counted as failed: no answer, or a stream cut short
 
-        tasks = []
-        for chat in chats:
-            delay = started + chat.at_s - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(one(chat)))
-        await asyncio.gather(*tasks)
-    return results
+def _result(chat: Chat, record: client.RequestRecord) -> Result:
+    answer = record.final
+    result = Result(chat, answer.status, complete=record.served)
+    if answer.first_token_s is not None:
+        result.ttft_s = answer.first_token_s - chat.at_s
+    if record.served:
+        result.end_s = answer.ended_s - chat.at_s
+    return result
 
 
 def start_target(

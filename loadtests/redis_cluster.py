@@ -12,16 +12,14 @@ their deadline, as a share of each sim's capacity, after the first second.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import random
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
+from gateway.tools.loadtest import client
+from gateway.tools.loadtest.requests import Prepared
+from gateway.tools.loadtest.workload import Scenario, Traffic, arrivals
 from loadtests.openloop import INFER_BODY, run_fast
 from tests.integration.servers import Gateway, Sim, gateway_config
 from tests.redis_server import RedisClusterServers, RedisServer, unique_prefix
@@ -30,31 +28,20 @@ DEADLINE_MS = 1000
 
 
 async def load(urls: list[str], models: list[str], rate: float, seconds: float) -> dict[str, list[float]]:
-    """Per model, the scheduled times (from the start) of the requests served in time."""
-    rng = random.Random(1)
-    in_time: dict[str, list[float]] = {model: [] for model in models}
+    """Per model, the scheduled times (from the start) of the requests served in time: Poisson
+    arrivals at `rate` per model, over the replicas in turn, by the kit's client."""
+    scenario = Scenario(tuple(Traffic(model, deadline_ms=DEADLINE_MS) for model in models))
+    schedule = arrivals(scenario, rate * len(models), seconds, seed=1)
     headers = {"Content-Type": "application/json", "X-Request-Timeout-Ms": str(DEADLINE_MS)}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        started = time.monotonic()
-
-        async def one(url: str, model: str, at: float) -> None:
-            try:
-                async with session.post(
-                    f"{url}/v2/models/{model}/infer", data=INFER_BODY, headers=headers
-                ) as r:
-                    await r.read()
-                    if r.status == 200 and time.monotonic() - started - at <= DEADLINE_MS / 1000:
-                        in_time[model].append(at)
-            except aiohttp.ClientError:
-                pass
-
-        sends, at, index = [], 0.0, 0
-        while (at := at + rng.expovariate(rate * len(models))) < seconds:
-            await asyncio.sleep(max(0.0, started + at - time.monotonic()))
-            model = models[index % len(models)]
-            sends.append(asyncio.ensure_future(one(urls[index % len(urls)], model, at)))
-            index += 1
-        await asyncio.gather(*sends)
+    prepared = [
+        Prepared(f"/v2/models/{model}/infer", INFER_BODY, headers, False, DEADLINE_MS / 1000)
+        for model in models
+    ]
+    records, _ = await client.run(urls, schedule, prepared)
+    in_time: dict[str, list[float]] = {model: [] for model in models}
+    for record in records:
+        if record.served and record.latency_s <= DEADLINE_MS / 1000:
+            in_time[models[record.arrival.traffic]].append(record.arrival.at_s)
     return in_time
 
 

@@ -15,16 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import signal
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
+from gateway.tools.loadtest import client
+from gateway.tools.loadtest.requests import Prepared
+from gateway.tools.loadtest.workload import Scenario, Traffic, arrivals
 from loadtests.openloop import INFER_BODY, INFER_PATH, run_fast
 from tests.integration.servers import Gateway, Sim, gateway_config
 from tests.redis_server import RedisServer
@@ -47,36 +46,22 @@ class Answer:
 async def load(
     urls: list[str], rate: float, duration_s: float, kill_at_s: float, kill: Any, seed: int = 1
 ) -> list[Answer]:
-    rng = random.Random(seed)
-    answers: list[Answer] = []
+    """Poisson arrivals over the replicas in turn, by the kit's client (gateway/tools/loadtest/); at
+    `kill_at_s` the first replica is killed and the balancer sends to the others from then on."""
     live = list(urls)
+    schedule = arrivals(Scenario((Traffic("load", deadline_ms=DEADLINE_MS),)), rate, duration_s, seed)
     headers = {"Content-Type": "application/json", "X-Request-Timeout-Ms": str(DEADLINE_MS)}
-    timeout = aiohttp.ClientTimeout(total=3 * DEADLINE_MS / 1000 + 1)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        started = time.monotonic()
+    prepared = [Prepared(INFER_PATH, INFER_BODY, headers, False, DEADLINE_MS / 1000)]
 
-        async def one(at_s: float, url: str) -> None:
-            scheduled = started + at_s
-            try:
-                post = session.post(url + INFER_PATH, data=INFER_BODY, headers=headers, timeout=timeout)
-                async with post as reply:
-                    await reply.read()
-                    answers.append(Answer(at_s, reply.status, time.monotonic() - scheduled))
-            except (aiohttp.ClientError, TimeoutError):
-                answers.append(Answer(at_s, None, time.monotonic() - scheduled))
+    async def kill_then_forget() -> None:
+        await asyncio.sleep(kill_at_s)
+        kill()
+        live.pop(0)
 
-        tasks, at_s, index, killed = [], 0.0, 0, False
-        while (at_s := at_s + rng.expovariate(rate)) < duration_s:
-            if not killed and at_s >= kill_at_s:
-                await asyncio.sleep(max(0.0, started + kill_at_s - time.monotonic()))
-                kill()
-                live.pop(0)  # the balancer sends to the others from now on
-                killed = True
-            await asyncio.sleep(max(0.0, started + at_s - time.monotonic()))
-            tasks.append(asyncio.ensure_future(one(at_s, live[index % len(live)])))
-            index += 1
-        await asyncio.gather(*tasks)
-    return answers
+    killing = asyncio.ensure_future(kill_then_forget())
+    records, _ = await client.run(lambda index, _: live[index % len(live)], schedule, prepared)
+    await killing
+    return [Answer(r.arrival.at_s, r.final.status, r.latency_s) for r in records]
 
 
 def run_variant(args: argparse.Namespace, beacon: bool, log_dir: Path) -> dict[str, Any]:

@@ -18,6 +18,9 @@ from gateway.tools.loadtest.charts import Series, line_chart, nice_max
 from gateway.tools.loadtest.client import (
     Attempt,
     RequestRecord,
+    Retrying,
+    _route,
+    _wait_before_retry,
     advised_wait_s,
     has_output,
     refusal_reason,
@@ -305,3 +308,39 @@ def test_a_later_run_is_compared_with_the_prediction():
     compared = compare(recommended, run)
     assert compared["classes"]["high"]["measured_within_deadline"] == 0.995
     assert "low" not in compared["classes"]  # the run sent none
+
+
+def test_a_refused_request_waits_its_advice_or_the_backoff_and_stops_where_told():
+    advised = Attempt(0.0, 429, "queue_full", 0.01, advised_s=1.5)
+    bare = Attempt(0.0, 503, "http_503", 0.01)
+    assert _wait_before_retry(advised, 1, Retrying(2)) == 1.5
+    assert _wait_before_retry(advised, 3, Retrying(2)) is None  # the third attempt was its last
+    assert _wait_before_retry(bare, 1, Retrying(2)) is None  # no advice, no backoff: not retried
+    assert _wait_before_retry(bare, 1, Retrying(2, backoff_s=0.5)) == 0.5
+    told = Attempt(0.0, 429, "budget_too_small", 0.01, advised_s=1.0, retryable=False)
+    assert _wait_before_retry(told, 1, Retrying(2)) is None
+    far = Attempt(0.0, 429, "queue_full", 0.01, advised_s=120.0)
+    assert _wait_before_retry(far, 1, Retrying(2)) is None  # beyond what an SDK follows
+    failed = Attempt(0.0, 502, "upstream_error", 0.01, advised_s=1.0)
+    assert _wait_before_retry(failed, 1, Retrying(2)) is None
+
+
+def test_replicas_are_taken_in_turn_and_a_retry_goes_to_the_next():
+    route = _route(["a", "b", "c"])
+    assert [route(i, 0) for i in range(4)] == ["a", "b", "c", "a"]
+    assert route(1, 1) == "c"
+    assert _route("x")(5, 2) == "x"
+
+
+def test_a_stream_cut_short_is_not_served():
+    cut = RequestRecord(Arrival(0, 0), [Attempt(0, 200, "stream_cut_short", 1.0, complete=False)])
+    whole = RequestRecord(Arrival(0, 0), [Attempt(0, 200, "ok", 1.0)])
+    assert not cut.served and whole.served
+    stats = group_stats([cut, whole], lambda _: 5.0, duration_s=1.0)
+    assert stats["served"] == 1 and stats["refused_by_reason"] == {"stream_cut_short": 0.5}
+
+
+def test_a_retry_says_it_is_one():
+    prepared = prepare(Traffic("a"), "m")
+    assert "X-Retry-Attempt" not in prepared.headers
+    assert prepared.retry(2).headers["X-Retry-Attempt"] == "2" and prepared.retry(2).body == prepared.body

@@ -46,12 +46,16 @@ class Attempt:
     """Streams: when the first event with output arrived."""
     token_gaps_s: list[float] = field(default_factory=list)
     """Streams: the gaps between later output events (inter-token latency)."""
+    complete: bool = True
+    """False for a stream that ended without `[DONE]` (its reason then `stream_cut_short`)."""
 
 
 @dataclass(slots=True)
 class RequestRecord:
     arrival: Arrival
     attempts: list[Attempt]
+    abandoned: bool = False
+    """Refused, and its retry would have come past the run's horizon."""
 
     @property
     def final(self) -> Attempt:
@@ -59,7 +63,8 @@ class RequestRecord:
 
     @property
     def served(self) -> bool:
-        return self.final.status == 200
+        """Answered 200, and whole: a stream that ended without `[DONE]` was not served."""
+        return self.final.status == 200 and self.final.complete
 
     @property
     def latency_s(self) -> float:
@@ -80,26 +85,42 @@ class Progress:
     served: int = 0
 
 
+Route = Callable[[int, int], str]
+"""(the arrival's index, the attempt's) -> the URL to send it to."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retrying:
+    """How clients retry a refused request (429 or 503, not `x-should-retry: false`)."""
+
+    times: int = 0
+    """At most this many retries."""
+    backoff_s: float | None = None
+    """The wait where the refusal carries no advice; None: such a request is not retried."""
+    horizon_s: float | None = None
+    """A retry due later than this from the start is not made (the request is `abandoned`)."""
+
+
 async def run(
-    url: str | Sequence[str],
+    url: str | Sequence[str] | Route,
     schedule: Sequence[Arrival],
     prepared: Sequence[Prepared],
     *,
-    retries: int = 0,
+    retrying: Retrying = Retrying(),
     timeout_factor: float = 3.0,
     progress: Callable[[Progress, float], None] | None = None,
     metrics: Mapping[str, str] | None = None,
 ) -> tuple[list[RequestRecord], list[Scrape]]:
-    """Send `schedule` to `url`, arrival `a` as `prepared[a.traffic]`, to several URLs (gateway
-    replicas) in turn as a round-robin balancer would, retries included; an attempt gives up after
-    `timeout_factor` x its deadline + 1 s. `retries`: how many times a request refused with advice
-    (429 or 503 with Retry-After, and no `x-should-retry: false`) is sent again after waiting it.
+    """Send `schedule` to `url`, arrival `a` as `prepared[a.traffic]`; to several URLs (gateway
+    replicas) in turn, as a round-robin balancer would, a retry to the next; an attempt gives up
+    after `timeout_factor` x its deadline + 1 s. A refused request is sent again after the wait it
+    was advised (Retry-After), as `retrying` says; a retry carries `X-Retry-Attempt`.
     `metrics`: name -> /metrics URL of what to scrape every second during the run."""
     records: list[RequestRecord] = []
     scrapes: list[Scrape] = []
     stop_scraping = asyncio.Event()
     state = Progress(len(schedule))
-    urls = [url] if isinstance(url, str) else list(url)
+    route = _route(url)
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
     async with aiohttp.ClientSession(connector=connector) as session:
         started = time.monotonic()
@@ -107,26 +128,26 @@ async def run(
         def clock() -> float:
             return time.monotonic() - started
 
-        async def one(arrival: Arrival, url: str) -> None:
+        async def one(arrival: Arrival, index: int) -> None:
             request = prepared[arrival.traffic]
             timeout = aiohttp.ClientTimeout(total=request.deadline_s * timeout_factor + 1)
-            attempts: list[Attempt] = []
+            record = RequestRecord(arrival, [])
             while True:
-                attempt = await _attempt(session, url + request.path, request, timeout, clock)
-                attempts.append(attempt)
-                advised = attempt.advised_s
-                if (
-                    len(attempts) > retries
-                    or attempt.status not in RETRIED_STATUSES
-                    or advised is None
-                    or advised > MAX_ADVICE_S
-                    or not attempt.retryable
-                ):
+                sent = request if not record.attempts else request.retry(len(record.attempts))
+                attempt = await _attempt(
+                    session, route(index, len(record.attempts)) + sent.path, sent, timeout, clock
+                )
+                record.attempts.append(attempt)
+                wait_s = _wait_before_retry(attempt, len(record.attempts), retrying)
+                if wait_s is None:
                     break
-                await asyncio.sleep(advised)
-            records.append(RequestRecord(arrival, attempts))
+                if retrying.horizon_s is not None and clock() + wait_s > retrying.horizon_s:
+                    record.abandoned = True
+                    break
+                await asyncio.sleep(wait_s)
+            records.append(record)
             state.done += 1
-            state.served += attempts[-1].status == 200
+            state.served += record.served
 
         ticker = asyncio.ensure_future(_tick(progress, state, clock)) if progress else None
         scraper = (
@@ -134,11 +155,11 @@ async def run(
         )
         tasks = []
         try:
-            for arrival in schedule:
+            for index, arrival in enumerate(schedule):
                 delay = arrival.at_s - clock()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks.append(asyncio.ensure_future(one(arrival, urls[state.sent % len(urls)])))
+                tasks.append(asyncio.ensure_future(one(arrival, index)))
                 state.sent += 1
             await asyncio.gather(*tasks)
         finally:
@@ -152,6 +173,22 @@ async def run(
                 progress(state, clock())  # type: ignore[misc]
     records.sort(key=lambda r: r.arrival.at_s)
     return records, scrapes
+
+
+def _route(url: str | Sequence[str] | Route) -> Route:
+    if callable(url):
+        return url
+    urls = [url] if isinstance(url, str) else list(url)
+    return lambda index, attempt: urls[(index + attempt) % len(urls)]
+
+
+def _wait_before_retry(attempt: Attempt, attempts: int, retrying: Retrying) -> float | None:
+    """How long before the next attempt, or None when there is none."""
+    if attempts > retrying.times or attempt.status not in RETRIED_STATUSES or not attempt.retryable:
+        return None
+    if attempt.advised_s is None:
+        return retrying.backoff_s
+    return attempt.advised_s if attempt.advised_s <= MAX_ADVICE_S else None
 
 
 async def _tick(
@@ -177,7 +214,9 @@ async def _attempt(
             if reply.status == 200:
                 attempt.reason = "ok"
                 if request.stream:
-                    await _read_events(reply, attempt, clock)
+                    attempt.complete = await _read_events(reply, attempt, clock)
+                    if not attempt.complete:
+                        attempt.reason = "stream_cut_short"
                 else:
                     await reply.read()
             else:
@@ -191,14 +230,17 @@ async def _attempt(
     return attempt
 
 
-async def _read_events(reply: aiohttp.ClientResponse, attempt: Attempt, clock: Callable[[], float]) -> None:
-    """Server-sent events: the first with output is the first token; the gaps after, the ITL."""
+async def _read_events(reply: aiohttp.ClientResponse, attempt: Attempt, clock: Callable[[], float]) -> bool:
+    """Server-sent events: the first with output is the first token; the gaps after, the ITL.
+    True when the stream ended with `[DONE]`."""
     last: float | None = None
     async for line in reply.content:
         if not line.startswith(b"data:"):
             continue
         data = line[5:].strip()
-        if data == b"[DONE]" or not has_output(data):
+        if data == b"[DONE]":
+            return True
+        if not has_output(data):
             continue
         now = clock()
         if last is None:
@@ -206,6 +248,7 @@ async def _read_events(reply: aiohttp.ClientResponse, attempt: Attempt, clock: C
         else:
             attempt.token_gaps_s.append(now - last)
         last = now
+    return False
 
 
 def has_output(data: bytes) -> bool:

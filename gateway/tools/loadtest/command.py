@@ -249,7 +249,7 @@ def _run_step(
             args.target.rstrip("/"),
             schedule,
             prepared,
-            retries=args.retry_after,
+            retrying=client.Retrying(args.retry_after),
             timeout_factor=args.timeout_factor,
             progress=bar.show if bar else None,
             metrics=metrics,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.tools.loadtest.workload import Traffic
 
@@ -17,6 +17,10 @@ class Prepared:
     headers: dict[str, str]
     stream: bool
     deadline_s: float
+
+    def retry(self, attempt: int) -> Prepared:
+        """The same request sent again, saying so (the gateway counts retries: gateway_retries_total)."""
+        return replace(self, headers={**self.headers, "X-Retry-Attempt": str(attempt)})
 
 
 def prepare(traffic: Traffic, model: str) -> Prepared:

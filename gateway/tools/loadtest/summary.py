@@ -77,6 +77,7 @@ def group_stats(
         "first_attempt_refused_by_reason": {reason: _share(n, sent) for reason, n in sorted(firsts.items())},
         "refusal_ms": _ms(refused_at_once),
         "retried": len(retried),
+        "abandoned": sum(r.abandoned for r in records),
         "first_retry_admitted": _share(sum(r.attempts[1].status == 200 for r in retried), len(retried)),
         "attempts_per_served": round(sum(len(r.attempts) for r in served) / len(served), 3)
         if served

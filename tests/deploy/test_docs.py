@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from gateway.settings import Settings
 from gateway.tools.reference import cli_page, metrics_page
 
 ROOT = Path(__file__).parents[2]
@@ -48,3 +50,9 @@ def test_the_readme_is_short_and_its_quickstart_has_the_two_commands_ci_runs():
     commands = re.findall(r"```sh\n(.*?)\n```", quickstart, re.DOTALL)
     assert commands == [INSTALL_AND_RUN, TEST]
     assert (ROOT / ".ci" / "run").read_text().rstrip().endswith(TEST)
+
+
+def test_the_readmes_config_is_one_the_gateway_takes():
+    readme = (ROOT / "README.md").read_text()
+    (config,) = re.findall(r"```yaml\n(.*?)```", readme, re.DOTALL)
+    Settings.model_validate(yaml.safe_load(config))

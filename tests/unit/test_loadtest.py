@@ -17,6 +17,7 @@ from gateway.tools.loadtest import llmd, report
 from gateway.tools.loadtest.charts import Series, line_chart, nice_max
 from gateway.tools.loadtest.client import (
     Attempt,
+    Progress,
     RequestRecord,
     Retrying,
     _route,
@@ -26,6 +27,7 @@ from gateway.tools.loadtest.client import (
     refusal_reason,
     server_timing,
 )
+from gateway.tools.loadtest.command import _ProgressBar
 from gateway.tools.loadtest.recommend import (
     Pool,
     RecommendError,
@@ -344,3 +346,15 @@ def test_a_retry_says_it_is_one():
     prepared = prepare(Traffic("a"), "m")
     assert "X-Retry-Attempt" not in prepared.headers
     assert prepared.retry(2).headers["X-Retry-Attempt"] == "2" and prepared.retry(2).body == prepared.body
+
+
+def test_the_progress_bar_redraws_one_line_with_the_schedule_and_the_answers(capsys):
+    bar = _ProgressBar(rate=50, duration_s=10)
+    bar.show(Progress(scheduled=500, sent=250, done=240, served=200), 5.0)
+    bar.show(Progress(scheduled=500, sent=500, done=500, served=450), 12.0)
+    bar.close()
+    lines = capsys.readouterr().err.split("\r")
+    assert lines[1].startswith(
+        "50 rps [" + "#" * 12 + "-" * 12 + "]   5.0/10 s sent 250 answered 240 served 200"
+    )
+    assert lines[2].startswith("50 rps [" + "#" * 24 + "]  10.0/10 s sent 500") and lines[2].endswith("\n")

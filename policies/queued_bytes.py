@@ -29,6 +29,16 @@ def excess_bytes(limits: ByteLimits, held: Mapping[str, int], model: str, body_b
     return max(over_total, over_model)
 
 
+def model_bound_binds(limits: ByteLimits, held: Mapping[str, int], model: str, body_bytes: int) -> bool:
+    """Whether the model's own bound, not the replica-wide one, is what a body over them exceeds most
+    (the setting a refusal names)."""
+    bound = limits.per_model.get(model)
+    if bound is None:
+        return False
+    over_total = sum(held.values()) + body_bytes - limits.total
+    return held.get(model, 0) + body_bytes - bound >= over_total
+
+
 def bytes_excess_wait_s(excess: int, held_bytes: int, queued_work: float, drain_rate_per_s: float) -> float:
     """Seconds until `excess` bytes have left the queue: its bodies leave as their requests get
     slots, at the drain rate times the bytes per unit of queued work (0 with nothing queued, which

@@ -39,7 +39,7 @@ from policies.admission import (
     refuse,
 )
 from policies.outcomes import Outcome
-from policies.queued_bytes import ByteLimits, bytes_excess_wait_s
+from policies.queued_bytes import ByteLimits, bytes_excess_wait_s, model_bound_binds
 from policies.quotas import Quota
 from policies.retry_after import retry_after_s
 from policies.shedding import BacklogLimits, first_shed_band, shed_excess_wait_s
@@ -133,7 +133,9 @@ class AdmissionController:
             # No room to queue its body; a slot free this moment it may still take (a limit of no
             # work ahead), since bodies count only while they wait.
             now = await self._slot_now(flow, request, arrived_at, batching, on_grant, exemplar)
-            return self._too_many_bytes(model, request, throughput, excess) if now is None else now
+            return (
+                self._too_many_bytes(model, request, throughput, excess, body_bytes) if now is None else now
+            )
         try:
             return await self._queue(
                 flow,
@@ -293,7 +295,7 @@ class AdmissionController:
         return Refusal(Outcome.BUDGET_TOO_SMALL, None, detail, BUDGET_RULE)
 
     def _too_many_bytes(
-        self, model: str, request: AdmissionRequest, throughput: Throughput, excess: int
+        self, model: str, request: AdmissionRequest, throughput: Throughput, excess: int, body_bytes: int
     ) -> Refusal:
         """queue_full for a body the queued-bytes bound has no room for, with the time the queue
         needs to hand out enough bodies."""
@@ -301,7 +303,10 @@ class AdmissionController:
         held = self._queued_bytes.held.get(model, 0)
         excess_s = bytes_excess_wait_s(excess, held, queued_work, throughput.drain_rate_per_s)
         advice = self._book_return(model, request, excess_s, throughput, drains=False)
-        return self._refusal(model, request.band, Outcome.QUEUE_FULL, advice, "limits.max_queued_bytes")
+        limits = self._queued_bytes.limits
+        own = model_bound_binds(limits, self._queued_bytes.held, model, body_bytes)
+        rule = f"models[{model}].max_queued_bytes" if own else "limits.max_queued_bytes"
+        return self._refusal(model, request.band, Outcome.QUEUE_FULL, advice, rule)
 
     def _over_quota(self, request: AdmissionRequest, throughput: Throughput, flow: Flow) -> Refusal | None:
         """Refuse at once what the tenant's capped quota keeps waiting past its allowance."""

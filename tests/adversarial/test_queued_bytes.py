@@ -69,6 +69,8 @@ async def test_a_body_past_the_bound_is_refused_at_once_and_the_rest_are_served(
         status, headers, body = await post(http, gateway, 3 * MIB // 2)
         assert status == 429 and body["reason"] == "queue_full"
         assert int(headers["retry-after-ms"]) > 0 and int(headers["Retry-After"]) >= 1
+        named = "limits.max_queued_bytes" if "limits" in limits else "models[sim].max_queued_bytes"
+        assert body["rule"] == named  # the setting to raise, not a neighbour of it
 
         served.append(asyncio.ensure_future(post(http, gateway, MIB // 2)))  # fits in the rest
         assert [status for status, _, _ in await asyncio.gather(*served)] == [200] * 4

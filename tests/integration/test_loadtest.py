@@ -230,3 +230,18 @@ def test_a_recommendation_from_a_sweep_holds_when_the_run_is_repeated_with_it(la
     compared = read_report(checked)["compared"]["classes"]["low"]
     assert compared["measured_within_deadline"] >= compared["predicted_within_deadline"] - 0.02, compared
     assert "Predicted and measured" in (checked / "report.html").read_text()
+
+
+def test_a_recommendation_without_the_pools_slots_says_what_to_give_and_the_run_is_still_reported(
+    start_sim, start_gateway, tmp_path
+):
+    sim = start_sim(slots=4, base_ms=10)
+    gateway = start_gateway(gateway_config([(sim.url, 4)]))
+    out = tmp_path / "unfounded"
+    ran = loadtest(
+        "--target", gateway.url, "--model", "sim", "--rate", "40", "--duration", "1.5", "--recommend",
+        "--gateway-metrics", "none", "--out", str(out),
+    )  # fmt: skip
+    assert ran.returncode == 2 and "--gateway-metrics" in ran.stderr and "--slots-per-backend" in ran.stderr
+    assert read_report(out)["runs"][0]["overall"]["served"] > 20
+    assert (out / "report.html").is_file() and not (out / "recommendation.json").exists()

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.flow.queued_bytes import QueuedBytes
-from policies.queued_bytes import ByteLimits, bytes_excess_wait_s, excess_bytes
+from policies.queued_bytes import ByteLimits, bytes_excess_wait_s, excess_bytes, model_bound_binds
 
 
 def test_a_body_fits_up_to_the_total_bound_exactly():
@@ -40,3 +40,10 @@ def test_holds_never_pass_the_bounds_and_give_backs_restore_them(steps):
     for model, size in held:
         queued.give_back(model, size)
     assert all(v == 0 for v in queued.held.values())
+
+
+def test_the_refusal_names_the_bound_the_body_exceeds_most():
+    limits = ByteLimits(total=100, per_model={"a": 50})
+    assert model_bound_binds(limits, {"a": 40}, "a", 20)  # 10 over its own, 0 over the total
+    assert not model_bound_binds(limits, {"a": 10, "b": 80}, "a", 20)  # 10 over the total, not its own
+    assert not model_bound_binds(limits, {"b": 90}, "b", 20)  # b has no bound of its own

@@ -138,14 +138,15 @@ def main(args: argparse.Namespace) -> int:
     if predicted is not None:
         document["compared"] = recommend.compare(predicted, document["runs"][-1])
         print(f"predicted and measured: {json.dumps(document['compared']['classes'])}")
+    unfounded = None
     if args.recommend:
         try:
             document["recommendation"] = _recommend(args, scenario, document, every_record)
         except recommend.RecommendError as error:
-            print(f"loadtest: --recommend {error}", file=sys.stderr)
-            return 2
-        (out / "recommendation.json").write_text(json.dumps(document["recommendation"], indent=1))
-        print(recommend.config_snippet(document["recommendation"], args.model))
+            unfounded = error  # the runs are reported all the same
+        else:
+            (out / "recommendation.json").write_text(json.dumps(document["recommendation"], indent=1))
+            print(recommend.config_snippet(document["recommendation"], args.model))
     (out / "report.json").write_text(json.dumps(document, indent=1))
     (out / "report.html").write_text(report.render(document))
     if not args.no_llmd:
@@ -154,6 +155,9 @@ def main(args: argparse.Namespace) -> int:
     if not any(run["overall"]["answered"] for run in document["runs"]):
         print(f"loadtest: no answer from {args.target}", file=sys.stderr)
         return 1
+    if unfounded is not None:
+        print(f"loadtest: --recommend {unfounded}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -62,7 +62,10 @@ def measured_pool(
     elif slots:
         backends, per_backend = len(slots), max(1, round(sum(slots.values()) / len(slots)))
     else:
-        raise RecommendError("needs the gateway's /metrics (gateway_backend_slots) or --slots-per-backend")
+        raise RecommendError(
+            "needs the gateway's /metrics (gateway_backend_slots): --gateway-metrics URL where it is served "
+            "apart (admin_listen), or --slots-per-backend"
+        )
     mean = statistics.fmean(service)
     cv = statistics.pstdev(service) / mean if mean > 0 else 0.0
     p99 = percentile(service, SERVICE_TAIL)

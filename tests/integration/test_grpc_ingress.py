@@ -220,12 +220,13 @@ RETRY_CONFIG = {
 }
 
 
-async def test_a_stock_grpc_client_with_the_documented_retry_policy_waits_out_the_pushback(
-    start_sim, start_gateway
-):
-    # One slot busy for 800 ms and a class that may wait 100: a request now is refused with about
-    # 0.7 s of advice. Its retries back off 10-50 ms on their own, so five attempts that ignore the
-    # pushback all fail within ~0.2 s; ones that wait it out are served.
+RETRY_OPTIONS = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(RETRY_CONFIG))]
+
+
+async def a_slot_busy_for_800_ms(start_sim, start_gateway):
+    """One slot busy for 800 ms and a class that may wait 100: a request now is refused with about
+    0.7 s of advice. Retries back off 10-50 ms on their own (RETRY_CONFIG), so five attempts that
+    ignore the pushback all fail within ~0.2 s; ones that wait it out are served."""
     sim = start_sim(slots=1, base_ms=800)
     priorities = [{"name": "high", "max_wait_ms": 100}, {"name": "low", "max_wait_ms": 100}]
     gateway = start_gateway(grpc_config(sim, slots=1, expected_service_ms=800, priorities=priorities))
@@ -234,8 +235,21 @@ async def test_a_stock_grpc_client_with_the_documented_retry_policy_waits_out_th
         asyncio.to_thread(http_post, gateway.url + "/v2/models/sim/infer", body.encode())
     )
     await eventually(lambda: sim.stats()["inflight"] == 1, timeout_s=5)
-    options = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(RETRY_CONFIG))]
-    async with grpc.aio.insecure_channel(gateway.grpc_target, options=options) as channel:
+    return gateway, busy
+
+
+async def assert_the_pushback_was_waited_out(gateway, busy, took_s: float) -> None:
+    assert (await busy)[0] == 200
+    refused = gateway.metric_by("gateway_requests_total", "outcome", priority="low")
+    assert refused.get("deadline_unmeetable", 0) + refused.get("queue_full", 0) >= 1, refused
+    assert took_s >= 0.5, f"served after {took_s:.2f} s: the retries did not wait out the pushback"
+
+
+async def test_a_stock_grpc_client_with_the_documented_retry_policy_waits_out_the_pushback(
+    start_sim, start_gateway
+):
+    gateway, busy = await a_slot_busy_for_800_ms(start_sim, start_gateway)
+    async with grpc.aio.insecure_channel(gateway.grpc_target, options=RETRY_OPTIONS) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         request = service_pb2.ModelInferRequest(model_name="sim")
         request.inputs.add(name="INPUT0", datatype="FP32", shape=[1]).contents.fp32_contents.append(2)
@@ -243,10 +257,7 @@ async def test_a_stock_grpc_client_with_the_documented_retry_policy_waits_out_th
         response = await stub.ModelInfer(request, timeout=10)
         took_s = time.monotonic() - started
     assert response.raw_output_contents[0] == np.array([2], dtype="<f4").tobytes()
-    assert (await busy)[0] == 200
-    refused = gateway.metric_by("gateway_requests_total", "outcome", priority="low")
-    assert refused.get("deadline_unmeetable", 0) + refused.get("queue_full", 0) >= 1, refused
-    assert took_s >= 0.5, f"served after {took_s:.2f} s: the retries did not wait out the pushback"
+    await assert_the_pushback_was_waited_out(gateway, busy, took_s)
 
 
 async def test_tritonclient_grpc_given_the_retry_policy_as_channel_args_waits_out_the_pushback(
@@ -254,16 +265,8 @@ async def test_tritonclient_grpc_given_the_retry_policy_as_channel_args_waits_ou
 ):
     """The few lines docs/guides/tuning-slos.md gives tritonclient users, held to the same test as
     grpcio's."""
-    sim = start_sim(slots=1, base_ms=800)
-    priorities = [{"name": "high", "max_wait_ms": 100}, {"name": "low", "max_wait_ms": 100}]
-    gateway = start_gateway(grpc_config(sim, slots=1, expected_service_ms=800, priorities=priorities))
-    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}]})
-    busy = asyncio.ensure_future(
-        asyncio.to_thread(http_post, gateway.url + "/v2/models/sim/infer", body.encode())
-    )
-    await eventually(lambda: sim.stats()["inflight"] == 1, timeout_s=5)
-    channel_args = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(RETRY_CONFIG))]
-    client = triton_grpc.InferenceServerClient(gateway.grpc_target, channel_args=channel_args)
+    gateway, busy = await a_slot_busy_for_800_ms(start_sim, start_gateway)
+    client = triton_grpc.InferenceServerClient(gateway.grpc_target, channel_args=RETRY_OPTIONS)
     started = time.monotonic()
     answer = await asyncio.to_thread(
         client.infer, "sim", [infer_input("INPUT0", "FP32", np.array([3], dtype=np.float32))]
@@ -271,10 +274,7 @@ async def test_tritonclient_grpc_given_the_retry_policy_as_channel_args_waits_ou
     took_s = time.monotonic() - started
     client.close()
     assert answer.as_numpy("OUTPUT0").tolist() == [3.0]
-    assert (await busy)[0] == 200
-    refused = gateway.metric_by("gateway_requests_total", "outcome", priority="low")
-    assert refused.get("deadline_unmeetable", 0) + refused.get("queue_full", 0) >= 1, refused
-    assert took_s >= 0.5, f"served after {took_s:.2f} s: the retries did not wait out the pushback"
+    await assert_the_pushback_was_waited_out(gateway, busy, took_s)
 
 
 def small_request(value: float = 1.0, model: str = "sim", request_id: str = ""):

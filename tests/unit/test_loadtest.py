@@ -27,7 +27,7 @@ from gateway.tools.loadtest.client import (
     refusal_reason,
     server_timing,
 )
-from gateway.tools.loadtest.command import _ProgressBar
+from gateway.tools.loadtest.command import _command_line, _ProgressBar
 from gateway.tools.loadtest.recommend import (
     Pool,
     RecommendError,
@@ -358,3 +358,10 @@ def test_the_progress_bar_redraws_one_line_with_the_schedule_and_the_answers(cap
         "50 rps [" + "#" * 12 + "-" * 12 + "]   5.0/10 s sent 250 answered 240 served 200"
     )
     assert lines[2].startswith("50 rps [" + "#" * 24 + "]  10.0/10 s sent 500") and lines[2].endswith("\n")
+
+
+def test_the_report_never_writes_an_api_key():
+    argv = ["gateway", "loadtest", "--api-key", "sk-secret-123", "--model", "m", "--api-key=sk-other-456"]
+    shown = _command_line(argv)
+    assert "sk-secret-123" not in shown and "sk-other-456" not in " ".join(shown)
+    assert shown[:4] == ["inference-gateway", "loadtest", "--api-key", "<key>"]

@@ -112,9 +112,7 @@ def main(args: argparse.Namespace) -> int:
         "target": args.target,
         "model": args.model,
         "started_at": llmd.now_iso(),
-        "command": ["inference-gateway", "loadtest", *sys.argv[2:]]
-        if sys.argv[1:2] == ["loadtest"]
-        else sys.argv,
+        "command": _command_line(sys.argv),
         "retry_after": args.retry_after,
         "scenario": [asdict(t) | {"api_key": None} for t in scenario.traffic],
         "runs": [],
@@ -159,6 +157,17 @@ def main(args: argparse.Namespace) -> int:
         print(f"loadtest: --recommend {unfounded}", file=sys.stderr)
         return 2
     return 0
+
+
+def _command_line(argv: Sequence[str]) -> list[str]:
+    """The command as run, for the report: an API key in it is never written down."""
+    shown = ["inference-gateway", "loadtest", *argv[2:]] if argv[1:2] == ["loadtest"] else list(argv)
+    for index, word in enumerate(shown):
+        if word.startswith("--api-key="):
+            shown[index] = "--api-key=<key>"
+        elif word == "--api-key" and index + 1 < len(shown):
+            shown[index + 1] = "<key>"
+    return shown
 
 
 def _recommend(

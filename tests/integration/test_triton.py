@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import json
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.eventually import eventually
 from tests.integration.servers import gateway_config, http_get
+from tests.integration.test_loadtest import loadtest, read_report
 from tests.integration.triton import TritonServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.triton]
@@ -92,6 +94,39 @@ async def test_requests_straight_to_triton_make_the_gateway_admit_less(tritonser
     assert first != 429
     # Tens of requests ahead inside Triton at 40 per second: a 1 s budget cannot be met.
     assert (second, reason) == (429, "deadline_unmeetable")
+
+
+def test_loadtest_reads_the_real_server_through_the_gateway_and_alone(tritonserver, start_gateway, tmp_path):
+    """The kit against any KServe v2 endpoint: the gateway in front of Triton, and Triton itself,
+    its own metrics scraped as the engine's."""
+    gateway = start_gateway(triton_config(tritonserver))
+    body = tmp_path / "body.json"
+    body.write_text(json.dumps(BATCH))
+    runs = {
+        "gateway": (gateway.url, "sim", gateway.url + "/metrics"),
+        "triton": (tritonserver.url, "sleep_ms", "none"),
+    }
+    for name, (target, model, gateway_metrics) in runs.items():
+        ran = loadtest(
+            "--target", target, "--model", model, "--body", str(body), "--rate", "15", "--duration", "2",
+            "--engine-metrics", tritonserver.metrics_url, "--gateway-metrics", gateway_metrics,
+            "--out", str(tmp_path / name),
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        run = read_report(tmp_path / name)["runs"][0]
+        overall = run["overall"]
+        assert overall["served"] == overall["sent"] > 15, overall
+        assert overall["latency_ms"]["p50"] >= 100  # Triton's model sleeps 100 ms
+        engine = [s for s in run["scrapes"] if s["source"] == "engine"]
+        assert (
+            engine
+            and all(s["ok"] for s in engine)
+            and "nv_inference_pending_request_count" in engine[-1]["values"]
+        )
+        if name == "gateway":
+            assert overall["upstream_ms"]["p50"] >= 100 and overall["queue_ms"]["p50"] is not None
+        else:
+            assert overall["upstream_ms"]["p50"] is None  # Triton sends no Server-Timing
 
 
 def _post(url: str):

@@ -115,10 +115,11 @@ async def run(
         prepared.append(Prepared(path, data, headers, False, arrival.deadline_ms / 1000))
     sends = [KitArrival(a.at_s, index) for index, a in enumerate(schedule)]
     records, _ = await client.run(url, sends, prepared, timeout_factor=timeout_factor)
-    return [_outcome(schedule[record.arrival.traffic], record) for record in records]
+    return [outcome_of(schedule[record.arrival.traffic], record) for record in records]
 
 
-def _outcome(arrival: Arrival, record: client.RequestRecord) -> Outcome:
+def outcome_of(arrival: Arrival, record: client.RequestRecord) -> Outcome:
+    """A kit record as the benchmarks' Outcome: its last answer, latency from the scheduled send."""
     answer = record.final
     if answer.status is None:
         return Outcome(arrival, None, record.latency_s, error=answer.reason)

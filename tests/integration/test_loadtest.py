@@ -245,3 +245,29 @@ def test_a_recommendation_without_the_pools_slots_says_what_to_give_and_the_run_
     assert ran.returncode == 2 and "--gateway-metrics" in ran.stderr and "--slots-per-backend" in ran.stderr
     assert read_report(out)["runs"][0]["overall"]["served"] > 20
     assert (out / "report.html").is_file() and not (out / "recommendation.json").exists()
+
+
+def test_grpc_clients_following_the_pushback_at_1_5x_are_reported_as_http_ones(
+    start_sim, start_gateway, tmp_path
+):
+    sim = start_sim(slots=8, base_ms=40)
+    gateway = start_gateway(gateway_config([(sim.url, 8)], grpc_listen={"host": "127.0.0.1", "port": 0}))
+    out = tmp_path / "grpc"
+    ran = loadtest(
+        "--target", f"grpc://{gateway.grpc_target}", "--model", "sim", "--kind", "grpc", "--rate", "300",
+        "--duration", "3", "--retry-after", "3", "--gateway-metrics", gateway.url + "/metrics",
+        "--out", str(out),
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    run = read_report(out)["runs"][0]
+    overall = run["overall"]
+    refused_first = overall["first_attempt_refused_by_reason"]
+    assert sum(refused_first.values()) > 0.1 and set(refused_first) <= {
+        "deadline_unmeetable", "queue_full", "deadline_expired_in_queue"
+    }, refused_first  # fmt: skip
+    assert overall["first_retry_admitted"] > 0.5 and overall["served_eventually"] > 0.95, overall
+    assert overall["queue_ms"]["p99"] is not None and overall["upstream_ms"]["p50"] >= 40  # server-timing
+    assert any(
+        s["ok"] and s["values"].get("gateway_queue_depth{priority=low}", 0) > 0 for s in run["scrapes"]
+    )
+    assert gateway.metric("gateway_retries_total", model="sim", priority="low") >= overall["retried"] > 0

@@ -97,20 +97,21 @@ async def test_requests_straight_to_triton_make_the_gateway_admit_less(tritonser
 
 
 def test_loadtest_reads_the_real_server_through_the_gateway_and_alone(tritonserver, start_gateway, tmp_path):
-    """The kit against any KServe v2 endpoint: the gateway in front of Triton, and Triton itself,
-    its own metrics scraped as the engine's."""
+    """The kit against any KServe v2 endpoint: the gateway in front of Triton, and Triton itself over
+    HTTP and gRPC, its own metrics scraped as the engine's."""
     gateway = start_gateway(triton_config(tritonserver))
     body = tmp_path / "body.json"
     body.write_text(json.dumps(BATCH))
     runs = {
-        "gateway": (gateway.url, "sim", gateway.url + "/metrics"),
-        "triton": (tritonserver.url, "sleep_ms", "none"),
+        "gateway": (gateway.url, "sim", gateway.url + "/metrics", "infer"),
+        "triton": (tritonserver.url, "sleep_ms", "none", "infer"),
+        "triton-grpc": (f"grpc://127.0.0.1:{tritonserver.grpc_port}", "sleep_ms", "none", "grpc"),
     }
-    for name, (target, model, gateway_metrics) in runs.items():
+    for name, (target, model, gateway_metrics, kind) in runs.items():
         ran = loadtest(
-            "--target", target, "--model", model, "--body", str(body), "--rate", "15", "--duration", "2",
-            "--engine-metrics", tritonserver.metrics_url, "--gateway-metrics", gateway_metrics,
-            "--out", str(tmp_path / name),
+            "--target", target, "--model", model, "--kind", kind, "--body", str(body), "--rate", "15",
+            "--duration", "2", "--engine-metrics", tritonserver.metrics_url, "--gateway-metrics",
+            gateway_metrics, "--out", str(tmp_path / name),
         )  # fmt: skip
         assert ran.returncode == 0, ran.stderr
         run = read_report(tmp_path / name)["runs"][0]

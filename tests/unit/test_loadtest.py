@@ -28,6 +28,7 @@ from gateway.tools.loadtest.client import (
     server_timing,
 )
 from gateway.tools.loadtest.command import _command_line, _ProgressBar
+from gateway.tools.loadtest.grpc_calls import infer_request
 from gateway.tools.loadtest.recommend import (
     Pool,
     RecommendError,
@@ -365,3 +366,37 @@ def test_the_report_never_writes_an_api_key():
     shown = _command_line(argv)
     assert "sk-secret-123" not in shown and "sk-other-456" not in " ".join(shown)
     assert shown[:4] == ["inference-gateway", "loadtest", "--api-key", "<key>"]
+
+
+def test_a_kserve_body_becomes_a_model_infer_request_with_typed_contents():
+    body = {
+        "id": "r1",
+        "inputs": [
+            {"name": "A", "shape": [1, 2], "datatype": "FP32", "data": [[1.5, 2.5]]},
+            {"name": "B", "shape": [2], "datatype": "INT64", "data": [3, 4]},
+            {"name": "C", "shape": [1], "datatype": "BYTES", "data": ["hé"]},
+            {"name": "D", "shape": [1], "datatype": "BOOL", "data": [True]},
+        ],
+        "outputs": [{"name": "OUT"}],
+    }
+    request = infer_request("m", body)
+    assert request.model_name == "m" and request.id == "r1" and [o.name for o in request.outputs] == ["OUT"]
+    a, b, c, d = request.inputs
+    assert list(a.shape) == [1, 2] and list(a.contents.fp32_contents) == [1.5, 2.5]
+    assert list(b.contents.int64_contents) == [3, 4] and list(c.contents.bytes_contents) == ["hé".encode()]
+    assert list(d.contents.bool_contents) == [True]
+    with pytest.raises(ScenarioError, match="FP16"):
+        infer_request("m", {"inputs": [{"name": "H", "shape": [1], "datatype": "FP16", "data": [1]}]})
+    with pytest.raises(ScenarioError, match="name, datatype, shape"):
+        infer_request("m", {"inputs": [{"datatype": "FP32", "data": [1]}]})
+
+
+def test_grpc_traffic_sends_its_headers_as_metadata():
+    prepared = prepare(Traffic("g", kind="grpc", priority="high", tenant="acme", size=3), "m")
+    assert prepared.rpc.model_name == "m" and list(prepared.rpc.inputs[0].shape) == [1, 3]
+    assert dict(prepared.metadata) == {
+        "x-request-timeout-ms": "1000",
+        "x-priority": "high",
+        "x-tenant": "acme",
+    }
+    assert dict(prepared.retry(1).metadata)["x-retry-attempt"] == "1"

@@ -13,12 +13,16 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from gateway.tools.loadtest.requests import Prepared
 from gateway.tools.loadtest.scrape import Scrape, scrape_until
 from gateway.tools.loadtest.workload import Arrival
+
+if TYPE_CHECKING:
+    from gateway.tools.loadtest.grpc_calls import Channels
 
 RETRIED_STATUSES = frozenset({429, 503})
 """Answers a client following Retry-After tries again, when they carry the advice."""
@@ -121,6 +125,7 @@ async def run(
     stop_scraping = asyncio.Event()
     state = Progress(len(schedule))
     route = _route(url)
+    channels = _grpc_channels() if any(p.rpc is not None for p in prepared) else None
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
     async with aiohttp.ClientSession(connector=connector) as session:
         started = time.monotonic()
@@ -130,13 +135,16 @@ async def run(
 
         async def one(arrival: Arrival, index: int) -> None:
             request = prepared[arrival.traffic]
-            timeout = aiohttp.ClientTimeout(total=request.deadline_s * timeout_factor + 1)
+            timeout_s = request.deadline_s * timeout_factor + 1
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
             record = RequestRecord(arrival, [])
             while True:
                 sent = request if not record.attempts else request.retry(len(record.attempts))
-                attempt = await _attempt(
-                    session, route(index, len(record.attempts)) + sent.path, sent, timeout, clock
-                )
+                target = route(index, len(record.attempts))
+                if sent.rpc is not None and channels is not None:
+                    attempt = await channels.call(target, sent.rpc, sent.metadata, timeout_s, clock)
+                else:
+                    attempt = await _attempt(session, target + sent.path, sent, timeout, clock)
                 record.attempts.append(attempt)
                 wait_s = _wait_before_retry(attempt, len(record.attempts), retrying)
                 if wait_s is None:
@@ -168,11 +176,19 @@ async def run(
             stop_scraping.set()
             if scraper is not None:
                 await scraper
+            if channels is not None:
+                await channels.close()
             if ticker is not None:
                 ticker.cancel()
                 progress(state, clock())  # type: ignore[misc]
     records.sort(key=lambda r: r.arrival.at_s)
     return records, scrapes
+
+
+def _grpc_channels() -> Channels:
+    from gateway.tools.loadtest.grpc_calls import Channels  # grpcio only where it is used
+
+    return Channels()
 
 
 def _route(url: str | Sequence[str] | Route) -> Route:

@@ -38,7 +38,9 @@ def register(commands: Any) -> None:
     load = commands.add_parser(
         "loadtest", help="open-loop load at a rate or a sweep, with a report", description=__doc__
     )
-    load.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8080")
+    load.add_argument(
+        "--target", required=True, help="base URL, e.g. http://127.0.0.1:8080 (--kind grpc: grpc://HOST:PORT)"
+    )
     load.add_argument("--model", required=True, help="the model to ask (path for KServe, body for OpenAI)")
     what = load.add_argument_group("what one request is (or --scenario)")
     what.add_argument("--kind", choices=KINDS, default="infer")
@@ -100,6 +102,8 @@ def register(commands: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         scenario = _scenario(args)
+        for traffic in scenario.traffic:
+            prepare(traffic, args.model)  # a body the transport cannot send is told before any load
         rates = _fixed_rates(args)
         predicted = _read_json(args.compare) if args.compare is not None else None
     except ScenarioError as error:
@@ -249,8 +253,10 @@ def _run_step(
     schedule = arrivals(scenario, rate, args.duration, seed=args.seed + step)
     prepared = [prepare(traffic, args.model) for traffic in scenario.traffic]
     metrics = {}
-    if args.gateway_metrics != "none":
-        metrics["gateway"] = args.gateway_metrics or args.target.rstrip("/") + "/metrics"
+    if args.gateway_metrics is not None and args.gateway_metrics != "none":
+        metrics["gateway"] = args.gateway_metrics
+    elif args.gateway_metrics is None and args.target.startswith(("http://", "https://")):
+        metrics["gateway"] = args.target.rstrip("/") + "/metrics"
     if args.engine_metrics:
         metrics["engine"] = args.engine_metrics
     offered = total_rate(scenario, rate)

@@ -1,9 +1,11 @@
-"""The HTTP request each traffic entry sends: path, body and headers, built once per entry."""
+"""The request each traffic entry sends, built once per entry: an HTTP path, body and headers, or a
+gRPC `ModelInferRequest` (gateway/tools/loadtest/grpc_calls.py) with the headers as metadata."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from typing import Any
 
 from gateway.tools.loadtest.workload import Traffic
 
@@ -17,6 +19,13 @@ class Prepared:
     headers: dict[str, str]
     stream: bool
     deadline_s: float
+    rpc: Any = None
+    """A gRPC `ModelInferRequest`, sent instead of the HTTP body (kind `grpc`)."""
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Its headers as gRPC metadata (lower-case keys; no content type)."""
+        return tuple((k.lower(), v) for k, v in self.headers.items() if k.lower() != "content-type")
 
     def retry(self, attempt: int) -> Prepared:
         """The same request sent again, saying so (the gateway counts retries: gateway_retries_total)."""
@@ -33,6 +42,11 @@ def prepare(traffic: Traffic, model: str) -> Prepared:
     if traffic.api_key is not None:
         headers["Authorization"] = f"Bearer {traffic.api_key}"
     headers.update(traffic.headers)
+    if traffic.kind == "grpc":
+        from gateway.tools.loadtest.grpc_calls import infer_request  # grpcio only where it is used
+
+        body = dict(traffic.body) if traffic.body is not None else _tensor_body(traffic.size)
+        return Prepared("", b"", headers, False, traffic.deadline_ms / 1000, infer_request(model, body))
     if traffic.kind == "infer":
         path = f"/v2/models/{model}/infer"
         body = dict(traffic.body) if traffic.body is not None else _tensor_body(traffic.size)

@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-KINDS = ("infer", "chat", "completion")
+KINDS = ("infer", "chat", "completion", "grpc")
+"""KServe v2 infer over HTTP, OpenAI chat and completions, and KServe v2 `ModelInfer` over gRPC."""
 
 
 class ScenarioError(ValueError):
@@ -46,7 +47,7 @@ class Traffic:
     deadline_ms: float = 1000.0
     """Sent as X-Request-Timeout-Ms; an answer later than this (from the scheduled send) is not good."""
     size: int = 4
-    """infer: elements of the FP32 input tensor; chat and completion: max_tokens."""
+    """infer and grpc: elements of the FP32 input tensor; chat and completion: max_tokens."""
     prompt_words: int = 16
     """chat and completion: the prompt's length in words."""
     body: Mapping[str, Any] | None = None

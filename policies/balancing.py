@@ -36,6 +36,20 @@ def pick_backend(backends: Sequence[SlotView]) -> int | None:
     return best
 
 
+def least_loaded(backends: Sequence[SlotView]) -> int | None:
+    """The index of the least loaded ready backend, free slot or not (where a sequence's first
+    request is pinned: policies.sequences), or None when none is ready."""
+    best: int | None = None
+    best_load = 0.0
+    for index, backend in enumerate(backends):
+        if not backend.ready or backend.max_concurrency <= 0:
+            continue
+        load = (backend.inflight + backend.external_waiting) / backend.max_concurrency
+        if best is None or load < best_load:
+            best, best_load = index, load
+    return best
+
+
 def free_slots(backends: Sequence[SlotView]) -> int:
     """Slots free on ready backends."""
     return sum(max(0, backend.max_concurrency - backend.inflight) for backend in backends if backend.ready)

@@ -10,6 +10,9 @@
 - With quotas (policies.quotas), the lowest head whose tenant may start now; while an owner under
   its quota waits (its head in any band), no new borrowing starts. A band whose every head is held
   back by quotas lets a less urgent band take the slot.
+- A request of a sequence (policies.sequences) waits apart for its backend's slot: when that
+  backend has one free, it goes first if its band is at least as urgent as the head above would
+  be (strict priority kept; within its band a sequence's next request does not wait its turn).
 """
 
 from __future__ import annotations
@@ -86,3 +89,9 @@ def next_flow(
             if quotas.starts(head.tenant, head.cost, waiting):
                 return band, head
     return None
+
+
+def pinned_goes_first(pinned_band: int, found: tuple[int, Head] | None) -> bool:
+    """Whether a sequence's request, of `pinned_band`, whose backend has a slot free, takes it
+    before the head `next_flow` found (None: none may take a slot)."""
+    return found is None or pinned_band <= found[0]

@@ -33,6 +33,7 @@ from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.backends import ModelPool
 from policies.outcomes import Outcome
+from policies.sequences import SequenceRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,8 @@ class RequestMeta:
     default flow (an unchecked X-Tenant value never makes a flow of its own)."""
     retry: bool = False
     """The client says this is a retry (of a refused or failed request)."""
+    sequence: SequenceRef | None = None
+    """The sequence it belongs to (policies.sequences), read from its parameters by its ingress."""
 
 
 class SlotWork(Protocol):
@@ -131,8 +134,9 @@ def _acquire(
     flow = Flow(model, meta.band, meta.flow_tenant)
     exemplar = trace.exemplar if trace is not None else None
     return controller.acquire(
-        flow, cost, meta.budget_s, until_disconnect, on_grant, batching, body_bytes, kind, exemplar
-    )
+        flow, cost, meta.budget_s, until_disconnect, on_grant, batching, body_bytes, kind, exemplar,
+        meta.sequence,
+    )  # fmt: skip
 
 
 class AdmittedCall:

@@ -42,6 +42,7 @@ from policies.outcomes import Outcome
 from policies.queued_bytes import ByteLimits, bytes_excess_wait_s, model_bound_binds
 from policies.quotas import Quota
 from policies.retry_after import retry_after_s
+from policies.sequences import SequenceRef
 from policies.shedding import BacklogLimits, first_shed_band, shed_excess_wait_s
 from policies.wait import QueueStats, Throughput
 
@@ -103,6 +104,7 @@ class AdmissionController:
         body_bytes: int = 0,
         kind: str = "",
         exemplar: dict[str, str] | None = None,
+        sequence: SequenceRef | None = None,
     ) -> Lease | Refusal:
         """A slot for a request of `flow` that costs `cost` work units, or the reason it gets none.
 
@@ -113,6 +115,7 @@ class AdmissionController:
         `body_bytes` (its body, held in this replica) counts against the queued-bytes bound until
         it leaves the queue. `kind`: the request's kind (policies.request_kinds), for its service time.
         `exemplar`: its trace id, where traced and sampled, kept beside its queue wait's bucket.
+        `sequence`: the sequence it belongs to, whose backend the store pins it to.
         """
         model, band = flow.model, flow.band
         arrived_at = self._clock()
@@ -132,7 +135,7 @@ class AdmissionController:
         if body_bytes and (excess := self._queued_bytes.hold(model, body_bytes)) > 0:
             # No room to queue its body; a slot free this moment it may still take (a limit of no
             # work ahead), since bodies count only while they wait.
-            now = await self._slot_now(flow, request, arrived_at, batching, on_grant, exemplar)
+            now = await self._slot_now(flow, request, arrived_at, batching, on_grant, exemplar, sequence)
             return (
                 self._too_many_bytes(model, request, throughput, excess, body_bytes) if now is None else now
             )
@@ -147,6 +150,7 @@ class AdmissionController:
                 on_grant,
                 batching,
                 exemplar,
+                sequence,
             )
         finally:
             if body_bytes:
@@ -163,6 +167,7 @@ class AdmissionController:
         on_grant: Callable[[Slot], None] | None,
         batching: Batching | None,
         exemplar: dict[str, str] | None = None,
+        sequence: SequenceRef | None = None,
     ) -> Lease | Refusal:
         """Offer the request to the store and, if it is queued, wait for its slot."""
         model, band, cost = flow.model, flow.band, request.cost
@@ -177,7 +182,7 @@ class AdmissionController:
         if batching is not None and batching.max_delay_s > 0:
             batching = self._holds.decide(flow, batching, cost, leave_by, stats.free_for(band))
         offering = self._store.offer(
-            flow, cost, allowed_s, limit, arrived_at, batching, on_grant, request.kind, reach
+            flow, cost, allowed_s, limit, arrived_at, batching, on_grant, request.kind, reach, sequence
         )
         offer = await (offering if batching is None else self._holds.offering(flow, batching, offering))
         if isinstance(offer, Full) and not offer.at_cap and offer.stats != stats:
@@ -189,8 +194,9 @@ class AdmissionController:
             if fresh.work_before_grant(band, flow.tenant, throughput.handover_cost, cost, reach) <= limit:
                 stats = fresh
                 offering = self._store.offer(
-                    flow, cost, allowed_s, limit, arrived_at, batching, on_grant, request.kind, reach
-                )
+                    flow, cost, allowed_s, limit, arrived_at, batching, on_grant, request.kind, reach,
+                    sequence,
+                )  # fmt: skip
                 offer = await (
                     offering if batching is None else self._holds.offering(flow, batching, offering)
                 )
@@ -252,9 +258,12 @@ class AdmissionController:
         batching: Batching | None,
         on_grant: Callable[[Slot], None] | None,
         exemplar: dict[str, str] | None = None,
+        sequence: SequenceRef | None = None,
     ) -> Lease | None:
         """A slot free this moment, or None: the offer's limit of no work ahead keeps it from queuing."""
-        offer = await self._store.offer(flow, request.cost, 0.0, 0.0, arrived_at, batching, kind=request.kind)
+        offer = await self._store.offer(
+            flow, request.cost, 0.0, 0.0, arrived_at, batching, kind=request.kind, sequence=sequence
+        )
         if isinstance(offer, Granted):
             return self._granted_now(offer.slot, flow, on_grant, exemplar)
         if isinstance(offer, Queued):  # not for a limit of 0, unless a store rounds it differently

@@ -33,6 +33,7 @@ from gateway.upstream.backends import ModelPool
 from gateway.upstream.exchange import Forwarder, UpstreamExchange, UpstreamRequest
 from policies.outcomes import Outcome
 from policies.request_kinds import request_kind
+from policies.sequences import sequence_of
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -139,6 +140,13 @@ class GrpcInference:
         if pool is None:
             detail = repr(model) if model else "ModelInferRequest.model_name is empty"
             return self._fail(record, Outcome.UNKNOWN_MODEL, priority=meta.priority, detail=detail)
+        if "sequence_id" in request.parameters:
+            sequence = sequence_of(parameter_values(request.parameters))
+            if isinstance(sequence, str):
+                return self._fail(
+                    record, Outcome.BAD_REQUEST, model=model, priority=meta.priority, detail=sequence
+                )
+            meta = replace(meta, sequence=sequence)
         try:
             body, header_length = request_body(request)
         except TensorError as error:

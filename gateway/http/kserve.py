@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -17,7 +18,7 @@ from gateway.flow.request_meta import Problem, RequestClassifier
 from gateway.http.asgi_io import read_body, send_response
 from gateway.http.batches import batch_part
 from gateway.http.intake import AdmittedEndpoint, upstream_request
-from gateway.http.pricing import batch_items, request_parameter
+from gateway.http.pricing import batch_items, request_parameter, request_parameters
 from gateway.http.relay import send_error
 from gateway.telemetry.access_log import AccessLog, AccessRecord
 from gateway.telemetry.metrics import GatewayMetrics
@@ -27,6 +28,7 @@ from gateway.upstream.exchange import Forwarder
 from gateway.upstream.reply import UpstreamError
 from gateway.version import package_version
 from policies.outcomes import Outcome
+from policies.sequences import sequence_of
 
 
 class InferEndpoint(AdmittedEndpoint):
@@ -58,6 +60,12 @@ class InferEndpoint(AdmittedEndpoint):
             if isinstance(meta, Problem):
                 await self.fail(scope, send, meta.outcome, model=model, detail=meta.detail)
                 return
+        if b"sequence_id" in body:  # read only where it may be: a body may be megabytes of JSON
+            sequence = sequence_of(request_parameters(body, scope["headers"]))
+            if isinstance(sequence, str):
+                await self.fail(scope, send, Outcome.BAD_REQUEST, model=model, detail=sequence)
+                return
+            meta = replace(meta, sequence=sequence)
         limits = pool.batch_limits
         part = None if limits is None else batch_part(scope, body, limits, intake.header_rules)
         if part is not None and limits is not None:

@@ -40,14 +40,19 @@ def batch_items(body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> float:
 def request_parameter(body: bytes, headers: Iterable[tuple[bytes, bytes]], name: str) -> object:
     """A KServe v2 request's `parameters[name]` (JSON, or a binary body's JSON header), or None
     where it has none or cannot be read (the backend judges such a body)."""
+    return request_parameters(body, headers).get(name)
+
+
+def request_parameters(body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> dict[str, object]:
+    """A KServe v2 request's `parameters`, {} where it has none or they cannot be read."""
     length = header_length_of(headers)
     if length is not None and not 0 <= length <= len(body):
-        return None
+        return {}
     try:
         parameters = json.loads(body if length is None else body[:length]).get("parameters")
     except (ValueError, AttributeError, RecursionError):
-        return None
-    return parameters.get(name) if isinstance(parameters, dict) else None
+        return {}
+    return parameters if isinstance(parameters, dict) else {}
 
 
 def prompt_chars(payload: dict[str, Any]) -> int:

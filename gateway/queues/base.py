@@ -31,6 +31,7 @@ from typing import Protocol
 from gateway.upstream.backends import BackendState
 from policies.outcomes import Outcome
 from policies.return_schedule import Promised, ReturnSchedule
+from policies.sequences import SequenceRef
 from policies.wait import QueueStats, Throughput
 
 log = logging.getLogger("gateway.queues")
@@ -118,6 +119,10 @@ class Ticket:
     claimed: bool = False
     """Its hook took the granted slot: the caller releases it (once its backend is done), even if
     the wait is withdrawn before the waiter runs. Else a withdrawn grant goes back unused."""
+    sequence: SequenceRef | None = None
+    """The sequence it belongs to (policies.sequences), whose backend it is pinned to."""
+    backend: str | None = None
+    """The backend (url) it may take a slot on only, its sequence's; None: any."""
 
     @property
     def model(self) -> str:
@@ -242,6 +247,7 @@ class RequestQueue(Protocol):
         on_grant: Callable[[Slot], None] | None = None,
         kind: str = "",
         reach: Mapping[str, float] | None = None,
+        sequence: SequenceRef | None = None,
     ) -> Offer:
         """Grant a free slot, queue, or refuse when the work to drain before it gets a slot
         exceeds `max_work`: the work queued ahead of it (its band and the more urgent ones) plus
@@ -256,6 +262,8 @@ class RequestQueue(Protocol):
         `reach`: the most work each other flow of its band may send within its allowance
         (policies.admission.offer_reach); what of it goes ahead of its turn counts in the check
         (policies.wait.work_before_grant), from the store's state at the check.
+        `sequence`: the sequence it belongs to (policies.sequences): the memory store grants it a
+        slot only on its sequence's backend. The Redis store does not pin sequences yet.
         """
         ...
 

@@ -38,6 +38,7 @@ from gateway.queues.redis.store import RedisQueue
 from gateway.supervision import Loop, Supervisor
 from gateway.upstream.backends import ModelPool
 from policies.outcomes import Outcome
+from policies.sequences import SequenceRef
 from policies.wait import QueueStats, Throughput
 
 log = logging.getLogger("gateway.store")
@@ -158,8 +159,9 @@ class FailoverQueue:
         on_grant: Callable[[Slot], None] | None = None,
         kind: str = "",
         reach: Mapping[str, float] | None = None,
+        sequence: SequenceRef | None = None,
     ) -> Offer:
-        args = (flow, cost, allowed_wait_s, max_work, now, batching, on_grant, kind, reach)
+        args = (flow, cost, allowed_wait_s, max_work, now, batching, on_grant, kind, reach, sequence)
         if self.up:
             try:
                 return await self._redis.offer(*args)

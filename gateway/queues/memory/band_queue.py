@@ -8,7 +8,7 @@ import heapq
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.queues.base import Ticket
+from gateway.queues.base import Batching, Ticket
 from policies.fairness import (
     FairTurns,
     finish_after,
@@ -42,6 +42,10 @@ class BandQueue:
     """Each backlogged flow's live head and its start tag."""
     weights: dict[str, float] = field(default_factory=dict)
     """The weight of each flow admitted, queued or granted at once (as the Redis store keeps them)."""
+    pinned: list[Ticket] = field(default_factory=list)
+    """Requests of sequences, each waiting for its backend's slot, in arrival order (withdrawn ones
+    dropped as they are met). Counted in the band's count, work and flows' queued work, not in
+    the flows' heaps: a request pinned to a busy backend holds back no request behind it."""
 
     def follow_head(self, tenant: str, live: set[Ticket]) -> None:
         """Drop withdrawn tickets off the top of `tenant`'s heap (lazy deletion) and tag its live
@@ -109,3 +113,25 @@ class BandQueue:
         weights = {name: weight_of(name) for name in self.weights}
         finish = {name: self.joining_start(name) for name in self.weights}
         return FairTurns(self.virtual_time, finish, dict(self.queued), weights)
+
+
+def clean_head(heap: list[HeapEntry], live: set[Ticket]) -> bool:
+    """Drop withdrawn tickets off the heap's top; True when a live one is left."""
+    while heap and heap[0][2] not in live:
+        heapq.heappop(heap)
+    return bool(heap)
+
+
+def batch_behind(heap: list[HeapEntry], live: set[Ticket], batching: Batching, cost: float) -> list[Ticket]:
+    """The tickets behind a batch's leader of `cost` that join its batch, popped off `heap`."""
+    followers: list[Ticket] = []
+    while clean_head(heap, live):
+        ticket = heap[0][2]
+        if ticket.batching is None or ticket.batching.key != batching.key:
+            break
+        if cost + ticket.cost > batching.max_cost:
+            break
+        heapq.heappop(heap)
+        followers.append(ticket)
+        cost += ticket.cost
+    return followers

@@ -14,14 +14,15 @@ import heapq
 import itertools
 from collections.abc import Callable, Mapping
 
-from gateway.queues.base import Batching, Flow, Reservations, Slot, Ticket, reserved_now
+from gateway.queues.base import Flow, Reservations, Slot, Ticket, reserved_now
 from gateway.queues.estimates import PoolEstimates, StoreCounters
-from gateway.queues.memory.band_queue import BandQueue, HeapEntry
+from gateway.queues.memory.band_queue import BandQueue, batch_behind, clean_head
+from gateway.queues.memory.pins import SequencePins, next_pinned
 from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import BackendState, ModelPool
 from policies.balancing import free_slots
-from policies.dispatch import Head, QuotaState, next_flow
+from policies.dispatch import Head, QuotaState, next_flow, pinned_goes_first
 from policies.displacement import (
     OVERDUE_CHECKED,
     Queued,
@@ -70,6 +71,7 @@ class ModelQueue:
         self.live: set[Ticket] = set()
         self.running: dict[Slot, float] = {}
         """The slots in use, with when each was handed over (its request's age follows)."""
+        self.pins = SequencePins()
         self.estimates = PoolEstimates(bands, pool.expected_service_s, estimation)
         self.counters = StoreCounters.empty(bands)
         # Set after a hand-over that left requests waiting: the gap to the next hand-over is then a
@@ -186,7 +188,7 @@ class ModelQueue:
         return [
             Head(heap[0][0], heap[0][1], tenant, heap[0][2].cost)
             for tenant, heap in queue.flows.items()
-            if self._clean_head(heap)
+            if clean_head(heap, self.live)
         ]
 
     def room_for(self, band: int, cost: float) -> bool:
@@ -301,7 +303,10 @@ class ModelQueue:
         the same for all, so that its flow is first come, first served by `sequence`)."""
         band = self.bands[ticket.band]
         tenant = ticket.flow.tenant
-        heapq.heappush(band.flows.setdefault(tenant, []), (rank, sequence, ticket))
+        if ticket.backend is None:
+            heapq.heappush(band.flows.setdefault(tenant, []), (rank, sequence, ticket))
+        else:  # pinned: waits apart, for its backend's slot (gateway/queues/memory/pins.py)
+            band.pinned.append(ticket)
         band.count += 1
         band.work += ticket.cost
         band.queued[tenant] = band.queued.get(tenant, 0.0) + ticket.cost
@@ -347,13 +352,19 @@ class ModelQueue:
 
     def pop_next(self) -> list[Ticket]:
         """The next tickets to get a slot, removed from the queue: the head policies.dispatch picks
-        (most urgent band, lowest head score, quotas and reservations), and the batch it leads."""
+        (most urgent band, lowest head score, quotas and reservations), and the batch it leads; or
+        a request of a sequence whose backend has a slot free (policies.sequences)."""
         found = next_flow(
             [band.count for band in self.bands],
             self.heads,
             self.usable if self.reserved else None,
             self.quota_state(),
         )
+        pinned = next_pinned(self.bands, self.live, self.capacity, self.usable, self.may_start)
+        if pinned is not None and pinned_goes_first(pinned[0], found):
+            self.bands[pinned[0]].pinned.remove(pinned[1])
+            self._forget(pinned[1])
+            return [pinned[1]]
         if found is None:
             return []
         index, head = found
@@ -363,33 +374,15 @@ class ModelQueue:
         self._forget(leader)
         taken = [leader]
         if leader.batching is not None:
-            taken += self._batch_behind(heap, leader.batching, leader.cost)
+            for follower in batch_behind(heap, self.live, leader.batching, leader.cost):
+                self._forget(follower)
+                taken.append(follower)
         if self.weight_of is not None:
             band.handed(head.tenant, taken)
             band.follow_head(head.tenant, self.live)
         elif not heap:
             del band.flows[head.tenant]
         return taken
-
-    def _batch_behind(self, heap: list[HeapEntry], batching: Batching, cost: float) -> list[Ticket]:
-        followers: list[Ticket] = []
-        while self._clean_head(heap):
-            ticket = heap[0][2]
-            if ticket.batching is None or ticket.batching.key != batching.key:
-                break
-            if cost + ticket.cost > batching.max_cost:
-                break
-            heapq.heappop(heap)
-            self._forget(ticket)
-            followers.append(ticket)
-            cost += ticket.cost
-        return followers
-
-    def _clean_head(self, heap: list[HeapEntry]) -> bool:
-        """Drop withdrawn tickets off the heap's top; True when a live one is left."""
-        while heap and heap[0][2] not in self.live:
-            heapq.heappop(heap)
-        return bool(heap)
 
 
 def _batch_max(ticket: Ticket) -> float | None:

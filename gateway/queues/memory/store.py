@@ -27,6 +27,7 @@ from gateway.queues.base import (
     Ticket,
 )
 from gateway.queues.memory.model_queue import ModelQueue
+from gateway.queues.memory.pins import has_room, index_of
 from gateway.queues.shares import Capacity
 from gateway.settings import Estimation
 from gateway.upstream.backends import ModelPool
@@ -35,6 +36,7 @@ from policies.displacement import displacement_handovers_per_s
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
 from policies.quotas import Quota
+from policies.sequences import SequenceRef
 from policies.wait import QueueStats, Throughput, work_before_grant
 
 
@@ -98,8 +100,11 @@ class MemoryQueue:
         on_grant: Callable[[Slot], None] | None = None,
         kind: str = "",
         reach: Mapping[str, float] | None = None,
+        sequence: SequenceRef | None = None,
     ) -> Offer:
-        return self.offer_nowait(flow, cost, allowed_wait_s, max_work, now, batching, on_grant, kind, reach)
+        return self.offer_nowait(
+            flow, cost, allowed_wait_s, max_work, now, batching, on_grant, kind, reach, sequence
+        )
 
     def offer_nowait(
         self,
@@ -112,8 +117,10 @@ class MemoryQueue:
         on_grant: Callable[[Slot], None] | None = None,
         kind: str = "",
         reach: Mapping[str, float] | None = None,
+        sequence: SequenceRef | None = None,
     ) -> Offer:
         queue = self._models[flow.model]
+        pinned = queue.pins.backend_of(sequence, queue.capacity, now) if sequence is not None else None
         per_slot = queue.estimates.handover_cost
         queue.estimates.observe(queue.counters, now)  # closes the counting interval before this one
         if queue.quotas and queue.live and queue.estimates.handover_cost != per_slot:
@@ -130,14 +137,23 @@ class MemoryQueue:
         to_drain = work_before_grant(ahead, free, handover, cost, arriving)
         if to_drain > max_work:
             return Full(queue.stats())
-        immediate = free > 0 and ahead == 0 and queue.may_start(flow.tenant, cost)
+        immediate = (
+            free > 0
+            and ahead == 0
+            and queue.may_start(flow.tenant, cost)
+            and (pinned is None or has_room(queue.capacity, pinned))
+        )
         if not immediate and not queue.room_for(flow.band, cost):
             return Full(queue.stats(), at_cap=True)
         counters.count_admitted(flow.band, flow.tenant, cost)
         queue.joins(flow)
         held = batching is not None and batching.hold
-        if immediate and not held and (index := pick_backend(queue.capacity)) is not None:
-            return Granted(queue.take(index, cost, flow, kind=kind))
+        index = pick_backend(queue.capacity) if pinned is None else index_of(queue.capacity, pinned)
+        if immediate and not held and index is not None:
+            slot = queue.take(index, cost, flow, kind=kind)
+            if sequence is not None:
+                queue.pins.follow(sequence, slot.backend.url, now)
+            return Granted(slot)
         leave_by = now + allowed_wait_s
         ticket = Ticket(
             flow,
@@ -147,6 +163,8 @@ class MemoryQueue:
             leave_by=leave_by,
             kind=kind,
             on_grant=on_grant,
+            sequence=sequence,
+            backend=pinned,
         )
         queue.insert(ticket, self._rank(leave_by), next(self._sequence))
         reclaim = queue.reclaims(flow.tenant, cost)
@@ -319,8 +337,13 @@ class MemoryQueue:
                 continue
             cost = sum(t.cost for t in tickets)
             head = tickets[0]
+            if head.backend is not None:  # pinned: dispatch gave it only with a slot free there
+                index = index_of(queue.capacity, head.backend)
+                assert index is not None
             batch = tuple(tickets) if len(tickets) > 1 else ()
             slot = queue.take(index, cost, head.flow, batch, "" if batch else head.kind)
+            if head.sequence is not None:
+                queue.pins.follow(head.sequence, slot.backend.url, head.leave_by)
             for ticket in tickets:
                 ticket.grant(slot)
             granted += 1

@@ -1,9 +1,8 @@
 """RedisQueue: one queue and one slot count per model, shared by every gateway replica.
 
-Each check-and-change is one Lua script (lua/*.lua, run by EVALSHA and reloaded on NOSCRIPT), so
-replicas never read and then write across a round trip. Redis holds metadata only: the replica that
-holds a client's connection sends its request when the ticket is granted. Arguments and replies are
-named fields (gateway.queues.redis.codec).
+Each check-and-change is one Lua script (lua/*.lua, by EVALSHA), so replicas never read and then
+write across a round trip. Redis holds metadata only (named fields: gateway.queues.redis.codec): the
+replica that holds a client's connection sends its request when the ticket is granted.
 
 - Offer: admission check, then a slot (a lease) or a place in its flow's sorted set.
 - Grants: the script that frees a slot takes the next ticket (or a batch of one flow) and pushes
@@ -12,10 +11,9 @@ named fields (gateway.queues.redis.codec).
 - Leases: a slot is a lease with a TTL, renewed by its replica's heartbeat while its request runs.
   A replica whose heartbeat lapsed keeps its leases reserved until its work could have ended, its
   tickets are purged, and it comes back by rejoining (gateway.queues.redis.presence).
-- Estimates: the scripts keep raw totals (work offered, admitted, handed over, the gaps between
-  backlogged hand-overs) on Redis's clock, made rates with the memory store's PoolEstimates.
-  Service times are measured locally, plus a script's round trip (ModelState.record_service).
-- Returns promised to refused clients are exchanged on the upkeep loop (gateway/queues/redis/returns.py).
+- Estimates: raw totals on Redis's clock, made rates with PoolEstimates; service times measured
+  locally. Returns promised to refused clients go round on the upkeep loop (redis/returns.py).
+- Sequences are not pinned to a backend yet (the memory store pins them: policies.sequences).
 """
 
 from __future__ import annotations
@@ -48,6 +46,7 @@ from gateway.upstream.backends import ModelPool
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
 from policies.quotas import Quota
+from policies.sequences import SequenceRef
 from policies.wait import QueueStats, Throughput
 
 log = logging.getLogger("gateway.redis")
@@ -174,6 +173,7 @@ class RedisQueue:
         on_grant: Callable[[Slot], None] | None = None,
         kind: str = "",
         reach: Mapping[str, float] | None = None,
+        sequence: SequenceRef | None = None,
     ) -> Offer:
         state = self._models[flow.model]
         if (down := self._loop_down(flow.model)) is not None:

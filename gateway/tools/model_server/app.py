@@ -61,6 +61,7 @@ class SimApp:
         self.priorities: collections.Counter[str] = collections.Counter()
         """The `priority` values inference requests carried (OpenAI's field, KServe's parameter),
         by their JSON text: what a gateway forwarded."""
+        self.sequences: collections.Counter[str] = collections.Counter()
         self._ids = 0
         self.traceparents: collections.deque[str] = collections.deque(maxlen=64)
         """The `traceparent` of the last inference requests that carried one (a gateway's call)."""
@@ -153,6 +154,7 @@ class SimApp:
             "busy_slot_s": stats.busy_slot_s,
             "faults": self.faults.stats(),
             "priorities": dict(self.priorities),
+            "sequences": dict(self.sequences),
             "traceparents": list(self.traceparents),
             **({} if self.continuous is None else {"continuous": _continuous_stats(self.continuous)}),
         }
@@ -208,6 +210,8 @@ class SimApp:
             return
         if "priority" in request.parameters:
             self.priorities[json.dumps(request.parameters["priority"])] += 1
+        if "sequence_id" in request.parameters:  # what a gateway sent this instance, for its tests
+            self.sequences[str(request.parameters["sequence_id"])] += 1
         if not await self._compute(receive, model, self.engine.service.batch_s(request.batch), request.batch):
             return
         answer, json_length = infer_response(model, version, request)

@@ -1,0 +1,153 @@
+"""Sequences (Triton's sequence batcher): every request of a sequence reaches the backend its first
+one got, over HTTP and gRPC, while requests of no sequence go wherever a slot is free. Two real
+simulators, told apart by what each counts as completed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+import yaml
+
+from tests.eventually import eventually
+from tests.integration.servers import gateway_config
+from tests.integration.test_backpressure import clear_the_fault, hang_the_backend, wait_for_hanging
+from tests.integration.test_loadtest import loadtest, read_report
+
+pytestmark = pytest.mark.anyio
+
+
+def sequence_config(a, b, **overrides):
+    classes = [{"name": "high", "max_wait_ms": 5000}, {"name": "low", "max_wait_ms": 5000}]
+    return gateway_config([(a.url, 1), (b.url, 1)], priorities=classes, expected_service_ms=20, **overrides)
+
+
+def infer(sequence_id=None, *, start=False, end=False, value=1.0):
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [value]}]}
+    if sequence_id is not None:
+        body["parameters"] = {"sequence_id": sequence_id, "sequence_start": start, "sequence_end": end}
+    return body
+
+
+async def post(http, gateway, body):
+    async with http.post(gateway.url + "/v2/models/sim/infer", json=body) as reply:
+        return reply.status, await reply.json(content_type=None)
+
+
+def completed(sim) -> int:
+    return sim.stats()["completed"]
+
+
+async def test_a_sequence_waits_for_its_backend_while_others_take_the_free_one(start_sim, start_gateway):
+    a, b = start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
+    gateway = start_gateway(sequence_config(a, b))
+    async with aiohttp.ClientSession() as http:
+        assert (await post(http, gateway, infer(7, start=True)))[0] == 200
+        assert (completed(a), completed(b)) == (1, 0)  # both free: the first listed
+
+        await hang_the_backend(a)
+        held = asyncio.ensure_future(post(http, gateway, infer()))  # A's slot, held there
+        await wait_for_hanging(a, 1)
+        pinned = asyncio.ensure_future(post(http, gateway, infer(7)))
+        await eventually(lambda: gateway.assert_metric("gateway_queue_depth", 1, priority="low"))
+        # B is free, and a request of no sequence takes it past the one that waits for A.
+        status, answer = await post(http, gateway, infer())
+        assert status == 200, answer
+        assert completed(b) == 1 and not pinned.done()
+        gateway.assert_metric("gateway_queue_depth", 1, priority="low")
+
+        await clear_the_fault(a)
+        assert [(await t)[0] for t in (held, pinned)] == [200, 200]
+    assert (completed(a), completed(b)) == (3, 1)
+
+
+async def test_a_sequence_pinned_to_the_second_backend_stays_there_until_a_new_start(
+    start_sim, start_gateway
+):
+    a, b = start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
+    gateway = start_gateway(sequence_config(a, b))
+    async with aiohttp.ClientSession() as http:
+        await hang_the_backend(a)
+        held = asyncio.ensure_future(post(http, gateway, infer()))
+        await wait_for_hanging(a, 1)
+        assert (await post(http, gateway, infer("call-42", start=True)))[0] == 200  # A is busy: B
+        await clear_the_fault(a)
+        assert (await held)[0] == 200
+        assert (completed(a), completed(b)) == (1, 1)
+
+        for last in (False, False, True):  # both free now: the first listed would be A
+            assert (await post(http, gateway, infer("call-42", end=last)))[0] == 200
+        assert (completed(a), completed(b)) == (1, 4)
+        # Ended: its id starts a sequence anew wherever dispatch sends it.
+        assert (await post(http, gateway, infer("call-42", start=True)))[0] == 200
+        assert (completed(a), completed(b)) == (2, 4)
+
+
+async def test_grpc_sequences_are_pinned_as_http_ones(start_sim, start_gateway):
+    a, b = start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
+    gateway = start_gateway(sequence_config(a, b, grpc_listen={"host": "127.0.0.1", "port": 0}))
+    async with aiohttp.ClientSession() as http:
+        await hang_the_backend(a)
+        held = asyncio.ensure_future(post(http, gateway, infer()))
+        await wait_for_hanging(a, 1)
+        client = triton_grpc.InferenceServerClient(gateway.grpc_target)
+        data = np.array([[2.0]], dtype=np.float32)
+        inputs = [triton_grpc.InferInput("INPUT0", [1, 1], "FP32")]
+        inputs[0].set_data_from_numpy(data)
+        await asyncio.to_thread(client.infer, "sim", inputs, sequence_id=9, sequence_start=True)
+        await clear_the_fault(a)
+        assert (await held)[0] == 200
+        for end in (False, True):
+            answer = await asyncio.to_thread(client.infer, "sim", inputs, sequence_id=9, sequence_end=end)
+            assert answer.as_numpy("OUTPUT0").tolist() == [[2.0]]
+        client.close()
+    assert (completed(a), completed(b)) == (1, 3)
+
+
+async def test_a_malformed_sequence_is_a_bad_request(start_sim, start_gateway):
+    a, b = start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
+    gateway = start_gateway(sequence_config(a, b))
+    async with aiohttp.ClientSession() as http:
+        body = infer(7)
+        body["parameters"]["sequence_start"] = "yes"
+        status, answer = await post(http, gateway, body)
+        assert status == 400 and answer["reason"] == "bad_request" and "sequence_start" in answer["error"]
+        body = infer(-3)
+        status, answer = await post(http, gateway, body)
+        assert status == 400 and "sequence_id" in answer["error"]
+    assert completed(a) + completed(b) == 0
+
+
+async def test_under_open_loop_overload_each_sequence_stays_on_one_backend_and_the_pool_serves(
+    start_sim, start_gateway, tmp_path
+):
+    """1.5x the pool's 200 requests/s for 3 s, a third of it in ten sequences: each sequence's
+    requests all reach one backend, no backend goes above its slots, the pool keeps serving."""
+    a, b = start_sim(slots=4, base_ms=40), start_sim(slots=4, base_ms=40)
+    classes = [{"name": "high", "max_wait_ms": 250}, {"name": "low", "max_wait_ms": 1000}]
+    gateway = start_gateway(
+        gateway_config([(a.url, 4), (b.url, 4)], priorities=classes, expected_service_ms=40)
+    )
+    tensor = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}
+    traffic = [
+        {"name": f"sequence-{i}", "share": 1, "body": {**tensor, "parameters": {"sequence_id": 100 + i}}}
+        for i in range(10)
+    ]
+    traffic.append({"name": "plain", "share": 20})
+    scenario = tmp_path / "sequences.yaml"
+    scenario.write_text(yaml.safe_dump({"traffic": traffic}))
+    ran = await asyncio.to_thread(
+        loadtest, "--target", gateway.url, "--model", "sim", "--scenario", str(scenario), "--rate", "300",
+        "--duration", "3", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    on_a, on_b = a.stats(), b.stats()
+    assert set(on_a["sequences"]).isdisjoint(on_b["sequences"]), (on_a["sequences"], on_b["sequences"])
+    assert len(on_a["sequences"]) + len(on_b["sequences"]) == 10
+    assert on_a["peak_inflight"] <= 4 and on_b["peak_inflight"] <= 4
+    overall = read_report(tmp_path / "run")["runs"][0]["overall"]
+    assert overall["goodput_rps"] > 150, overall  # the pool's 200/s, less what sequences wait for
+    assert on_a["completed"] > 150 and on_b["completed"] > 150  # both backends serve

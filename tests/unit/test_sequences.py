@@ -1,0 +1,92 @@
+"""Sequences: what a request's parameters name, where its sequence is pinned, and what dispatch
+gives a pinned request (policies.sequences, policies.dispatch, gateway/queues/memory/pins.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from gateway.queues.memory.pins import SequencePins, has_room
+from policies.balancing import least_loaded
+from policies.dispatch import Head, pinned_goes_first
+from policies.sequences import PIN_IDLE_S, SequenceRef, sequence_of
+
+
+@pytest.mark.parametrize(
+    ("parameters", "expected"),
+    [
+        ({}, None),
+        ({"sequence_id": 0}, None),
+        ({"sequence_id": ""}, None),
+        ({"sequence_id": 7}, SequenceRef("7")),
+        ({"sequence_id": "call-1", "sequence_start": True}, SequenceRef("call-1", start=True)),
+        ({"sequence_id": 7, "sequence_end": True}, SequenceRef("7", end=True)),
+    ],
+)
+def test_a_request_names_its_sequence_in_its_parameters(parameters, expected):
+    assert sequence_of(parameters) == expected
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"sequence_id": -1},
+        {"sequence_id": 1.5},
+        {"sequence_id": True},
+        {"sequence_id": 3, "sequence_end": "yes"},
+    ],
+)
+def test_a_malformed_sequence_is_told(parameters):
+    assert isinstance(sequence_of(parameters), str)
+
+
+@dataclass
+class Backend:
+    url: str
+    ready: bool = True
+
+
+@dataclass
+class Share:
+    backend: Backend
+    max_concurrency: int = 2
+    inflight: int = 0
+    external_waiting: float = 0.0
+
+    @property
+    def ready(self) -> bool:
+        return self.backend.ready
+
+
+def test_a_sequence_is_pinned_on_arrival_to_the_least_loaded_backend_and_stays_there():
+    pool = [Share(Backend("a"), inflight=2), Share(Backend("b"), inflight=1)]
+    pins = SequencePins()
+    assert pins.backend_of(SequenceRef("s"), pool, now=0.0) == "b"  # pinned at once, full or not
+    pool[1].inflight = 2
+    pool[0].inflight = 0
+    assert pins.backend_of(SequenceRef("s"), pool, now=1.0) == "b"  # a free A does not move it
+    assert not has_room(pool, "b") and has_room(pool, "a")
+    assert pins.backend_of(SequenceRef("s", start=True), pool, now=2.0) == "a"  # a start pins anew
+    pins.follow(SequenceRef("s", end=True), "a", seen_at=3.0)
+    assert len(pins) == 0
+    assert pins.backend_of(SequenceRef("t"), pool, now=0.0) == "a"
+    assert pins.backend_of(SequenceRef("t"), pool, now=PIN_IDLE_S + 1) == "a"  # re-pinned: least loaded
+    pool[0].backend.ready = False
+    assert pins.backend_of(SequenceRef("t"), pool, now=PIN_IDLE_S + 2) == "b"  # its backend went down
+    pool[1].backend.ready = False
+    assert pins.backend_of(SequenceRef("t"), pool, now=PIN_IDLE_S + 3) is None and len(pins) == 0
+
+
+def test_least_loaded_counts_full_backends_and_skips_unready_ones():
+    assert least_loaded([Share(Backend("a"), inflight=2), Share(Backend("b"), inflight=2)]) == 0
+    assert least_loaded([Share(Backend("a", ready=False)), Share(Backend("b"), inflight=2)]) == 1
+    assert least_loaded([]) is None
+
+
+def test_a_pinned_request_goes_first_within_its_band_and_never_before_a_more_urgent_one():
+    head = Head(0.0, 1, "", 1.0)
+    assert pinned_goes_first(1, None)
+    assert pinned_goes_first(1, (1, head))
+    assert pinned_goes_first(0, (1, head))
+    assert not pinned_goes_first(1, (0, head))

@@ -262,9 +262,11 @@ def test_grpc_clients_following_the_pushback_at_1_5x_are_reported_as_http_ones(
     run = read_report(out)["runs"][0]
     overall = run["overall"]
     refused_first = overall["first_attempt_refused_by_reason"]
-    assert sum(refused_first.values()) > 0.1 and set(refused_first) <= {
-        "deadline_unmeetable", "queue_full", "deadline_expired_in_queue"
-    }, refused_first  # fmt: skip
+    shedding = {"deadline_unmeetable", "queue_full", "deadline_expired_in_queue"}
+    shed = sum(share for reason, share in refused_first.items() if reason in shedding)
+    # Load shedding, by its reasons from the gateway's ErrorInfo; the rest (a budget run out
+    # upstream, 504 upstream_timeout, happens under overload over HTTP too) stays rare.
+    assert shed > 0.1 and sum(refused_first.values()) - shed < 0.02, refused_first
     assert overall["first_retry_admitted"] > 0.5 and overall["served_eventually"] > 0.95, overall
     assert overall["queue_ms"]["p99"] is not None and overall["upstream_ms"]["p50"] >= 40  # server-timing
     assert any(

@@ -140,7 +140,7 @@ class GrpcInference:
         if pool is None:
             detail = repr(model) if model else "ModelInferRequest.model_name is empty"
             return self._fail(record, Outcome.UNKNOWN_MODEL, priority=meta.priority, detail=detail)
-        if "sequence_id" in request.parameters:
+        if pool.pins_sequences and "sequence_id" in request.parameters:
             sequence = sequence_of(parameter_values(request.parameters))
             if isinstance(sequence, str):
                 return self._fail(

@@ -18,7 +18,7 @@ from gateway.flow.request_meta import Problem, RequestClassifier
 from gateway.http.asgi_io import read_body, send_response
 from gateway.http.batches import batch_part
 from gateway.http.intake import AdmittedEndpoint, upstream_request
-from gateway.http.pricing import batch_items, request_parameter, request_parameters
+from gateway.http.pricing import batch_items, json_part, request_parameter, request_parameters
 from gateway.http.relay import send_error
 from gateway.telemetry.access_log import AccessLog, AccessRecord
 from gateway.telemetry.metrics import GatewayMetrics
@@ -60,7 +60,7 @@ class InferEndpoint(AdmittedEndpoint):
             if isinstance(meta, Problem):
                 await self.fail(scope, send, meta.outcome, model=model, detail=meta.detail)
                 return
-        if b"sequence_id" in body:  # read only where it may be: a body may be megabytes of JSON
+        if pool.pins_sequences and b"sequence_id" in json_part(body, scope["headers"]):
             sequence = sequence_of(request_parameters(body, scope["headers"]))
             if isinstance(sequence, str):
                 await self.fail(scope, send, Outcome.BAD_REQUEST, model=model, detail=sequence)

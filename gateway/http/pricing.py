@@ -43,6 +43,13 @@ def request_parameter(body: bytes, headers: Iterable[tuple[bytes, bytes]], name:
     return request_parameters(body, headers).get(name)
 
 
+def json_part(body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """The JSON of a KServe v2 request: the whole body, or a binary one's header (its tensors'
+    bytes, megabytes of them, never scanned for a parameter)."""
+    length = header_length_of(headers)
+    return body if length is None or not 0 <= length <= len(body) else body[:length]
+
+
 def request_parameters(body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> dict[str, object]:
     """A KServe v2 request's `parameters`, {} where it has none or they cannot be read."""
     length = header_length_of(headers)

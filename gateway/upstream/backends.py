@@ -118,6 +118,9 @@ class ModelPool:
     """Gateway-side batching, as configured (None: off)."""
     token_costs: TokenCostModel | None = None
     """An OpenAI request costs its estimated tokens, learned by this (None: it costs 1)."""
+    pins_sequences: bool = True
+    """Its requests' sequences are read and pinned (policies.sequences): where it may have more than
+    one backend. One fixed backend needs no pin, and its bodies no scan for one."""
 
     @property
     def batch_limits(self) -> BatchLimits | None:
@@ -165,6 +168,7 @@ class ModelPool:
             priced_by_items=model.priced_by_items,
             batching=model.batching,
             token_costs=_token_costs(model),
+            pins_sequences=len(model.backends) > 1 or any(b.discover != "none" for b in model.backends),
         )
 
 

@@ -151,3 +151,15 @@ async def test_under_open_loop_overload_each_sequence_stays_on_one_backend_and_t
     overall = read_report(tmp_path / "run")["runs"][0]["overall"]
     assert overall["goodput_rps"] > 150, overall  # the pool's 200/s, less what sequences wait for
     assert on_a["completed"] > 150 and on_b["completed"] > 150  # both backends serve
+
+
+async def test_one_fixed_backend_pins_nothing_and_its_bodies_pass_unread(start_sim, start_gateway):
+    """With one backend there is nothing to pin: the gateway reads no sequence (so it scans no body
+    for one) and the backend judges the parameters, as it would alone."""
+    sim = start_sim(slots=1, base_ms=20)
+    gateway = start_gateway(gateway_config([(sim.url, 1)]))
+    async with aiohttp.ClientSession() as http:
+        body = infer(7)
+        body["parameters"]["sequence_start"] = "yes"  # the two-backend gateway answers 400
+        status, _ = await post(http, gateway, body)
+    assert status == 200 and sim.stats()["sequences"] == {"7": 1}

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from gateway.http.pricing import json_part
 from gateway.queues.memory.pins import SequencePins, has_room
 from policies.balancing import least_loaded
 from policies.dispatch import Head, pinned_goes_first
@@ -90,3 +91,12 @@ def test_a_pinned_request_goes_first_within_its_band_and_never_before_a_more_urg
     assert pinned_goes_first(1, (1, head))
     assert pinned_goes_first(0, (1, head))
     assert not pinned_goes_first(1, (0, head))
+
+
+def test_only_a_requests_json_is_scanned_for_its_sequence():
+    header = b'{"parameters": {"sequence_id": 7}}'
+    binary = header + b"\x00" * 64
+    length = [(b"inference-header-content-length", str(len(header)).encode())]
+    assert json_part(binary, length) == header
+    assert json_part(header, []) == header
+    assert json_part(binary, [(b"inference-header-content-length", b"9999")]) == binary  # the backend judges

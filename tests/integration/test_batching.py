@@ -229,11 +229,11 @@ async def test_a_request_that_cannot_merge_passes_alone_and_one_alone_passes_byt
         await client.close()
     for result, seed, request_id in zip(results, [1, 2, 3], ["a", "seq", "b"], strict=True):
         check_own_rows(result, rows(1, seed), request_id)
-    # The sequence's request waits apart, for its backend (policies.sequences), and passes alone;
-    # the two queued around it merge into one call.
-    assert sim.stats()["completed"] == 2 + 1 + 1 + 1
+    # One backend: nothing is pinned (policies.sequences), the sequence's request keeps its place in
+    # its flow, passes alone, and keeps the two around it apart.
+    assert sim.stats()["completed"] == 2 + 1 + 3
     assert sim.stats()["sequences"] == {"7": 1}
-    assert gateway.metric("gateway_batch_size_sum", model="sim") == 4  # 1, 1, then the pair
+    assert gateway.metric("gateway_batch_size_sum", model="sim") == 4  # each alone, the first one too
 
 
 async def test_an_upstream_error_reaches_exactly_the_members_of_its_batch(start_sim, start_gateway):

@@ -11,19 +11,17 @@ same arrival sequence for every target, so targets are compared on identical loa
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
 
 from gateway.tools.loadtest import client
+from gateway.tools.loadtest.client import run_fast as run_fast  # the benchmarks import it here
 from gateway.tools.loadtest.requests import Prepared
 from gateway.tools.loadtest.workload import Arrival as KitArrival
 from gateway.tools.loadtest.workload import Scenario, Traffic, arrivals
 
-T = TypeVar("T")
 INFER_PATH = "/v2/models/sim/infer"
 INFER_BODY = json.dumps(
     {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
@@ -130,15 +128,6 @@ def outcome_of(arrival: Arrival, record: client.RequestRecord) -> Outcome:
         answer.advised_s is not None,
         expired_in_queue=answer.reason in _WAITED_REASONS,
     )
-
-
-def run_fast(main: Coroutine[Any, Any, T]) -> T:
-    """Run the load on uvloop when installed, so the client costs as little CPU as it can."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

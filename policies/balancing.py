@@ -25,24 +25,22 @@ class SlotView(Protocol):
 
 def pick_backend(backends: Sequence[SlotView]) -> int | None:
     """The index of the backend to send to, or None when no ready backend has a free slot."""
-    best: int | None = None
-    best_load = 0.0
-    for index, backend in enumerate(backends):
-        if not backend.ready or backend.inflight >= backend.max_concurrency:
-            continue
-        load = (backend.inflight + backend.external_waiting) / backend.max_concurrency
-        if best is None or load < best_load:
-            best, best_load = index, load
-    return best
+    return _least_loaded(backends, with_free_slot=True)
 
 
 def least_loaded(backends: Sequence[SlotView]) -> int | None:
     """The index of the least loaded ready backend, free slot or not (where a sequence's first
     request is pinned: policies.sequences), or None when none is ready."""
+    return _least_loaded(backends, with_free_slot=False)
+
+
+def _least_loaded(backends: Sequence[SlotView], with_free_slot: bool) -> int | None:
     best: int | None = None
     best_load = 0.0
     for index, backend in enumerate(backends):
         if not backend.ready or backend.max_concurrency <= 0:
+            continue
+        if with_free_slot and backend.inflight >= backend.max_concurrency:
             continue
         load = (backend.inflight + backend.external_waiting) / backend.max_concurrency
         if best is None or load < best_load:

@@ -24,7 +24,7 @@ from tritonclient.grpc import service_pb2
 
 from gateway.tensors.datatypes import FIXED_SIZE, STRUCT_FORMAT, flattened
 
-_CONTENTS = {
+CONTENTS = {
     "BOOL": "bool_contents",
     "INT8": "int_contents",
     "INT16": "int_contents",
@@ -175,7 +175,7 @@ def _bf16(value: float) -> bytes:
 
 
 def _packed_contents(name: str, datatype: str, contents: Any) -> bytes:
-    field = _CONTENTS.get(datatype)
+    field = CONTENTS.get(datatype)
     if field is None:
         raise TensorError(f"input {name!r}: {datatype} data must be sent in raw_input_contents")
     sent = [f.name for f, _ in contents.ListFields()]

@@ -5,7 +5,6 @@ report.json, report.html, requests.jsonl and llm-d Benchmark Reports into --out.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -263,7 +262,7 @@ def _run_step(
     bar = None if args.no_progress or not sys.stderr.isatty() else _ProgressBar(offered, args.duration)
     started_at = llmd.now_iso()
     began = time.monotonic()
-    records, scrapes = _run_loop(
+    records, scrapes = client.run_fast(
         client.run(
             args.target.rstrip("/"),
             schedule,
@@ -278,15 +277,6 @@ def _run_step(
         bar.close()
     run = summary.summarize(records, scenario, offered, args.duration, scrapes)
     return run | {"started_at": started_at, "wall_s": round(time.monotonic() - began, 3)}, records
-
-
-def _run_loop(main: Any) -> Any:
-    """On uvloop where installed, so the generator costs as little CPU as it can."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 def _write_records(out: TextIO, step: int, records: Sequence[client.RequestRecord]) -> None:

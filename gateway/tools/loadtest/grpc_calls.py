@@ -16,6 +16,8 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from gateway.grpc.tensors import CONTENTS
+from gateway.tensors.datatypes import flattened
 from gateway.tools.loadtest.client import Attempt, server_timing
 from gateway.tools.loadtest.workload import ScenarioError
 
@@ -30,22 +32,6 @@ STATUS = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
 """gRPC status -> the HTTP status the same answer has over HTTP (others: 500)."""
-
-_CONTENTS = {
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "BOOL": "bool_contents",
-    "BYTES": "bytes_contents",
-}
-"""A datatype's typed field (FP16 and BF16 have none: send them as HTTP's binary extension)."""
 
 
 class BodyError(ScenarioError):
@@ -68,25 +54,17 @@ def _infer_request(model: str, body: Mapping[str, Any]) -> service_pb2.ModelInfe
     request = service_pb2.ModelInferRequest(model_name=model, id=str(body.get("id", "")))
     for tensor in body.get("inputs", []):
         datatype = tensor.get("datatype", "")
-        field = _CONTENTS.get(datatype)
+        field = CONTENTS.get(datatype)
         if field is None:
             raise BodyError(f"input {tensor.get('name')!r}: datatype {datatype!r} has no typed gRPC contents")
         sent = request.inputs.add(name=tensor["name"], datatype=datatype, shape=tensor["shape"])
-        values = list(_flat(tensor.get("data", [])))
+        values = flattened(tensor.get("data", []))
         if datatype == "BYTES":
             values = [v.encode() if isinstance(v, str) else bytes(v) for v in values]
         getattr(sent.contents, field).extend(values)
     for output in body.get("outputs", []):
         request.outputs.add(name=output["name"])
     return request
-
-
-def _flat(data: Any) -> Any:
-    if isinstance(data, list):
-        for item in data:
-            yield from _flat(item)
-    else:
-        yield data
 
 
 class Channels:

@@ -287,7 +287,7 @@ class AdmittedCall:
         return self._ingress.until_disconnect()
 
     def _traced(self, started_ns: int, verdict: Lease | Refusal) -> None:
-        """The admission decision and the queue wait, as spans of the request's trace."""
+        """The admission decision (on the server span) and the queue wait (a span), in the request's trace."""
         assert self._trace is not None
         meta = self._meta
         attributes: dict[str, object] = {

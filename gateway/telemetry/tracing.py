@@ -19,9 +19,11 @@ were measured elsewhere (the queue wait is known once it is over).
 
 from __future__ import annotations
 
+import functools
 import os
 import random
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -87,6 +89,20 @@ class PresampledIds:
         return True
 
 
+@functools.cache
+def _api() -> Any:
+    """The OpenTelemetry API's names, imported once, when the first trace needs them: a gateway
+    without tracing loads nothing of OpenTelemetry, and a traced one pays no import a call."""
+    from opentelemetry import trace
+
+    return trace
+
+
+def _error(span: Span, description: str) -> None:
+    api = _api()
+    span.set_status(api.Status(api.StatusCode.ERROR, description))
+
+
 _GENAI_OPERATIONS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "text_completion",
@@ -113,6 +129,7 @@ class Tracing:
     ) -> None:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+        self._server_kind = _api().SpanKind.SERVER
         self._tracer = tracer
         self._provider = provider
         self._propagator = TraceContextTextMapPropagator()
@@ -121,14 +138,16 @@ class Tracing:
         """Where roots are sampled by ratio: the bound their trace id's low 64 bits must be under."""
 
     def request(
-        self, name: str, headers: Iterable[tuple[bytes, bytes]], attributes: dict[str, Any]
+        self, name: str, headers: Sequence[tuple[bytes, bytes]], attributes: dict[str, Any]
     ) -> RequestTrace | None:
         """A request's trace, its server span started now, in the trace its `traceparent` names;
         None where the sampler leaves it out."""
         carrier = {}
-        for key, value in headers:
-            if key in (b"traceparent", b"tracestate"):
-                carrier[key.decode()] = value.decode("latin-1")
+        for key, value in headers:  # every request's: one comparison a header
+            if key == b"traceparent":
+                carrier["traceparent"] = value.decode("latin-1")
+                carrier.update((k.decode(), v.decode("latin-1")) for k, v in headers if k == b"tracestate")
+                break
         if not carrier and self._root_bound is not None and self._ids is not None:
             # A root sampled by ratio: the SDK's own rule on an id drawn here, so that the requests
             # left out (most of them) cost a draw and never reach the SDK.
@@ -136,10 +155,8 @@ class Tracing:
             if trace_id & _LOW_64_BITS >= self._root_bound:
                 return None
             self._ids.next_trace_id = trace_id
-        from opentelemetry.trace import SpanKind
-
         parent = self._propagator.extract(carrier) if carrier else None
-        span = self._tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+        span = self._tracer.start_span(name, context=parent, kind=self._server_kind, attributes=attributes)
         if not span.is_recording():
             # Not sampled: nothing more is made for it (what tracing costs is the sampled share's),
             # and the backend gets the client's own `traceparent`, if it sent one, as it came.
@@ -153,16 +170,21 @@ class Tracing:
 class RequestTrace:
     """One request's spans (see the module); each method is called at most once, in order."""
 
-    __slots__ = ("_context", "_propagator", "_server", "_tracer", "_upstream")
+    __slots__ = ("_parent", "_propagator", "_server", "_tracer", "_upstream")
 
     def __init__(self, tracer: Tracer, propagator: Any, server: Span) -> None:
-        from opentelemetry.trace import set_span_in_context
-
         self._tracer = tracer
         self._propagator = propagator
         self._server = server
-        self._context: Context = set_span_in_context(server)
+        self._parent: Context | None = None
         self._upstream: Span | None = None
+
+    @property
+    def _context(self) -> Context:
+        """The server span as its children's parent, made for the first of them (a refusal has none)."""
+        if self._parent is None:
+            self._parent = _api().set_span_in_context(self._server)
+        return self._parent
 
     @property
     def sampled(self) -> bool:
@@ -171,16 +193,14 @@ class RequestTrace:
     def admission(
         self, attributes: dict[str, Any], *, refused: bool, started_ns: int, ended_ns: int | None = None
     ) -> None:
-        """The admission decision, from `started_ns` to `ended_ns` (now when not given)."""
-        span = self._tracer.start_span(
-            "admission", context=self._context, attributes=attributes, start_time=started_ns
-        )
-        span.end(end_time=None if ended_ns is None else max(started_ns, ended_ns))
+        """The admission decision, from `started_ns` to `ended_ns` (now when not given), as
+        attributes of the server span. Not a span of its own: a span costs about 40 us of CPU
+        (the SDK's and its OTLP encoding's), and under overload most sampled requests are refusals,
+        whose trace is then one span instead of two."""
+        ended_ns = time.time_ns() if ended_ns is None else max(started_ns, ended_ns)
+        self._server.set_attributes({**attributes, "gateway.admission_ms": (ended_ns - started_ns) / 1e6})
         if refused:
-            from opentelemetry.trace import Status, StatusCode
-
-            reason = str(attributes.get("gateway.reason", "refused"))
-            self._server.set_status(Status(StatusCode.ERROR, reason))
+            _error(self._server, str(attributes.get("gateway.reason", "refused")))
 
     def queued(self, started_ns: int, ended_ns: int) -> None:
         """The wait for a slot, from `started_ns` to its grant at `ended_ns`."""
@@ -189,8 +209,7 @@ class RequestTrace:
 
     def upstream_started(self, attributes: dict[str, object]) -> str:
         """The upstream call starts now: its client span, and the `traceparent` its backend gets."""
-        from opentelemetry.trace import SpanKind, set_span_in_context
-
+        api = _api()
         operation = attributes.get("gen_ai.operation.name")
         name = (
             f"{operation} {attributes.get('gen_ai.request.model', '')}"
@@ -200,11 +219,11 @@ class RequestTrace:
         span = self._upstream = self._tracer.start_span(
             name,
             context=self._context,
-            kind=SpanKind.CLIENT,
+            kind=api.SpanKind.CLIENT,
             attributes=attributes,  # type: ignore[arg-type]  # values are strings and numbers
         )
         carrier: dict[str, str] = {}
-        self._propagator.inject(carrier, context=set_span_in_context(span))
+        self._propagator.inject(carrier, context=api.set_span_in_context(span))
         return carrier.get("traceparent", "")
 
     def upstream_ended(self, status: int | None, error: str | None = None) -> None:
@@ -214,9 +233,7 @@ class RequestTrace:
         if status:
             span.set_attribute("http.response.status_code", status)
         if error is not None or (status is not None and status >= 500):
-            from opentelemetry.trace import Status, StatusCode
-
-            span.set_status(Status(StatusCode.ERROR, error or str(status)))
+            _error(span, error or str(status))
         span.end()
         self._upstream = None
 
@@ -230,9 +247,7 @@ class RequestTrace:
         """The answer's HTTP status, as it starts (a 5xx is an error of the server span)."""
         self._server.set_attribute("http.response.status_code", code)
         if code >= 500:
-            from opentelemetry.trace import Status, StatusCode
-
-            self._server.set_status(Status(StatusCode.ERROR, str(code)))
+            _error(self._server, str(code))
 
     def end(self, attributes: dict[str, Any], *, error: str | None = None) -> None:
         """The answer is out (or the request ended without one)."""
@@ -240,9 +255,7 @@ class RequestTrace:
         if attributes:
             self._server.set_attributes(attributes)
         if error is not None:
-            from opentelemetry.trace import Status, StatusCode
-
-            self._server.set_status(Status(StatusCode.ERROR, error))
+            _error(self._server, error)
         self._server.end()
 
     @property
@@ -264,13 +277,11 @@ class BatchTrace:
     __slots__ = ("_batch", "_calls")
 
     def __init__(self, members: Sequence[RequestTrace], started_ns: int, attributes: dict[str, Any]) -> None:
-        from opentelemetry.trace import Link
-
         first = members[0]
         self._batch = first._tracer.start_span(
             "batch",
             context=first._context,
-            links=[Link(m._server.get_span_context()) for m in members],
+            links=[_api().Link(m._server.get_span_context()) for m in members],
             attributes=attributes,
             start_time=started_ns,
         )

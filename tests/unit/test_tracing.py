@@ -43,3 +43,44 @@ def test_other_samplers_take_the_sdks_own_way():
     assert root_ratio_bound(TraceIdRatioBased(0.5)) == TraceIdRatioBased(0.5).bound
     traced, _ = tracing(ALWAYS_ON)
     assert all(traced.request("r", [], {}) is not None for _ in range(50))
+
+
+def test_a_clients_tracestate_is_kept_beside_its_traceparent_wherever_it_comes():
+    traced, exported = tracing(ALWAYS_ON)
+    headers = [
+        (b"tracestate", b"vendor=abc"),
+        (b"host", b"gw"),
+        (b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    ]
+    trace = traced.request("r", headers, {})
+    assert trace is not None
+    trace.end({})
+    (span,) = exported.get_finished_spans()
+    assert span.parent is not None and span.parent.span_id == 0x00F067AA0BA902B7
+    assert span.get_span_context().trace_state.get("vendor") == "abc"
+
+
+def test_a_refusals_trace_is_its_server_span_carrying_the_decision():
+    traced, exported = tracing(ALWAYS_ON)
+    trace = traced.request("POST infer", [], {"http.request.method": "POST"})
+    assert trace is not None
+    decision = {"gateway.class": "low", "gateway.decision": "refused", "gateway.reason": "queue_full"}
+    trace.admission(decision, refused=True, started_ns=1_000_000, ended_ns=3_500_000)
+    trace.end({})
+    (span,) = exported.get_finished_spans()
+    assert span.attributes is not None
+    assert span.attributes["gateway.reason"] == "queue_full"
+    assert span.attributes["gateway.admission_ms"] == 2.5
+    assert span.status.status_code.name == "ERROR" and span.status.description == "queue_full"
+
+
+def test_a_gateway_without_tracing_loads_nothing_of_opentelemetry():
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, gateway.programs.cli, gateway.flow.admitted, gateway.telemetry.tracing;"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"

@@ -3,7 +3,8 @@
 On when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` names
 an endpoint (OTLP over HTTP); the SDK reads the rest of the standard variables itself: the
 sampler (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`; parent-based always-on by default), the
-service name (`OTEL_SERVICE_NAME`, else "inference-gateway"), the batch processor's pace.
+service name (`OTEL_SERVICE_NAME`, else "inference-gateway"), the batch processor's pace (its
+export batch 128 spans unless told: EXPORT_BATCH_SPANS).
 
 A request's spans: its server span, from arrival to answer; `admission` (its class, tenant, cost,
 the decision, and for a refusal the reason, the rule and the Retry-After; a refusal's server span
@@ -32,6 +33,11 @@ if TYPE_CHECKING:
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 SERVICE_NAME = "inference-gateway"
+EXPORT_BATCH_SPANS = 128
+"""Spans a batch exports at most, unless OTEL_BSP_MAX_EXPORT_BATCH_SIZE says otherwise (the SDK's
+default is 512). Encoding a batch holds the interpreter for about 45 us a span, in the exporter's
+thread, and requests wait for it: 512 spans put 10-65 ms on the refusals' p99 under overload at
+10% sampling, 128 about 1-5 ms (docs/benchmarks/index.md, "Tracing costs")."""
 _LOW_64_BITS = (1 << 64) - 1
 """What the ratio sampler compares with its bound (TraceIdRatioBased.TRACE_ID_LIMIT)."""
 
@@ -54,7 +60,8 @@ def tracing_from_environment() -> Tracing | None:
     ids = PresampledIds()
     # PresampledIds has IdGenerator's methods (it is not its subclass: the SDK loads only here).
     provider = TracerProvider(resource=resource, sampler=sampler, id_generator=ids)  # type: ignore[arg-type]
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    batch = None if os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") else EXPORT_BATCH_SPANS
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), max_export_batch_size=batch))
     return Tracing(provider.get_tracer("inference-gateway"), provider, ids, root_ratio_bound(sampler))
 
 

@@ -84,3 +84,19 @@ def test_a_gateway_without_tracing_loads_nothing_of_opentelemetry():
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_spans_are_exported_in_batches_short_enough_not_to_stall_requests_unless_told(monkeypatch):
+    from gateway.telemetry.tracing import EXPORT_BATCH_SPANS, tracing_from_environment
+
+    def batch_size() -> int:
+        traced = tracing_from_environment()
+        assert traced is not None
+        (processor,) = traced._provider._active_span_processor._span_processors
+        traced.shutdown()
+        return processor._batch_processor._max_export_batch_size
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/v1/traces")
+    assert batch_size() == EXPORT_BATCH_SPANS == 128
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "300")
+    assert batch_size() == 300

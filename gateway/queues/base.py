@@ -262,8 +262,8 @@ class RequestQueue(Protocol):
         `reach`: the most work each other flow of its band may send within its allowance
         (policies.admission.offer_reach); what of it goes ahead of its turn counts in the check
         (policies.wait.work_before_grant), from the store's state at the check.
-        `sequence`: the sequence it belongs to (policies.sequences): the memory store grants it a
-        slot only on its sequence's backend. The Redis store does not pin sequences yet.
+        `sequence`: the sequence it belongs to (policies.sequences): it is granted a slot only on
+        its sequence's backend, pinned on its arrival.
         """
         ...
 

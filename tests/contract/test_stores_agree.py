@@ -31,6 +31,7 @@ from gateway.upstream.backends import BackendState, ModelPool
 from policies.ordering import Ordering
 from policies.outcomes import Outcome
 from policies.quotas import Quota
+from policies.sequences import SequenceRef
 from tests.redis_server import redis_url_or_skip, unique_prefix
 
 pytestmark = pytest.mark.redis
@@ -44,6 +45,11 @@ UNLIMITED = 10.0**9
 # What the other flows may send within an offer's allowance (policies.admission.offer_reach): the
 # stores count what of it goes ahead of the offer's turn, each from its own state.
 REACH = st.sampled_from([{}, {}, {"a": 2.0}, {"b": 4.5, "": 1.0}, {"a": 1.0, "b": 3.0, "": 0.5}])
+# Requests of sequences (policies.sequences), pinned to their sequence's backend; most are of none.
+S1, S2 = SequenceRef("s1"), SequenceRef("s2")
+SEQUENCES = st.sampled_from(
+    [None, None, None, S1, S1, S2, SequenceRef("s1", start=True), SequenceRef("s1", end=True)]
+)
 
 
 def pool(slots: tuple[int, ...]) -> ModelPool:
@@ -104,7 +110,7 @@ class StoresAgree(RuleBasedStateMachine):
 
     @precondition(lambda self: self.memory is None)
     @rule(
-        slots=st.sampled_from([(1,), (2,), (1, 2)]),
+        slots=st.sampled_from([(1,), (2,), (1, 2), (2, 1)]),
         ordering=st.sampled_from([Ordering.FIFO, Ordering.EDF]),
         policy=st.sampled_from(sorted(POLICIES)),
     )
@@ -154,6 +160,7 @@ class StoresAgree(RuleBasedStateMachine):
         batch_key=st.sampled_from([None, None, "k", "j"]),
         hold=st.booleans(),
         reach=REACH,
+        sequence=SEQUENCES,
     )
     def offer(
         self,
@@ -165,8 +172,9 @@ class StoresAgree(RuleBasedStateMachine):
         batch_key: str | None,
         hold: bool,
         reach: dict[str, float],
+        sequence: SequenceRef | None = None,
     ) -> None:
-        self.offer_to_both(band, tenant, cost, max_work, allowed_s, batch_key, hold, reach)
+        self.offer_to_both(band, tenant, cost, max_work, allowed_s, batch_key, hold, reach, sequence)
 
     def offer_to_both(
         self,
@@ -178,6 +186,7 @@ class StoresAgree(RuleBasedStateMachine):
         batch_key: str | None,
         hold: bool,
         reach: dict[str, float],
+        sequence: SequenceRef | None = None,
     ) -> Offer:
         """Offer alike to both stores, check they answered alike; the memory store's answer."""
         assert self.memory is not None and self.redis is not None
@@ -188,8 +197,12 @@ class StoresAgree(RuleBasedStateMachine):
         async def offers() -> tuple[Offer, Offer]:
             assert self.memory is not None and self.redis is not None
             return (
-                self.memory.offer_nowait(flow, cost, allowed_s, max_work, self.now, batching, reach=reach),
-                await self.redis.offer(flow, cost, allowed_s, max_work, self.now, batching, reach=reach),
+                self.memory.offer_nowait(
+                    flow, cost, allowed_s, max_work, self.now, batching, reach=reach, sequence=sequence
+                ),
+                await self.redis.offer(
+                    flow, cost, allowed_s, max_work, self.now, batching, reach=reach, sequence=sequence
+                ),
             )
 
         in_memory, in_redis = self.run(offers())
@@ -232,13 +245,20 @@ class StoresAgree(RuleBasedStateMachine):
             assert isinstance(answer, Full) == (side < 0), (ahead, answer)
 
     @precondition(lambda self: self.memory is not None)
-    @rule(band=st.integers(0, BANDS - 1), cost=st.sampled_from([1.0, 2.0]), count=st.integers(3, 8))
-    def burst(self, band: int, cost: float, count: int) -> None:
+    @rule(
+        band=st.integers(0, BANDS - 1),
+        cost=st.sampled_from([1.0, 2.0]),
+        count=st.integers(3, 8),
+        sequenced=st.booleans(),
+    )
+    def burst(self, band: int, cost: float, count: int, sequenced: bool = False) -> None:
         """Tenants a, b and "" queue several requests at once, so that fair shares, quotas and
-        reserved slots order a deep queue (single offers rarely build one)."""
+        reserved slots order a deep queue (single offers rarely build one); `sequenced`: every
+        other one of a sequence, so that pinned requests wait beside the flows."""
         tenants = ("a", "b", "")
         for i in range(count):
-            self.offer_to_both(band, tenants[i % 3], cost, UNLIMITED, 10.0, None, False, {})
+            sequence = SequenceRef(f"s{i % 3}") if sequenced and i % 2 else None
+            self.offer_to_both(band, tenants[i % 3], cost, UNLIMITED, 10.0, None, False, {}, sequence)
 
     @precondition(lambda self: self.waiting)
     @rule()
@@ -407,5 +427,26 @@ def test_work_displaced_as_overdue_is_told_alike():
             offered(band=1, tenant="b", cost=3.5, batch_key="k"),
             ("time_passes", {"seconds": 1.5}),
             offered(tenant="a", cost=2.0, allowed_s=2.0, batch_key="k", max_work=9.0),
+        ],
+    )
+
+
+def test_a_sequences_requests_wait_for_their_backend_apart_from_the_flows_alike():
+    # s1 is pinned to the least loaded backend (the first, of one slot); its second request waits
+    # for that slot while an unsequenced one takes the second backend's; the release hands the
+    # first backend's slot to s1's request, which goes before the flow waiting ahead of it.
+    s1 = SequenceRef("s1")
+    replay(
+        (1, 2),
+        [
+            offered(sequence=s1, allowed_s=10.0),
+            offered(sequence=s1, allowed_s=10.0),
+            offered(tenant="a", allowed_s=10.0),
+            offered(tenant="a", allowed_s=10.0),
+            offered(tenant="b", allowed_s=10.0),
+            ("release", {"index": 0}),
+            offered(sequence=SequenceRef("s1", end=True), allowed_s=10.0),
+            ("release", {"index": 0}),
+            ("release", {"index": 0}),
         ],
     )

@@ -1,6 +1,6 @@
 """Sequences (Triton's sequence batcher): every request of a sequence reaches the backend its first
 one got, over HTTP and gRPC, while requests of no sequence go wherever a slot is free. Two real
-simulators, told apart by what each counts as completed."""
+simulators, told apart by what each counts as completed; the memory store and the Redis one."""
 
 from __future__ import annotations
 
@@ -18,10 +18,13 @@ from tests.integration.test_backpressure import clear_the_fault, hang_the_backen
 from tests.integration.test_loadtest import loadtest, read_report
 
 pytestmark = pytest.mark.anyio
+STORES = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
 
 
-def sequence_config(a, b, **overrides):
+def sequence_config(a, b, store=None, **overrides):
     classes = [{"name": "high", "max_wait_ms": 5000}, {"name": "low", "max_wait_ms": 5000}]
+    if store is not None:
+        overrides["store"] = store
     return gateway_config([(a.url, 1), (b.url, 1)], priorities=classes, expected_service_ms=20, **overrides)
 
 
@@ -41,9 +44,12 @@ def completed(sim) -> int:
     return sim.stats()["completed"]
 
 
-async def test_a_sequence_waits_for_its_backend_while_others_take_the_free_one(start_sim, start_gateway):
+@pytest.mark.parametrize("store", STORES)
+async def test_a_sequence_waits_for_its_backend_while_others_take_the_free_one(
+    start_sim, start_gateway, store_section
+):
     a, b = start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
-    gateway = start_gateway(sequence_config(a, b))
+    gateway = start_gateway(sequence_config(a, b, store_section))
     async with aiohttp.ClientSession() as http:
         assert (await post(http, gateway, infer(7, start=True)))[0] == 200
         assert (completed(a), completed(b)) == (1, 0)  # both free: the first listed
@@ -64,11 +70,12 @@ async def test_a_sequence_waits_for_its_backend_while_others_take_the_free_one(s
     assert (completed(a), completed(b)) == (3, 1)
 
 
+@pytest.mark.parametrize("store", STORES)
 async def test_a_sequence_pinned_to_the_second_backend_stays_there_until_a_new_start(
-    start_sim, start_gateway
+    start_sim, start_gateway, store_section
 ):
     a, b = start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
-    gateway = start_gateway(sequence_config(a, b))
+    gateway = start_gateway(sequence_config(a, b, store_section))
     async with aiohttp.ClientSession() as http:
         await hang_the_backend(a)
         held = asyncio.ensure_future(post(http, gateway, infer()))
@@ -86,9 +93,12 @@ async def test_a_sequence_pinned_to_the_second_backend_stays_there_until_a_new_s
         assert (completed(a), completed(b)) == (2, 4)
 
 
-async def test_grpc_sequences_are_pinned_as_http_ones(start_sim, start_gateway):
+@pytest.mark.parametrize("store", STORES)
+async def test_grpc_sequences_are_pinned_as_http_ones(start_sim, start_gateway, store_section):
     a, b = start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
-    gateway = start_gateway(sequence_config(a, b, grpc_listen={"host": "127.0.0.1", "port": 0}))
+    gateway = start_gateway(
+        sequence_config(a, b, store_section, grpc_listen={"host": "127.0.0.1", "port": 0})
+    )
     async with aiohttp.ClientSession() as http:
         await hang_the_backend(a)
         held = asyncio.ensure_future(post(http, gateway, infer()))
@@ -121,15 +131,17 @@ async def test_a_malformed_sequence_is_a_bad_request(start_sim, start_gateway):
     assert completed(a) + completed(b) == 0
 
 
+@pytest.mark.parametrize("store", STORES)
 async def test_under_open_loop_overload_each_sequence_stays_on_one_backend_and_the_pool_serves(
-    start_sim, start_gateway, tmp_path
+    start_sim, start_gateway, store_section, tmp_path
 ):
     """1.5x the pool's 200 requests/s for 3 s, a third of it in ten sequences: each sequence's
     requests all reach one backend, no backend goes above its slots, the pool keeps serving."""
     a, b = start_sim(slots=4, base_ms=40), start_sim(slots=4, base_ms=40)
     classes = [{"name": "high", "max_wait_ms": 250}, {"name": "low", "max_wait_ms": 1000}]
+    store = {} if store_section is None else {"store": store_section}
     gateway = start_gateway(
-        gateway_config([(a.url, 4), (b.url, 4)], priorities=classes, expected_service_ms=40)
+        gateway_config([(a.url, 4), (b.url, 4)], priorities=classes, expected_service_ms=40, **store)
     )
     tensor = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}
     traffic = [
@@ -163,3 +175,25 @@ async def test_one_fixed_backend_pins_nothing_and_its_bodies_pass_unread(start_s
         body["parameters"]["sequence_start"] = "yes"  # the two-backend gateway answers 400
         status, _ = await post(http, gateway, body)
     assert status == 200 and sim.stats()["sequences"] == {"7": 1}
+
+
+@pytest.mark.parametrize("store", [pytest.param("redis", marks=pytest.mark.redis)])
+async def test_replicas_sharing_a_redis_send_a_sequence_to_one_backend(
+    start_sim, start_gateway, store_section
+):
+    """The pins live in Redis: a sequence pinned through one replica is followed by the other,
+    though the backend listed first is free."""
+    a, b = start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
+    config = sequence_config(a, b, {**store_section, "replicas": 2})
+    first, second = start_gateway(config), start_gateway(config)
+    async with aiohttp.ClientSession() as http:
+        await hang_the_backend(a)
+        held = asyncio.ensure_future(post(http, first, infer()))
+        await wait_for_hanging(a, 1)
+        assert (await post(http, first, infer(11, start=True)))[0] == 200  # A is busy: B
+        await clear_the_fault(a)
+        assert (await held)[0] == 200
+        for gateway in (second, first, second):
+            status, answer = await post(http, gateway, infer(11))
+            assert status == 200, answer
+    assert a.stats()["sequences"] == {} and b.stats()["sequences"] == {"11": 4}

@@ -100,3 +100,9 @@ def test_only_a_requests_json_is_scanned_for_its_sequence():
     assert json_part(binary, length) == header
     assert json_part(header, []) == header
     assert json_part(binary, [(b"inference-header-content-length", b"9999")]) == binary  # the backend judges
+
+
+def test_the_redis_scripts_keep_a_pin_as_long_as_the_memory_store():
+    from gateway.queues.redis.scripts import script_source
+
+    assert f"local PIN_IDLE_S = {PIN_IDLE_S:g}  --" in script_source("offer")

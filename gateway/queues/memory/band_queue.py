@@ -34,7 +34,9 @@ class BandQueue:
     queued: dict[str, float] = field(default_factory=dict)
     """Each backlogged flow's live work."""
     arrivals: dict[str, dict[Ticket, None]] = field(default_factory=dict)
-    """Each backlogged flow's live tickets in the order they were queued (policies.displacement)."""
+    """Each backlogged flow's live tickets in the order they were queued (policies.displacement),
+    pinned ones aside: they wait for one backend, not at the pool's pace, and are neither
+    displaced as overdue nor counted in an owner's requests ahead (their leave-by still holds)."""
     virtual_time: float = 0.0
     finish: dict[str, float] = field(default_factory=dict)
     """Each flow's finish tag: moved only by work handed a slot."""

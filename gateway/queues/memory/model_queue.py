@@ -310,7 +310,8 @@ class ModelQueue:
         band.count += 1
         band.work += ticket.cost
         band.queued[tenant] = band.queued.get(tenant, 0.0) + ticket.cost
-        band.arrivals.setdefault(tenant, {})[ticket] = None
+        if ticket.backend is None:  # a pinned one waits on its backend, not on the pool's pace
+            band.arrivals.setdefault(tenant, {})[ticket] = None
         self.live.add(ticket)
         if self.weight_of is not None:
             band.weights[tenant] = self.weight_of(tenant)  # an adopted ticket joins here

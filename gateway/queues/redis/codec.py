@@ -18,6 +18,7 @@ from gateway.upstream.backends import ModelPool
 from policies.displacement import OVERDUE_CHECKED, OVERDUE_SIGMAS, displacement_handovers_per_s
 from policies.fairness import FairTurns
 from policies.reservations import usable_by_band
+from policies.sequences import SequenceRef
 from policies.wait import QueueStats, Throughput
 
 
@@ -44,14 +45,20 @@ class OfferArgs:
     reach: Mapping[str, float] = field(default_factory=dict)
     """The most work each other flow of its band may send within its allowance
     (policies.admission.offer_reach): the script counts what of it goes ahead of its turn."""
+    sequence: SequenceRef | None = None
+    """The sequence it belongs to (policies.sequences): the script pins it to its backend."""
 
     def fields(self, refused: list[float], batching: Batching | None) -> dict[str, Any]:
         """The script's arguments, with the work refused locally since the last script."""
-        fields = {name: getattr(self, name) for name in self.__slots__ if name not in ("flow", "displacing")}
+        apart = ("flow", "displacing", "sequence")
+        fields = {name: getattr(self, name) for name in self.__slots__ if name not in apart}
         fields |= {"band": self.flow.band, "tenant": self.flow.tenant, "refused": refused, "drain": 0.0}
         if (pool := self.displacing) is not None and (drain := displacement_handovers_per_s(pool)) > 0:
             fields |= {"drain": drain, "service_cv": pool.service_cv}
             fields |= {"overdue_sigmas": OVERDUE_SIGMAS, "overdue_checked": OVERDUE_CHECKED}
+        if (sequence := self.sequence) is not None:
+            fields["seq"] = {"k": sequence.key} | ({"s": True} if sequence.start else {})
+            fields["seq"] |= {"e": True} if sequence.end else {}
         if batching is not None:
             fields["batch"] = {"key": batching.key, "max": batching.max_cost}
             if batching.hold:

@@ -13,7 +13,7 @@ replica that holds a client's connection sends its request when the ticket is gr
   tickets are purged, and it comes back by rejoining (gateway.queues.redis.presence).
 - Estimates: raw totals on Redis's clock, made rates with PoolEstimates; service times measured
   locally. Returns promised to refused clients go round on the upkeep loop (redis/returns.py).
-- Sequences are not pinned to a backend yet (the memory store pins them: policies.sequences).
+- Sequences: pinned to a backend on arrival, their requests wait apart for it (policies.sequences).
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ class RedisQueue:
         args = OfferArgs(
             self._replica, flow, cost, max_work, handover, edf, weight, allowed_wait_s, self._ttl_s
         )
-        args = replace(args, displacing=pool, kind=kind, reach=dict(reach or {}))
+        args = replace(args, displacing=pool, kind=kind, reach=dict(reach or {}), sequence=sequence)
         running = self._spawn(self._run("offer", state, args.fields(state.take_refused_locally(), batching)))
         try:
             reply = await asyncio.shield(running)

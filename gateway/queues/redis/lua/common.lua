@@ -20,7 +20,8 @@
 --                                 the head's start tag, taken as it became the head)
 --   <tag>:tickets           hash  ticket id -> JSON {r: replica, b: band, t: tenant, c: cost,
 --                                 e: leave-by time, k: batch key, m: batch cost limit,
---                                 q: its kind of request, policies.request_kinds}
+--                                 q: its kind of request, policies.request_kinds; s: its sequence,
+--                                 x: 1 when it ends it, p: the backend it is pinned to}
 --   <tag>:queued            hash  "n<band>" -> tickets waiting, "w<band>" -> their work
 --   <tag>:slots             hash  backend url -> slots in use, over all replicas
 --   <tag>:ready             hash  backend url -> "1" when ready
@@ -57,6 +58,11 @@
 --                                 epoch (set when this state was created: missing after Redis lost it)
 --   <tag>:replicas          zset  replica -> heartbeat expiry
 --   <tag>:seq               counter for ticket and lease ids
+--   <tag>:pins              hash  sequence key -> "<until>|<backend url>": the backend its requests
+--                                 take slots on (policies.sequences; gateway/queues/memory/pins.py)
+--   <tag>:pinned:<band>     list  ids of pinned tickets (a sequence's requests), in arrival order:
+--                                 each waits for its backend's slot apart from the flows, so that a
+--                                 busy backend holds back no request behind it
 --   <tag>:grants:<r>        list  grants for replica r: JSON {t: [ticket ids], l: lease, u: url, c: cost, b: band},
 --                                 or a displaced ticket: {d: ticket id, o: 1 when overdue, else at the cap}
 --   <tag>:held:<r>          set   leases held by replica r
@@ -171,6 +177,76 @@ local function pick_backend(backends)
     end
   end
   return best
+end
+
+-- Sequences (policies.sequences; the memory store's gateway/queues/memory/pins.py) ----------------
+
+local PIN_IDLE_S = 600  -- policies.sequences.PIN_IDLE_S (tests/unit/test_sequences.py holds them equal)
+local PIN_SWEEP_AT = 4096  -- pins past their time are swept out once this many are held
+
+local function backend_at(backends, url)
+  for _, b in ipairs(backends) do
+    if b.url == url then return b end
+  end
+  return nil
+end
+
+-- pins.has_room: the backend at `url` is ready and has a slot free.
+local function has_room(backends, url)
+  local b = backend_at(backends, url)
+  return b ~= nil and redis.call('HGET', tag .. ':ready', url) == '1' and slots_used(b) < b.cap
+end
+
+-- policies.balancing.least_loaded: the least loaded ready backend, free slot or not.
+local function least_loaded(backends)
+  local best, best_load = nil, nil
+  for _, b in ipairs(backends) do
+    if b.cap > 0 and redis.call('HGET', tag .. ':ready', b.url) == '1' then
+      local load = (slots_used(b) + b.queued) / b.cap
+      if best == nil or load < best_load then best, best_load = b, load end
+    end
+  end
+  return best
+end
+
+-- SequencePins.follow: a request of sequence `key` got a slot on `url`; its next ones go there too
+-- until PIN_IDLE_S past `seen_at`, or until one `ends` it.
+local function follow_sequence(key, ends, url, seen_at)
+  local pins = tag .. ':pins'
+  if ends then
+    redis.call('HDEL', pins, key)
+    return
+  end
+  redis.call('HSET', pins, key, fmt(seen_at + PIN_IDLE_S) .. '|' .. url)
+  if redis.call('HLEN', pins) >= PIN_SWEEP_AT then
+    local flat = redis.call('HGETALL', pins)
+    for i = 1, #flat, 2 do
+      if tonumber(string.match(flat[i + 1], '^[^|]*')) < seen_at then redis.call('HDEL', pins, flat[i]) end
+    end
+  end
+end
+
+-- SequencePins.backend_of: the backend a request of sequence `seq` ({k: key, s: starts it, e: ends
+-- it}) arriving `now` must take a slot on: its pin, or (first request, a start, a pin past its time
+-- or to a backend gone or not ready) the least loaded ready backend, pinned from now on. nil: none
+-- is ready.
+local function pinned_backend(seq, backends, now)
+  local pins = tag .. ':pins'
+  local pin = redis.call('HGET', pins, seq.k)
+  if pin and not seq.s then
+    local until_s, url = string.match(pin, '^([^|]*)|(.*)$')
+    if tonumber(until_s) >= now and backend_at(backends, url) ~= nil
+        and redis.call('HGET', tag .. ':ready', url) == '1' then
+      return url
+    end
+  end
+  local best = least_loaded(backends)
+  if best == nil then
+    redis.call('HDEL', pins, seq.k)
+    return nil
+  end
+  follow_sequence(seq.k, false, best.url, now)
+  return best.url
 end
 
 local function queued_total(nbands)
@@ -294,11 +370,21 @@ local function join_fair_flow(band, tenant, weight)
   redis.call('HSET', tag .. ':fweight:' .. band, tenant, string.format('%.17g', weight))
 end
 
+local function pinned_key(band)
+  return tag .. ':pinned:' .. band
+end
+
+-- A pinned ticket (info.p) counts in its band's and flow's queued work but waits apart, never a
+-- flow's head (gateway/queues/memory/model_queue.insert).
 local function enqueue(id, info, score)
-  redis.call('ZADD', flow_key(info.b, info.t), score, id)
   redis.call('HSET', tag .. ':tickets', id, cjson.encode(info))
   redis.call('SADD', tag .. ':waiting:' .. info.r, id)
   count_queued(info, 1)
+  if info.p then
+    redis.call('RPUSH', pinned_key(info.b), id)
+    return
+  end
+  redis.call('ZADD', flow_key(info.b, info.t), score, id)
   refresh_head(info.b, info.t, redis.call('ZCARD', flow_key(info.b, info.t)) == 1)
 end
 
@@ -319,6 +405,11 @@ end
 local function unqueue(id)
   local info = ticket_info(id)
   if info == nil then return false end
+  if info.p then
+    redis.call('LREM', pinned_key(info.b), 1, id)
+    forget_ticket(id, info)
+    return true
+  end
   local was_head = redis.call('ZRANK', flow_key(info.b, info.t), id) == 0
   redis.call('ZREM', flow_key(info.b, info.t), id)
   forget_ticket(id, info)
@@ -677,11 +768,32 @@ local function startable_flow(band, backends, nbands)
   return nil
 end
 
--- The next tickets to get a slot: the head of the flow with the lowest head score in the most
--- urgent band with work, and the tickets right behind it in its flow that share its batch key
--- (same replica: the bodies are there), up to its batch cost. Returns ids, info of the head, cost.
-local function take_next(nbands, backends)
+-- pins.next_pinned: the first waiting request of a sequence, most urgent band first, whose backend
+-- has a slot free, that its band may take (reservations) and its tenant may start (quotas).
+-- Returns its band, id and info; nil if none.
+local function next_pinned(nbands, backends)
   for band = 0, nbands - 1 do
+    local ids = redis.call('LRANGE', pinned_key(band), 0, -1)
+    if #ids > 0 then
+      -- Kept for a more urgent class, and so from every less urgent one.
+      if usable_free(band, backends, nbands) <= 0 then return nil end
+      for _, id in ipairs(ids) do
+        local info = ticket_info(id)
+        if has_room(backends, info.p) and may_start(info.t, info.c, backends, nbands) then
+          return band, id, info
+        end
+      end
+    end
+  end
+  return nil
+end
+
+-- The next tickets to get a slot: the head of the flow with the lowest head score in the most
+-- urgent band with work (before band `before`, where given), and the tickets right behind it in
+-- its flow that share its batch key (same replica: the bodies are there), up to its batch cost.
+-- Returns ids, info of the head, cost.
+local function take_next(nbands, backends, before)
+  for band = 0, (before or nbands) - 1 do
     while true do
       local first = redis.call('ZRANGE', tag .. ':flows:' .. band, 0, 0, 'WITHSCORES')
       if #first == 0 then break end
@@ -761,8 +873,18 @@ local function dispatch(nbands, backends, ttl, now, drain_sample, caller)
   while true do
     local backend = pick_backend(backends)
     if backend == nil then break end
-    local ids, info, cost = take_next(nbands, backends)
+    -- policies.dispatch.pinned_goes_first: a sequence's request whose backend has a slot free goes
+    -- before the flows of its band and the less urgent ones.
+    local pinned_band, pinned_id, pinned_info = next_pinned(nbands, backends)
+    local ids, info, cost = take_next(nbands, backends, pinned_band)
+    if ids == nil and pinned_band ~= nil then
+      redis.call('LREM', pinned_key(pinned_band), 1, pinned_id)
+      forget_ticket(pinned_id, pinned_info)
+      ids, info, cost = {pinned_id}, pinned_info, pinned_info.c
+      backend = backend_at(backends, pinned_info.p)
+    end
     if ids == nil then break end
+    if info.s then follow_sequence(info.s, info.x == 1, backend.url, tonumber(info.e)) end
     -- A batch of several serves no one kind.
     local kind = nil
     if #ids == 1 then kind = info.q end

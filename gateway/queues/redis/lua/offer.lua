@@ -3,7 +3,10 @@
 --    hand-over takes), bands, edf, weight (the tenant's, in fair queuing), allowed_s, ttl, refused,
 --    backends, bound_s, reserved, quotas, batch ({key, max, hold?} or absent), drain, overdue_sigmas and
 --    overdue_checked (absent: no displacement of overdue work), kind (the request's, or ''), reach
---    (tenant -> the most work it may send within allowed_s: policies.admission.offer_reach), now (tests).
+--    (tenant -> the most work it may send within allowed_s: policies.admission.offer_reach), seq (its
+--    sequence, {k: key, s: true when it starts it, e: true when it ends it}, or absent), now (tests).
+-- A sequence's request is pinned on arrival to its sequence's backend (policies.sequences): it is
+-- granted at once only with a slot free there, and otherwise waits apart for one (dispatch).
 -- The check (gateway/queues/base.RequestQueue.offer): refuse when the work queued ahead of it in
 -- its band (up to its flow's turn) and the more urgent ones, what of the other flows' reach goes
 -- ahead of its turn, and the room it takes (its cost behind queued work, else one hand-over)
@@ -17,6 +20,8 @@ local now = now_s()
 if not live(A.replica, now) then return cjson.encode({kind = 'absent'}) end
 reap_absent(now)
 local nbands = A.bands
+local pinned = nil  -- the backend a sequence's request must take its slot on
+if A.seq ~= nil then pinned = pinned_backend(A.seq, A.backends, now) end
 count_refused_locally(nbands)
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'off:' .. A.band, A.cost)
 local turn_of = nil  -- under EDF a band is not fair-queued: its whole work is ahead
@@ -37,6 +42,7 @@ if to_drain > A.max_work then
   return cjson.encode({kind = 'full', view = view(nbands, A.backends, now)})
 end
 local immediate = to_drain == 0 and may_start(A.tenant, A.cost, A.backends, nbands)
+  and (pinned == nil or has_room(A.backends, pinned))
 if not immediate and A.cap ~= nil and not room_for(A.band, A.cost, nbands) then
   return cjson.encode({kind = 'full', cap = true, view = view(nbands, A.backends, now)})
 end
@@ -48,10 +54,12 @@ if not A.edf then join_fair_flow(A.band, A.tenant, A.weight) end
 -- A batch held for companions (A.batch.hold) queues even so; it leaves with the next dispatch.
 local held = A.batch ~= nil and A.batch.hold == true
 if immediate and not held then
-  local backend = pick_backend(A.backends)
+  local backend
+  if pinned ~= nil then backend = backend_at(A.backends, pinned) else backend = pick_backend(A.backends) end
   if backend ~= nil then
     local lease = grant_lease(backend.url, A.replica, A.ttl, now, A.band, A.tenant, A.cost, A.kind)
     count_granted(A.band, A.tenant, A.cost)
+    if A.seq ~= nil then follow_sequence(A.seq.k, A.seq.e, backend.url, now) end
     return cjson.encode({kind = 'granted', lease = lease, url = backend.url, view = view(nbands, A.backends, now)})
   end
 end
@@ -67,6 +75,11 @@ if A.kind ~= nil and A.kind ~= '' then info.q = A.kind end
 if A.batch then
   info.k = A.batch.key
   info.m = A.batch.max
+end
+if A.seq ~= nil then
+  info.s = A.seq.k
+  if A.seq.e then info.x = 1 end
+  info.p = pinned
 end
 enqueue(id, info, score)
 -- Less urgent requests it pushed past their allowance are told at once, and borrowers' where it is

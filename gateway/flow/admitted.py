@@ -282,6 +282,7 @@ class AdmittedCall:
                 self._cost,
                 self._admission.controller.clock(),
                 meta.budget_s,
+                None if meta.sequence is None else meta.sequence.key,
             )
             self._admission.queued.add(self._queued)
         return self._ingress.until_disconnect()

@@ -24,6 +24,8 @@ class QueuedRequest:
     queued_at: float
     """On the gateway's clock."""
     budget_s: float | None
+    sequence: str | None = None
+    """The sequence it belongs to where its model pins sequences (it waits for that backend)."""
 
 
 class QueuedRequests:

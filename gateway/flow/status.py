@@ -190,6 +190,7 @@ class StatusBoard:
             "budget_left_ms": None if request.budget_s is None else 1000 * (request.budget_s - waited_s),
             "work_ahead": {"more_urgent_classes": urgent, "own_class_at_most": own},
             "starts_within_ms": None if latest_start_s is None else 1000 * latest_start_s,
+            "sequence": request.sequence,
             "waits_for": self._waits_for(pool, stats, request, urgent),
         }
 
@@ -203,6 +204,8 @@ class StatusBoard:
                 return "quota"
         if urgent > 0:
             return "more_urgent_classes"
+        if request.sequence is not None:
+            return "its_sequence_backend"  # pinned: a slot on that backend, whatever is free elsewhere
         return "its_turn"
 
 

@@ -35,8 +35,9 @@ def infer(sequence_id=None, *, start=False, end=False, value=1.0):
     return body
 
 
-async def post(http, gateway, body):
-    async with http.post(gateway.url + "/v2/models/sim/infer", json=body) as reply:
+async def post(http, gateway, body, request_id=None):
+    headers = {} if request_id is None else {"X-Request-Id": request_id}
+    async with http.post(gateway.url + "/v2/models/sim/infer", json=body, headers=headers) as reply:
         return reply.status, await reply.json(content_type=None)
 
 
@@ -57,8 +58,11 @@ async def test_a_sequence_waits_for_its_backend_while_others_take_the_free_one(
         await hang_the_backend(a)
         held = asyncio.ensure_future(post(http, gateway, infer()))  # A's slot, held there
         await wait_for_hanging(a, 1)
-        pinned = asyncio.ensure_future(post(http, gateway, infer(7)))
+        pinned = asyncio.ensure_future(post(http, gateway, infer(7), request_id="seq-7-b"))
         await eventually(lambda: gateway.assert_metric("gateway_queue_depth", 1, priority="low"))
+        async with http.get(gateway.admin_url + "/status/requests/seq-7-b") as reply:
+            found = await reply.json()
+        assert (found["sequence"], found["waits_for"]) == ("7", "its_sequence_backend"), found
         # B is free, and a request of no sequence takes it past the one that waits for A.
         status, answer = await post(http, gateway, infer())
         assert status == 200, answer

@@ -79,3 +79,21 @@ async def test_a_pin_holds_its_idle_time_past_its_last_requests_leave_by_then_la
     # Its end forgot the pin: the next request of `s` goes where dispatch sends any.
     assert await cluster.client.hget(f"{cluster.tag}:pins", "s") is None
     await on(await offer(store, cluster.now, s), 9000)
+
+
+async def test_many_live_pins_are_swept_now_and_then_not_on_every_request(cluster):
+    store = await cluster.start("r1", model=two_backends())
+    pins = f"{cluster.tag}:pins"
+    now = cluster.now
+    # 4095 pins, 100 of them past their time: the next request's pin makes 4096, and a sweep.
+    live = {f"s-{i}": f"{now + 100:.6f}|http://127.0.0.1:9000" for i in range(3995)}
+    past = {f"old-{i}": f"{now - 1:.6f}|http://127.0.0.1:9000" for i in range(100)}
+    await cluster.client.hset(pins, mapping=live | past)
+    await on(await offer(store, now, SequenceRef("new")), 9000)
+    assert await cluster.client.hlen(pins) == 3996
+    assert float(await cluster.client.hget(f"{cluster.tag}:stats", "pin_sweep_at")) == 2 * 3996
+    # Past 4096 again but below twice what it left, a new pin sweeps nothing: one past its time stays.
+    more = {f"more-{i}": f"{now + 100:.6f}|http://127.0.0.1:9000" for i in range(100)}
+    await cluster.client.hset(pins, mapping=more | {"old-again": f"{now - 1:.6f}|http://127.0.0.1:9000"})
+    await on(await offer(store, now, SequenceRef("fresh")), 9001)  # the least loaded
+    assert await cluster.client.hlen(pins) == 4098 and await cluster.client.hexists(pins, "old-again")

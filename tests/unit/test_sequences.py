@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from gateway.http.pricing import json_part
-from gateway.queues.memory.pins import SequencePins, has_room
+from gateway.queues.memory.pins import SWEEP_AT, SequencePins, has_room
 from policies.balancing import least_loaded
 from policies.dispatch import Head, pinned_goes_first
 from policies.sequences import PIN_IDLE_S, SequenceRef, sequence_of
@@ -106,3 +106,17 @@ def test_the_redis_scripts_keep_a_pin_as_long_as_the_memory_store():
     from gateway.queues.redis.scripts import script_source
 
     assert f"local PIN_IDLE_S = {PIN_IDLE_S:g}  --" in script_source("offer")
+
+
+def test_many_live_pins_are_swept_now_and_then_not_on_every_request():
+    pins = SequencePins()
+    for i in range(SWEEP_AT):
+        pins.follow(SequenceRef(f"old-{i}" if i < 100 else f"s-{i}"), "a", seen_at=0.0 if i < 100 else 700.0)
+    left = SWEEP_AT - 100
+    assert len(pins) == left  # the first sweep dropped the 100 past their time
+    swept = pins._pins
+    for i in range(left - 1):  # live ones, up to one short of twice what it left
+        pins.follow(SequenceRef(f"more-{i}"), "a", seen_at=700.0)
+    assert pins._pins is swept and len(pins) == 2 * left - 1  # not rebuilt on the way
+    pins.follow(SequenceRef("last"), "a", seen_at=700.0)
+    assert pins._pins is not swept and len(pins) == 2 * left

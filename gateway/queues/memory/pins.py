@@ -12,13 +12,16 @@ from policies.balancing import least_loaded
 from policies.sequences import PIN_IDLE_S, SequenceRef
 
 SWEEP_AT = 4096
-"""Pins past their time are swept out once this many are held (each is dropped when read, too)."""
+"""Pins past their time are swept out once this many are held, and after a sweep once twice as many
+as it left (so that many live sequences cost a sweep now and then, not one a request); each is
+dropped when read, too."""
 
 
 class SequencePins:
     def __init__(self) -> None:
         self._pins: dict[str, tuple[str, float]] = {}
         """Sequence key -> (its backend's url, until when the pin holds)."""
+        self._sweep_at = SWEEP_AT
 
     def __len__(self) -> int:
         return len(self._pins)
@@ -46,8 +49,9 @@ class SequencePins:
             self._pins.pop(sequence.key, None)
             return
         self._pins[sequence.key] = (url, seen_at + PIN_IDLE_S)
-        if len(self._pins) >= SWEEP_AT:
+        if len(self._pins) >= self._sweep_at:
             self._pins = {key: pin for key, pin in self._pins.items() if pin[1] >= seen_at}
+            self._sweep_at = max(SWEEP_AT, 2 * len(self._pins))
 
 
 def index_of(capacity: Sequence[Capacity], url: str) -> int | None:

@@ -55,6 +55,7 @@
 --   <tag>:stats             hash  raw counters: off:<band>, adm:<band> (work offered, admitted),
 --                                 drained_work, drained_s, drained_at, handovers, handed_work;
 --                                 backlog_at; recovery_until, unknown_until, replicas_expected;
+--                                 pin_sweep_at (how many pins the next sweep of <tag>:pins waits for);
 --                                 epoch (set when this state was created: missing after Redis lost it)
 --   <tag>:replicas          zset  replica -> heartbeat expiry
 --   <tag>:seq               counter for ticket and lease ids
@@ -182,7 +183,7 @@ end
 -- Sequences (policies.sequences; the memory store's gateway/queues/memory/pins.py) ----------------
 
 local PIN_IDLE_S = 600  -- policies.sequences.PIN_IDLE_S (tests/unit/test_sequences.py holds them equal)
-local PIN_SWEEP_AT = 4096  -- pins past their time are swept out once this many are held
+local PIN_SWEEP_AT = 4096  -- gateway/queues/memory/pins.SWEEP_AT
 
 local function backend_at(backends, url)
   for _, b in ipairs(backends) do
@@ -218,11 +219,13 @@ local function follow_sequence(key, ends, url, seen_at)
     return
   end
   redis.call('HSET', pins, key, fmt(seen_at + PIN_IDLE_S) .. '|' .. url)
-  if redis.call('HLEN', pins) >= PIN_SWEEP_AT then
+  -- Swept past PIN_SWEEP_AT pins, and after a sweep past twice what it left (stats pin_sweep_at).
+  if redis.call('HLEN', pins) >= tonumber(redis.call('HGET', tag .. ':stats', 'pin_sweep_at') or PIN_SWEEP_AT) then
     local flat = redis.call('HGETALL', pins)
     for i = 1, #flat, 2 do
       if tonumber(string.match(flat[i + 1], '^[^|]*')) < seen_at then redis.call('HDEL', pins, flat[i]) end
     end
+    redis.call('HSET', tag .. ':stats', 'pin_sweep_at', math.max(PIN_SWEEP_AT, 2 * redis.call('HLEN', pins)))
   end
 end
 

@@ -5,7 +5,7 @@ runs' CPU, which varies by more than 3% from run to run on this machine.
     PYTHONPATH=. python -m loadtests.trace_share [--load 3] [--duration 30] [--rate 200]
 
 The bench's traced target (8 slots x 40 ms, 200 rps a unit of load, the bench's class mix) is
-profiled by py-spy (`pip install py-spy`) for the run, sampling the thread that holds the GIL (the
+profiled by py-spy (in the `load` extra) for the run, sampling the thread that holds the GIL (the
 only one running Python; stacks read without pausing the process come torn, and a thread waiting on
 a condition reads as busy). A sample is tracing's when its stack passes through OpenTelemetry (the
 SDK, the batch processor's thread, its OTLP encoding and export) or gateway/telemetry/tracing.py.
@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     py_spy = shutil.which("py-spy")
     if py_spy is None:
-        sys.exit("py-spy is not installed (pip install py-spy)")
+        sys.exit("py-spy is not installed (pip install -e '.[load]')")
     log_dir = Path(tempfile.mkdtemp(prefix="trace-share-"))
     cores = Cores.layout(["traced"], share=False)
     sim = Sim(log_dir, slots=8, base_ms=40)

@@ -50,6 +50,9 @@ class QueueStats:
     fair_turns: tuple[FairTurns | None, ...] = field(default=(), compare=False)
     """Per band, its fair-queuing state while flows wait in it (None where none does; empty under
     EDF ordering): a request waits for its flow's turn, not for the whole band."""
+    pinned_by_band: tuple[int, ...] = ()
+    """Of the requests waiting, per band, those of pinned sequences (policies.sequences): each
+    waits for its own backend's slot; none when not given."""
 
     def free_for(self, band: int) -> int:
         """The free slots a request of `band` may take."""
@@ -73,9 +76,15 @@ class QueueStats:
     ) -> float:
         """What a store checks an offer of `band`, `tenant`, `cost` and `reach` against its limit
         with, as these statistics show the queue (module `work_before_grant`)."""
-        ahead = self.work_ahead(band, tenant, handover_cost)
+        free = self.free_for(band)
+        ahead = queued_ahead(self.work_ahead(band, tenant, handover_cost), free, self.only_pinned_ahead(band))
         arriving = self.arriving_ahead(band, tenant, handover_cost, reach)
-        return work_before_grant(ahead, self.free_for(band), handover_cost, cost, arriving)
+        return work_before_grant(ahead, free, handover_cost, cost, arriving)
+
+    def only_pinned_ahead(self, band: int) -> bool:
+        """Whether every request waiting in `band` and the more urgent ones is a pinned sequence's."""
+        pinned = self.pinned_by_band
+        return bool(pinned) and all(self.queued_by_band[b] == pinned[b] for b in range(band + 1))
 
     def arriving_ahead(
         self, band: int, tenant: str | None, slack: float, reach: Mapping[str, float]
@@ -189,6 +198,15 @@ def room_taken(queued_ahead: float, handover_cost: float, cost: float) -> float:
     refusing it would refuse work a plain queue serves in time.
     """
     return max(handover_cost, cost) if queued_ahead > 0 else handover_cost
+
+
+def queued_ahead(work_ahead: float, free_slots: int, only_pinned_ahead: bool) -> float:
+    """The queued work a new request waits behind: none with a slot free for it where every
+    request queued ahead is a pinned sequence's (policies.sequences), waiting for a slot on its own
+    backend, which is full (dispatch hands a pinned request the slot its backend frees at once).
+
+    The Redis store checks the same in its offer script (gateway/queues/redis/lua/offer.lua)."""
+    return 0.0 if free_slots > 0 and only_pinned_ahead else work_ahead
 
 
 def work_before_grant(

@@ -338,6 +338,7 @@ class StoresAgree(RuleBasedStateMachine):
         self.run(self.redis._refresh(state))
         in_memory, in_redis = self.memory.stats(MODEL), self.redis.stats(MODEL)
         assert in_redis.queued_by_band == in_memory.queued_by_band
+        assert in_redis.pinned_by_band == in_memory.pinned_by_band
         assert in_redis.free_slots == in_memory.free_slots
         assert in_redis.queued_work_by_band == pytest.approx(in_memory.queued_work_by_band)
         # What admission reads of each band's fair queuing (the arrivals in turn ahead of a request)
@@ -450,3 +451,17 @@ def test_a_sequences_requests_wait_for_their_backend_apart_from_the_flows_alike(
             ("release", {"index": 0}),
         ],
     )
+
+
+def test_requests_pinned_to_a_full_backend_hold_back_no_request_a_free_slot_can_take():
+    machine = StoresAgree()
+    try:
+        machine.start(slots=(1, 2), ordering=Ordering.FIFO)
+        for _ in range(2):  # the first takes A's slot, the second waits for it
+            machine.offer_to_both(0, "", 1.0, UNLIMITED, 10.0, None, False, {}, S1)
+        # No room to wait (max_work 0): granted at once on B all the same, in both stores.
+        answer = machine.offer_to_both(1, "", 1.0, 0.0, 10.0, None, False, {})
+        assert isinstance(answer, Granted) and answer.slot.backend.url.endswith(":9001")
+        machine.statistics_and_counters_agree()
+    finally:
+        machine.teardown()

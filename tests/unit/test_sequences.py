@@ -60,23 +60,34 @@ class Share:
         return self.backend.ready
 
 
+def place(pins: SequencePins, sequence: SequenceRef, pool, now: float, *, admitted: bool = True):
+    """Where a request of `sequence` arriving `now` goes, pinned there if `admitted`."""
+    backend, anew = pins.backend_of(sequence, pool, now)
+    if admitted:
+        pins.admitted(sequence, backend, anew, now)
+    return backend
+
+
 def test_a_sequence_is_pinned_on_arrival_to_the_least_loaded_backend_and_stays_there():
     pool = [Share(Backend("a"), inflight=2), Share(Backend("b"), inflight=1)]
     pins = SequencePins()
-    assert pins.backend_of(SequenceRef("s"), pool, now=0.0) == "b"  # pinned at once, full or not
+    assert place(pins, SequenceRef("s"), pool, now=0.0) == "b"  # pinned at once, full or not
     pool[1].inflight = 2
     pool[0].inflight = 0
-    assert pins.backend_of(SequenceRef("s"), pool, now=1.0) == "b"  # a free A does not move it
+    assert place(pins, SequenceRef("s"), pool, now=1.0) == "b"  # a free A does not move it
     assert not has_room(pool, "b") and has_room(pool, "a")
-    assert pins.backend_of(SequenceRef("s", start=True), pool, now=2.0) == "a"  # a start pins anew
+    # A start refused (admission) pins nothing; admitted, it pins anew.
+    assert place(pins, SequenceRef("s", start=True), pool, now=2.0, admitted=False) == "a"
+    assert place(pins, SequenceRef("s"), pool, now=2.0) == "b"
+    assert place(pins, SequenceRef("s", start=True), pool, now=2.0) == "a"
     pins.follow(SequenceRef("s", end=True), "a", seen_at=3.0)
     assert len(pins) == 0
-    assert pins.backend_of(SequenceRef("t"), pool, now=0.0) == "a"
-    assert pins.backend_of(SequenceRef("t"), pool, now=PIN_IDLE_S + 1) == "a"  # re-pinned: least loaded
+    assert place(pins, SequenceRef("t"), pool, now=0.0) == "a"
+    assert place(pins, SequenceRef("t"), pool, now=PIN_IDLE_S + 1) == "a"  # re-pinned: least loaded
     pool[0].backend.ready = False
-    assert pins.backend_of(SequenceRef("t"), pool, now=PIN_IDLE_S + 2) == "b"  # its backend went down
+    assert place(pins, SequenceRef("t"), pool, now=PIN_IDLE_S + 2) == "b"  # its backend went down
     pool[1].backend.ready = False
-    assert pins.backend_of(SequenceRef("t"), pool, now=PIN_IDLE_S + 3) is None and len(pins) == 0
+    assert place(pins, SequenceRef("t"), pool, now=PIN_IDLE_S + 3) is None and len(pins) == 0
 
 
 def test_least_loaded_counts_full_backends_and_skips_unready_ones():
@@ -120,3 +131,14 @@ def test_many_live_pins_are_swept_now_and_then_not_on_every_request():
     assert pins._pins is swept and len(pins) == 2 * left - 1  # not rebuilt on the way
     pins.follow(SequenceRef("last"), "a", seen_at=700.0)
     assert pins._pins is not swept and len(pins) == 2 * left
+
+
+def test_pinned_requests_ahead_hold_back_no_request_a_free_slot_can_take():
+    from policies.wait import QueueStats
+
+    pinned_only = QueueStats(queued_by_band=(2, 0), free_slots=1, pinned_by_band=(2, 0))
+    assert pinned_only.work_before_grant(1, None, 1.0, 1.0, {}) == 0.0
+    mixed = QueueStats(queued_by_band=(2, 0), free_slots=1, pinned_by_band=(1, 0))
+    assert mixed.work_before_grant(1, None, 1.0, 1.0, {}) > 0.0
+    full = QueueStats(queued_by_band=(2, 0), free_slots=0, pinned_by_band=(2, 0))
+    assert full.work_before_grant(1, None, 1.0, 1.0, {}) > 0.0

@@ -44,6 +44,8 @@ class BandQueue:
     """Each backlogged flow's live head and its start tag."""
     weights: dict[str, float] = field(default_factory=dict)
     """The weight of each flow admitted, queued or granted at once (as the Redis store keeps them)."""
+    pinned_count: int = 0
+    """The live tickets of `pinned`."""
     pinned: list[Ticket] = field(default_factory=list)
     """Requests of sequences, each waiting for its backend's slot, in arrival order (withdrawn ones
     dropped as they are met). Counted in the band's count, work and flows' queued work, not in

@@ -130,6 +130,7 @@ class ModelQueue:
             started_at=tuple(self.running.values()),
             started_kinds=tuple(slot.kind for slot in self.running),
             fair_turns=tuple(b.turns(weight) for b in self.bands) if (weight := self.told_weights) else (),
+            pinned_by_band=tuple(b.pinned_count for b in self.bands),
         )
 
     def work_ahead(self, band: int, tenant: str, slack: float) -> float:
@@ -138,6 +139,10 @@ class ModelQueue:
         urgent = sum(b.work for b in self.bands[:band])
         own, weight_of = self.bands[band], self.weight_of
         return urgent + (own.work if weight_of is None else own.work_ahead(tenant, weight_of, slack))
+
+    def only_pinned_ahead(self, band: int) -> bool:
+        """Whether every request waiting in `band` and the more urgent ones is a pinned sequence's."""
+        return all(b.count == b.pinned_count for b in self.bands[: band + 1])
 
     def arriving_ahead(self, band: int, tenant: str, slack: float, reach: Mapping[str, float]) -> float:
         """What the band's other flows will still send ahead of a new request of `band` and
@@ -307,6 +312,7 @@ class ModelQueue:
             heapq.heappush(band.flows.setdefault(tenant, []), (rank, sequence, ticket))
         else:  # pinned: waits apart, for its backend's slot (gateway/queues/memory/pins.py)
             band.pinned.append(ticket)
+            band.pinned_count += 1
         band.count += 1
         band.work += ticket.cost
         band.queued[tenant] = band.queued.get(tenant, 0.0) + ticket.cost
@@ -333,6 +339,7 @@ class ModelQueue:
         self.live.discard(ticket)
         band = self.bands[ticket.band]
         band.count -= 1
+        band.pinned_count -= ticket.backend is not None
         band.work = band.work - ticket.cost if band.count else 0.0  # no float residue when empty
         tenant = ticket.flow.tenant
         left = band.queued.pop(tenant, 0.0) - ticket.cost

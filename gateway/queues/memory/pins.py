@@ -26,22 +26,29 @@ class SequencePins:
     def __len__(self) -> int:
         return len(self._pins)
 
-    def backend_of(self, sequence: SequenceRef, capacity: Sequence[Capacity], now: float) -> str | None:
-        """The backend a request of `sequence` arriving `now` must take a slot on: its pin, or, for
-        its first request (or a start, or a pin past its time or to a backend gone or not ready),
-        the least loaded ready backend, pinned from now on so that the requests that follow
-        before this one is served go there too. None: no backend is ready."""
+    def backend_of(
+        self, sequence: SequenceRef, capacity: Sequence[Capacity], now: float
+    ) -> tuple[str | None, bool]:
+        """The backend a request of `sequence` arriving `now` must take a slot on, and whether it
+        is pinned there anew: its pin; or, for its first request (or a start, or a pin past its
+        time or to a backend gone or not ready), the least loaded ready backend (None: none is
+        ready), which `admitted` pins once the request is admitted, so that the requests that
+        follow before this one is served go there too. A refused request pins nothing."""
         pin = self._pins.get(sequence.key)
         if pin is not None and not sequence.start and pin[1] >= now:
             if any(c.backend.url == pin[0] and c.ready for c in capacity):
-                return pin[0]
+                return pin[0], False
         index = least_loaded(capacity)
-        if index is None:
+        return (None if index is None else capacity[index].backend.url), True
+
+    def admitted(self, sequence: SequenceRef, backend: str | None, anew: bool, now: float) -> None:
+        """A request of `sequence` placed on `backend` (`backend_of`) was admitted."""
+        if not anew:
+            return
+        if backend is None:
             self._pins.pop(sequence.key, None)
-            return None
-        url = capacity[index].backend.url
-        self.follow(SequenceRef(sequence.key), url, now)
-        return url
+            return
+        self.follow(SequenceRef(sequence.key), backend, now)
 
     def follow(self, sequence: SequenceRef, url: str, seen_at: float) -> None:
         """A request of `sequence` got a slot on `url`: its next ones go there too, until its end."""

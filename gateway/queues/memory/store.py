@@ -37,7 +37,7 @@ from policies.ordering import Ordering
 from policies.outcomes import Outcome
 from policies.quotas import Quota
 from policies.sequences import SequenceRef
-from policies.wait import QueueStats, Throughput, work_before_grant
+from policies.wait import QueueStats, Throughput, queued_ahead, work_before_grant
 
 
 class MemoryQueue:
@@ -120,7 +120,7 @@ class MemoryQueue:
         sequence: SequenceRef | None = None,
     ) -> Offer:
         queue = self._models[flow.model]
-        pinned = queue.pins.backend_of(sequence, queue.capacity, now) if sequence is not None else None
+        pinned, anew = queue.pins.backend_of(sequence, queue.capacity, now) if sequence else (None, False)
         per_slot = queue.estimates.handover_cost
         queue.estimates.observe(queue.counters, now)  # closes the counting interval before this one
         if queue.quotas and queue.live and queue.estimates.handover_cost != per_slot:
@@ -130,8 +130,9 @@ class MemoryQueue:
         counters = queue.counters
         counters.offered_work[flow.band] += cost
         handover = queue.estimates.handover_cost
-        ahead = queue.work_ahead(flow.band, flow.tenant, handover) if queue.live else 0.0
         free = queue.usable(flow.band)
+        ahead = queue.work_ahead(flow.band, flow.tenant, handover) if queue.live else 0.0
+        ahead = queued_ahead(ahead, free, queue.only_pinned_ahead(flow.band))
         waits = ahead > 0 or free == 0  # arrivals count only where it waits, as offer.lua reads them
         arriving = queue.arriving_ahead(flow.band, flow.tenant, handover, reach) if reach and waits else 0.0
         to_drain = work_before_grant(ahead, free, handover, cost, arriving)
@@ -145,6 +146,8 @@ class MemoryQueue:
         )
         if not immediate and not queue.room_for(flow.band, cost):
             return Full(queue.stats(), at_cap=True)
+        if sequence is not None:
+            queue.pins.admitted(sequence, pinned, anew, now)
         counters.count_admitted(flow.band, flow.tenant, cost)
         queue.joins(flow)
         held = batching is not None and batching.hold

@@ -133,6 +133,7 @@ class View:
             started_at=started_at,
             started_kinds=kinds,
             fair_turns=tuple(_fair_turns(band) for band in as_list(raw.get("ft"))),
+            pinned_by_band=tuple(int(n) for n in as_list(raw.get("p"))),
         )
         counters = StoreCounters(
             offered_work=[float(x) for x in raw["off"]],

@@ -22,7 +22,8 @@
 --                                 e: leave-by time, k: batch key, m: batch cost limit,
 --                                 q: its kind of request, policies.request_kinds; s: its sequence,
 --                                 x: 1 when it ends it, p: the backend it is pinned to}
---   <tag>:queued            hash  "n<band>" -> tickets waiting, "w<band>" -> their work
+--   <tag>:queued            hash  "n<band>" -> tickets waiting, "w<band>" -> their work, "p<band>" -> the
+--                                 pinned ones among them
 --   <tag>:slots             hash  backend url -> slots in use, over all replicas
 --   <tag>:ready             hash  backend url -> "1" when ready
 --   <tag>:leases            zset  lease id -> expiry time (renewed while its work runs; once its
@@ -230,26 +231,31 @@ local function follow_sequence(key, ends, url, seen_at)
 end
 
 -- SequencePins.backend_of: the backend a request of sequence `seq` ({k: key, s: starts it, e: ends
--- it}) arriving `now` must take a slot on: its pin, or (first request, a start, a pin past its time
--- or to a backend gone or not ready) the least loaded ready backend, pinned from now on. nil: none
--- is ready.
+-- it}) arriving `now` must take a slot on, and whether it is pinned there anew: its pin; or (first
+-- request, a start, a pin past its time or to a backend gone or not ready) the least loaded ready
+-- backend (nil: none is ready), which pin_admitted pins once the request is admitted.
 local function pinned_backend(seq, backends, now)
-  local pins = tag .. ':pins'
-  local pin = redis.call('HGET', pins, seq.k)
+  local pin = redis.call('HGET', tag .. ':pins', seq.k)
   if pin and not seq.s then
     local until_s, url = string.match(pin, '^([^|]*)|(.*)$')
     if tonumber(until_s) >= now and backend_at(backends, url) ~= nil
         and redis.call('HGET', tag .. ':ready', url) == '1' then
-      return url
+      return url, false
     end
   end
   local best = least_loaded(backends)
-  if best == nil then
-    redis.call('HDEL', pins, seq.k)
-    return nil
+  if best == nil then return nil, true end
+  return best.url, true
+end
+
+-- SequencePins.admitted: a request of `seq` placed on `url` (pinned_backend) was admitted.
+local function pin_admitted(seq, url, anew, now)
+  if not anew then return end
+  if url == nil then
+    redis.call('HDEL', tag .. ':pins', seq.k)
+    return
   end
-  follow_sequence(seq.k, false, best.url, now)
-  return best.url
+  follow_sequence(seq.k, false, url, now)
 end
 
 local function queued_total(nbands)
@@ -355,9 +361,10 @@ end
 
 local function count_queued(info, sign)
   local n = redis.call('HINCRBY', tag .. ':queued', 'n' .. info.b, sign)
+  if info.p then redis.call('HINCRBY', tag .. ':queued', 'p' .. info.b, sign) end
   local fwork = tag .. ':fwork:' .. info.b
   if n <= 0 then
-    redis.call('HSET', tag .. ':queued', 'n' .. info.b, 0, 'w' .. info.b, 0)  -- no float residue
+    redis.call('HSET', tag .. ':queued', 'n' .. info.b, 0, 'w' .. info.b, 0, 'p' .. info.b, 0)  -- no float residue
     redis.call('DEL', fwork)
   else
     redis.call('HINCRBYFLOAT', tag .. ':queued', 'w' .. info.b, sign * info.c)
@@ -371,6 +378,15 @@ end
 -- the head (refresh_head).
 local function join_fair_flow(band, tenant, weight)
   redis.call('HSET', tag .. ':fweight:' .. band, tenant, string.format('%.17g', weight))
+end
+
+-- QueueStats.only_pinned_ahead: every ticket waiting in `band` and the more urgent ones is pinned.
+local function only_pinned_ahead(band)
+  for b = 0, band do
+    local queued = redis.call('HMGET', tag .. ':queued', 'n' .. b, 'p' .. b)
+    if tonumber(queued[1] or '0') ~= tonumber(queued[2] or '0') then return false end
+  end
+  return true
 end
 
 local function pinned_key(band)
@@ -993,7 +1009,7 @@ end
 local LEASES_ALWAYS_SENT = 64
 
 local function view(nbands, backends, now)
-  local n, w, off, adm, ft = {}, {}, {}, {}, {}
+  local n, w, p, off, adm, ft = {}, {}, {}, {}, {}, {}
   local started, kinds, held_absent = nil, nil, nil
   if not A.fresh or redis.call('ZCARD', tag .. ':started') <= LEASES_ALWAYS_SENT then
     started, kinds, held_absent = started_times()
@@ -1001,12 +1017,14 @@ local function view(nbands, backends, now)
   for band = 0, nbands - 1 do
     n[#n + 1] = tonumber(redis.call('HGET', tag .. ':queued', 'n' .. band) or '0')
     w[#w + 1] = tonumber(redis.call('HGET', tag .. ':queued', 'w' .. band) or '0')
+    p[#p + 1] = tonumber(redis.call('HGET', tag .. ':queued', 'p' .. band) or '0')
     off[#off + 1] = stat('off:' .. band)
     adm[#adm + 1] = stat('adm:' .. band)
     if A.tenants then ft[#ft + 1] = fair_turns(band) end
   end
   return {
-    now = fmt(now), free = free_slots(backends), ib = held_by_band(nbands), n = n, w = w, off = off, adm = adm,
+    now = fmt(now), free = free_slots(backends), ib = held_by_band(nbands), n = n, w = w, p = p, off = off,
+    adm = adm,
     ft = ft,
     dw = stat('drained_work'), ds = stat('drained_s'),
     da = redis.call('HGET', tag .. ':stats', 'drained_at') or '',

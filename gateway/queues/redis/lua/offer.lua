@@ -20,14 +20,16 @@ local now = now_s()
 if not live(A.replica, now) then return cjson.encode({kind = 'absent'}) end
 reap_absent(now)
 local nbands = A.bands
-local pinned = nil  -- the backend a sequence's request must take its slot on
-if A.seq ~= nil then pinned = pinned_backend(A.seq, A.backends, now) end
+local pinned, anew = nil, false  -- the backend a sequence's request must take its slot on
+if A.seq ~= nil then pinned, anew = pinned_backend(A.seq, A.backends, now) end
 count_refused_locally(nbands)
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'off:' .. A.band, A.cost)
 local turn_of = nil  -- under EDF a band is not fair-queued: its whole work is ahead
 if not A.edf then turn_of = A.tenant end
 local ahead = work_ahead(A.band, turn_of, A.handover)
 local free = usable_free(A.band, A.backends, nbands)
+-- policies.wait.queued_ahead: pinned requests ahead wait for their own backends, which are full.
+if ahead > 0 and free > 0 and only_pinned_ahead(A.band) then ahead = 0 end
 -- policies.wait.work_before_grant (and room_taken), here where it must be atomic with the insert;
 -- the other flows' arrivals ahead of its turn (A.reach) count only where it waits.
 local to_drain = 0
@@ -46,6 +48,7 @@ local immediate = to_drain == 0 and may_start(A.tenant, A.cost, A.backends, nban
 if not immediate and A.cap ~= nil and not room_for(A.band, A.cost, nbands) then
   return cjson.encode({kind = 'full', cap = true, view = view(nbands, A.backends, now)})
 end
+if A.seq ~= nil then pin_admitted(A.seq, pinned, anew, now) end
 redis.call('HINCRBYFLOAT', tag .. ':stats', 'adm:' .. A.band, A.cost)
 redis.call('HINCRBYFLOAT', tag .. ':admitted', A.band .. ':' .. A.tenant, A.cost)
 -- Under fair queuing its flow's weight counts in the others' turns from now on, queued or not.

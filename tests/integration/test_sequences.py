@@ -45,19 +45,30 @@ def completed(sim) -> int:
     return sim.stats()["completed"]
 
 
+def two_backends(start_sim):
+    """Two simulated backends of one slot each: A, listed first, and B."""
+    return start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
+
+
+async def hold_the_first(http, gateway, a) -> asyncio.Future:
+    """A request of no sequence holding A's slot until A's fault is cleared: its answer, to come."""
+    await hang_the_backend(a)
+    held = asyncio.ensure_future(post(http, gateway, infer()))
+    await wait_for_hanging(a, 1)
+    return held
+
+
 @pytest.mark.parametrize("store", STORES)
 async def test_a_sequence_waits_for_its_backend_while_others_take_the_free_one(
     start_sim, start_gateway, store_section
 ):
-    a, b = start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
+    a, b = two_backends(start_sim)
     gateway = start_gateway(sequence_config(a, b, store_section))
     async with aiohttp.ClientSession() as http:
         assert (await post(http, gateway, infer(7, start=True)))[0] == 200
         assert (completed(a), completed(b)) == (1, 0)  # both free: the first listed
 
-        await hang_the_backend(a)
-        held = asyncio.ensure_future(post(http, gateway, infer()))  # A's slot, held there
-        await wait_for_hanging(a, 1)
+        held = await hold_the_first(http, gateway, a)
         pinned = asyncio.ensure_future(post(http, gateway, infer(7), request_id="seq-7-b"))
         await eventually(lambda: gateway.assert_metric("gateway_queue_depth", 1, priority="low"))
         async with http.get(gateway.admin_url + "/status/requests/seq-7-b") as reply:
@@ -78,12 +89,10 @@ async def test_a_sequence_waits_for_its_backend_while_others_take_the_free_one(
 async def test_a_sequence_pinned_to_the_second_backend_stays_there_until_a_new_start(
     start_sim, start_gateway, store_section
 ):
-    a, b = start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
+    a, b = two_backends(start_sim)
     gateway = start_gateway(sequence_config(a, b, store_section))
     async with aiohttp.ClientSession() as http:
-        await hang_the_backend(a)
-        held = asyncio.ensure_future(post(http, gateway, infer()))
-        await wait_for_hanging(a, 1)
+        held = await hold_the_first(http, gateway, a)
         assert (await post(http, gateway, infer("call-42", start=True)))[0] == 200  # A is busy: B
         await clear_the_fault(a)
         assert (await held)[0] == 200
@@ -99,14 +108,12 @@ async def test_a_sequence_pinned_to_the_second_backend_stays_there_until_a_new_s
 
 @pytest.mark.parametrize("store", STORES)
 async def test_grpc_sequences_are_pinned_as_http_ones(start_sim, start_gateway, store_section):
-    a, b = start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
+    a, b = two_backends(start_sim)
     gateway = start_gateway(
         sequence_config(a, b, store_section, grpc_listen={"host": "127.0.0.1", "port": 0})
     )
     async with aiohttp.ClientSession() as http:
-        await hang_the_backend(a)
-        held = asyncio.ensure_future(post(http, gateway, infer()))
-        await wait_for_hanging(a, 1)
+        held = await hold_the_first(http, gateway, a)
         client = triton_grpc.InferenceServerClient(gateway.grpc_target)
         data = np.array([[2.0]], dtype=np.float32)
         inputs = [triton_grpc.InferInput("INPUT0", [1, 1], "FP32")]
@@ -122,7 +129,7 @@ async def test_grpc_sequences_are_pinned_as_http_ones(start_sim, start_gateway, 
 
 
 async def test_a_malformed_sequence_is_a_bad_request(start_sim, start_gateway):
-    a, b = start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
+    a, b = two_backends(start_sim)
     gateway = start_gateway(sequence_config(a, b))
     async with aiohttp.ClientSession() as http:
         body = infer(7)
@@ -187,13 +194,11 @@ async def test_replicas_sharing_a_redis_send_a_sequence_to_one_backend(
 ):
     """The pins live in Redis: a sequence pinned through one replica is followed by the other,
     though the backend listed first is free."""
-    a, b = start_sim(slots=1, base_ms=20), start_sim(slots=1, base_ms=20)
+    a, b = two_backends(start_sim)
     config = sequence_config(a, b, {**store_section, "replicas": 2})
     first, second = start_gateway(config), start_gateway(config)
     async with aiohttp.ClientSession() as http:
-        await hang_the_backend(a)
-        held = asyncio.ensure_future(post(http, first, infer()))
-        await wait_for_hanging(a, 1)
+        held = await hold_the_first(http, first, a)
         assert (await post(http, first, infer(11, start=True)))[0] == 200  # A is busy: B
         await clear_the_fault(a)
         assert (await held)[0] == 200

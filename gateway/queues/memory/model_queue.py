@@ -339,7 +339,8 @@ class ModelQueue:
         self.live.discard(ticket)
         band = self.bands[ticket.band]
         band.count -= 1
-        band.pinned_count -= ticket.backend is not None
+        if ticket.backend is not None:
+            band.pinned_count -= 1
         band.work = band.work - ticket.cost if band.count else 0.0  # no float residue when empty
         tenant = ticket.flow.tenant
         left = band.queued.pop(tenant, 0.0) - ticket.cost

@@ -172,7 +172,10 @@ async def test_under_open_loop_overload_each_sequence_stays_on_one_backend_and_t
     assert len(on_a["sequences"]) + len(on_b["sequences"]) == 10
     assert on_a["peak_inflight"] <= 4 and on_b["peak_inflight"] <= 4
     overall = read_report(tmp_path / "run")["runs"][0]["overall"]
-    assert overall["goodput_rps"] > 150, overall  # the pool's 200/s, less what sequences wait for
+    # The pool's 200/s, less what sequences wait for: alone 177-187/s in memory, 166-171/s on Redis;
+    # beside the rest of the suite on two cores a Redis run fell below 150. A pinned head holding
+    # back its class (the first try) took it far lower.
+    assert overall["goodput_rps"] > 140, overall
     assert on_a["completed"] > 150 and on_b["completed"] > 150  # both backends serve
 
 

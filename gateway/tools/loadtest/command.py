@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from gateway.programs.arguments import count, number
-from gateway.tools.loadtest import client, llmd, recommend, report, summary
+from gateway.tools.loadtest import llmd, recommend, report, summary
 from gateway.tools.loadtest.requests import prepare
 from gateway.tools.loadtest.workload import (
     KINDS,
@@ -27,6 +27,9 @@ from gateway.tools.loadtest.workload import (
     read_body,
     total_rate,
 )
+
+if TYPE_CHECKING:  # imported by a run (_run_step): aiohttp is 0.2 s of every CLI start, `serve` included
+    from gateway.tools.loadtest import client
 
 PAST_SATURATION = 0.8
 """A sweep stops after two steps in a row serve less than this share within deadline."""
@@ -249,6 +252,8 @@ def _past_saturation(runs: Sequence[dict[str, Any]]) -> bool:
 def _run_step(
     args: argparse.Namespace, scenario: Scenario, rate: float, step: int
 ) -> tuple[dict[str, Any], list[client.RequestRecord]]:
+    from gateway.tools.loadtest import client
+
     schedule = arrivals(scenario, rate, args.duration, seed=args.seed + step)
     prepared = [prepare(traffic, args.model) for traffic in scenario.traffic]
     metrics = {}

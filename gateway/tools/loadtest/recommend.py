@@ -22,12 +22,14 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gateway.tools.loadtest.client import RequestRecord
 from gateway.tools.loadtest.summary import percentile
 from gateway.tools.loadtest.workload import Scenario
 from policies.capacity import WaitEstimate, mgc
+
+if TYPE_CHECKING:  # its client imports aiohttp, which every CLI start would pay for
+    from gateway.tools.loadtest.client import RequestRecord
 
 MAX_REPLICAS = 10_000
 SERVICE_TAIL = 0.99

@@ -14,11 +14,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gateway.tools.loadtest.client import RequestRecord
-from gateway.tools.loadtest.scrape import Scrape
 from gateway.tools.loadtest.workload import Scenario
+
+if TYPE_CHECKING:  # the client and the scrape import aiohttp, which every CLI start would pay for
+    from gateway.tools.loadtest.client import RequestRecord
+    from gateway.tools.loadtest.scrape import Scrape
 
 GOOD_ENOUGH = 0.95
 """The share within deadline at which an offered rate counts as sustained (a sweep's knee)."""

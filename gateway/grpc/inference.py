@@ -18,12 +18,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
-from gateway.flow.admitted import Admission, AdmittedCall
+from gateway.flow.admitted import Admission, AdmittedCall, RequestMeta
 from gateway.flow.batch_calls import Batches, BatchMember
 from gateway.flow.drain import DRAINING_RETRY_S
 from gateway.flow.request_meta import Problem, RequestClassifier
 from gateway.grpc.answer import GrpcAnswer, GrpcBatchAnswer
-from gateway.grpc.status import GrpcError, outcome_error
+from gateway.grpc.status import Code, GrpcError, outcome_error
+from gateway.grpc.streamed import UNARY_TO_DECOUPLED, StreamedAnswer, Write
 from gateway.grpc.tensors import TensorError, batch_size, parameter_values, request_body
 from gateway.queues.base import Batching
 from gateway.telemetry.access_log import AccessLog, AccessRecord
@@ -31,6 +32,7 @@ from gateway.telemetry.tracing import RequestTrace, Tracing
 from gateway.tensors.batch import HEADER_LENGTH, part_of
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.exchange import Forwarder, UpstreamExchange, UpstreamRequest
+from gateway.upstream.streamed import GrpcChannels, StreamedExchange
 from policies.outcomes import Outcome
 from policies.request_kinds import request_kind
 from policies.sequences import sequence_of
@@ -56,8 +58,10 @@ class Answered:
     """How an inference ended: its response or error, and its trailing metadata."""
 
     result: Any
-    """The `ModelInferResponse`, or a `GrpcError`."""
+    """The `ModelInferResponse` (a decoupled request's last), or a `GrpcError`."""
     trailers: tuple[tuple[str, str], ...] = ()
+    written: bool = False
+    """Its responses were written to the client's stream already (a decoupled model's request)."""
 
 
 class GrpcInference:
@@ -72,8 +76,11 @@ class GrpcInference:
         batches: Batches,
         access: AccessLog | None = None,
         tracing: Tracing | None = None,
+        channels: GrpcChannels | None = None,
     ) -> None:
         self._pools = pools
+        self._channels = channels or GrpcChannels()
+        """To the backends' gRPC ports, for decoupled models (gateway.upstream.streamed)."""
         self._classifier = classifier
         self._admission = admission
         self._forwarder = forwarder
@@ -81,8 +88,11 @@ class GrpcInference:
         self._access = access
         self._tracing = tracing
 
-    async def infer(self, request: Any, headers: Headers, time_left_s: float | None) -> Answered:
-        """Admit and run one inference, counted in the drain from here to its answer."""
+    async def infer(
+        self, request: Any, headers: Headers, time_left_s: float | None, write: Write | None = None
+    ) -> Answered:
+        """Admit and run one inference, counted in the drain from here to its answer. `write`: the
+        client's stream, where a decoupled model's responses go as they come (None: a unary call)."""
         drain = self._admission.drain
         drain.started()
         record = self._record(headers)
@@ -91,7 +101,7 @@ class GrpcInference:
             attributes = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": "ModelInfer"}
             trace = self._tracing.request(f"{SERVICE}/ModelInfer", headers, attributes)
         try:
-            answered = await self._infer(request, headers, time_left_s, record, trace)
+            answered = await self._infer(request, headers, time_left_s, record, trace, write)
         except asyncio.CancelledError:
             if not drain.absorb_cut():
                 raise
@@ -123,6 +133,7 @@ class GrpcInference:
         time_left_s: float | None,
         record: AccessRecord | None,
         trace: RequestTrace | None,
+        write: Write | None,
     ) -> Answered:
         meta = self._classifier.classify(headers)
         if isinstance(meta, Problem):
@@ -147,6 +158,8 @@ class GrpcInference:
                     record, Outcome.BAD_REQUEST, model=model, priority=meta.priority, detail=sequence
                 )
             meta = replace(meta, sequence=sequence)
+        if pool.decoupled:
+            return await self._streamed(request, pool, meta, record, trace, write)
         try:
             body, header_length = request_body(request)
         except TensorError as error:
@@ -209,6 +222,45 @@ class GrpcInference:
         await call.run()
         return Answered(answer.result, (answer.timing,) if answer.timing is not None else ())
 
+    async def _streamed(
+        self,
+        request: Any,
+        pool: ModelPool,
+        meta: RequestMeta,
+        record: AccessRecord | None,
+        trace: RequestTrace | None,
+        write: Write | None,
+    ) -> Answered:
+        """A decoupled model's request: over gRPC to its backend, each response to the stream."""
+        if write is None:  # as Triton answers it
+            refused = GrpcError(Code.UNIMPLEMENTED, UNARY_TO_DECOUPLED, reason=Outcome.BAD_REQUEST.value)
+            return self._fail(
+                record, Outcome.BAD_REQUEST, model=pool.name, priority=meta.priority, error=refused
+            )
+        cost = batch_size(request) if pool.priced_by_items else 1.0
+        if record is not None:
+            record.asks(pool.name, meta.priority, meta.tenant or "", cost)
+        admission = self._admission
+        admission.metrics.observe_cost(pool.name, cost)
+        work = StreamedExchange(self._forwarder, self._channels, pool, request, meta.budget_s)
+        work.trace = trace
+        clock = self._forwarder.clock
+        answer = StreamedAnswer(request, work, write, admission.drain, admission.no_backend_retry_s, clock)
+        call = AdmittedCall(
+            admission,
+            pool,
+            meta,
+            work,
+            answer,
+            body_bytes=request.ByteSize(),
+            cost=cost,
+            kind=request_kind("infer", True, cost),
+            access=record,
+            trace=trace,
+        )
+        await call.run()
+        return Answered(answer.result, written=True)
+
     def _fail(
         self,
         record: AccessRecord | None,
@@ -217,13 +269,15 @@ class GrpcInference:
         model: str = "",
         priority: str = "",
         detail: str | None = None,
+        error: GrpcError | None = None,
     ) -> Answered:
-        """Count `outcome` for a request that never reached admission, and its error."""
+        """Count `outcome` for a request that never reached admission, and its error (`error`, or
+        the outcome's own)."""
         self._admission.metrics.count(model, priority, outcome)
         if record is not None:
             record.asks(model, priority)
             record.outcome = outcome.value
-        return Answered(outcome_error(outcome, detail=detail))
+        return Answered(error or outcome_error(outcome, detail=detail))
 
 
 def _infer_path(model: str, version: str) -> str:

@@ -15,6 +15,7 @@ from tritonclient.grpc import service_pb2_grpc
 import grpc
 from gateway.grpc.service import InferenceService
 from gateway.settings import Listen, Tls
+from gateway.upstream.streamed import GrpcChannels
 
 log = logging.getLogger("gateway.grpc")
 
@@ -34,7 +35,16 @@ class GrpcListenFailed(Exception):
 
 
 class GrpcListener:
-    def __init__(self, listen: Listen, service: InferenceService, *, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        listen: Listen,
+        service: InferenceService,
+        *,
+        max_message_bytes: int,
+        channels: GrpcChannels | None = None,
+    ) -> None:
+        """`channels`: the calls' own to backends (decoupled models), closed once the server stops."""
+        self._channels = channels
         self._listen = listen
         self._service = service
         self._max_message_bytes = max_message_bytes
@@ -70,3 +80,5 @@ class GrpcListener:
         if self._server is not None:
             await self._server.stop(STOP_GRACE_S)
             self._server = None
+        if self._channels is not None:
+            await self._channels.close()

@@ -8,7 +8,8 @@
   (gateway.grpc.inference). A unary refusal is sent Trailers-Only, its code and pushback from
   gateway.grpc.status; on a stream each request is admitted on its own, may go to its own
   backend, and one that fails is answered in-band (`error_message`, with `reason` and
-  `retry_after_ms` among the response's parameters) while the stream stays open;
+  `retry_after_ms` among the response's parameters) while the stream stays open; a decoupled
+  model's request gets each response its backend streams (gateway.grpc.streamed);
 - every other method answers UNIMPLEMENTED, saying so.
 """
 
@@ -30,7 +31,7 @@ from gateway.flow.request_meta import Problem, RequestClassifier
 from gateway.grpc.answer import backend_message
 from gateway.grpc.inference import Answered, GrpcInference, metadata_headers
 from gateway.grpc.status import Code, GrpcError, backend_code, outcome_error
-from gateway.grpc.tensors import set_parameters
+from gateway.grpc.streamed import in_band
 from gateway.upstream.backends import ModelPool
 from gateway.upstream.exchange import Forwarder, UpstreamRequest
 from gateway.upstream.reply import UpstreamError
@@ -107,15 +108,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         headers = metadata_headers(context.invocation_metadata())
         writing = asyncio.Lock()
 
+        async def write(response: Any) -> None:
+            async with writing:
+                await context.write(response)
+
         async def one(request: Any) -> None:
             try:
-                answered = await self._inference.infer(request, headers, context.time_remaining())
+                answered = await self._inference.infer(request, headers, context.time_remaining(), write)
             except Exception:  # one request's failure must not end the others' stream
                 log.exception("a stream's inference failed")
                 answered = Answered(GrpcError(Code.INTERNAL, "the gateway failed the request"))
-            response = stream_response(request, answered)
-            async with writing:
-                await context.write(response)
+            if not answered.written:
+                await write(stream_response(request, answered))
 
         async with asyncio.TaskGroup() as inferences:
             async for request in requests:
@@ -199,13 +203,4 @@ def stream_response(request: Any, answered: Answered) -> Any:
     result = answered.result
     if not isinstance(result, GrpcError):
         return service_pb2.ModelStreamInferResponse(infer_response=result)
-    response = service_pb2.ModelInferResponse(
-        model_name=request.model_name, model_version=request.model_version, id=request.id
-    )
-    parameters: dict[str, Any] = {"grpc_code": result.code.name}
-    if result.reason:
-        parameters["reason"] = result.reason
-    if result.retry_after_ms is not None:
-        parameters["retry_after_ms"] = result.retry_after_ms
-    set_parameters(response.parameters, parameters)
-    return service_pb2.ModelStreamInferResponse(error_message=result.message, infer_response=response)
+    return in_band(request, result)

@@ -258,10 +258,19 @@ def grpc_listener_of(settings: Settings, rt: Runtime, intake: Intake) -> GrpcLis
     from gateway.grpc.inference import GrpcInference
     from gateway.grpc.server import GrpcListener
     from gateway.grpc.service import InferenceService
+    from gateway.upstream.streamed import GrpcChannels
 
     assert settings.grpc_listen is not None
+    channels = GrpcChannels()
     inference = GrpcInference(
-        rt.pools, intake.classifier, rt.admission, rt.forwarder, intake.batches, intake.access, intake.tracing
+        rt.pools,
+        intake.classifier,
+        rt.admission,
+        rt.forwarder,
+        intake.batches,
+        intake.access,
+        intake.tracing,
+        channels,
     )
     service = InferenceService(
         inference,
@@ -272,7 +281,9 @@ def grpc_listener_of(settings: Settings, rt: Runtime, intake: Intake) -> GrpcLis
         version=package_version(),
         no_backend_retry_s=rt.admission.no_backend_retry_s,
     )
-    return GrpcListener(settings.grpc_listen, service, max_message_bytes=settings.limits.max_body_bytes)
+    return GrpcListener(
+        settings.grpc_listen, service, max_message_bytes=settings.limits.max_body_bytes, channels=channels
+    )
 
 
 @contextlib.asynccontextmanager

@@ -135,6 +135,9 @@ class Backend(Frozen):
     """For https:// backends."""
     forward_priority: ForwardPriority | None = None
     """Tell the backend each request's class (none: the body passes as the client sent it)."""
+    grpc_port: int | None = Field(None, ge=1, le=65535)
+    """The backend's KServe v2 gRPC port on the url's host (Triton: 8001): a decoupled model's
+    requests go there (gateway.upstream.streamed)."""
 
     @field_validator("max_concurrency", mode="before")
     @classmethod
@@ -246,6 +249,10 @@ class Model(Frozen):
     batching: Batching | None = None
     """Merge queued KServe inference requests into one upstream call; off when absent. A Triton
     backend's model is batched only while its own dynamic batcher is off."""
+    decoupled: bool = False
+    """Each request may get several responses, or none (Triton's decoupled transaction policy, as
+    its vLLM and TensorRT-LLM backends stream tokens): served on gRPC streams only, sent upstream
+    over gRPC (every backend needs grpc_port), its slot held until the backend's final response."""
 
     @model_validator(mode="after")
     def _batching_counts_items(self) -> Model:
@@ -255,6 +262,18 @@ class Model(Frozen):
             raise ValueError("batching counts batch items: cost must be batch_items or tokens (or left out)")
         if self.batching.max_batch_size is None and any(b.kind != "triton" for b in self.backends):
             raise ValueError("batching.max_batch_size is required unless every backend is kind: triton")
+        return self
+
+    @model_validator(mode="after")
+    def _decoupled_goes_over_grpc(self) -> Model:
+        if not self.decoupled:
+            return self
+        if self.batching is not None:
+            raise ValueError("a decoupled model's requests are not batched by the gateway: drop batching")
+        if any(b.grpc_port is None for b in self.backends):
+            raise ValueError("decoupled: every backend needs grpc_port (its responses stream over gRPC)")
+        if any(b.url.startswith("https://") and not b.tls.verify for b in self.backends):
+            raise ValueError("decoupled: tls.verify: false is not possible on gRPC, which always verifies")
         return self
 
     @property

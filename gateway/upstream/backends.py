@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from gateway.settings import Backend, Batching, ForwardPriority, Model
 from gateway.upstream.origin import DEFAULT_OPTIONS, ConnectionOptions, OnAbandon, TlsOptions
@@ -59,6 +60,8 @@ class BackendState:
     """Its exchanges sent and not yet ended, and the answer bytes they brought (counted)."""
     forward_priority: ForwardPriority | None = None
     """How it is told each request's class (gateway.upstream.priority)."""
+    grpc_port: int | None = None
+    """Its KServe v2 gRPC port, on the host of `url` (a decoupled model's requests go there)."""
     deadlines_kept: int = 0
     deadlines_missed: int = 0
     """Requests with a deadline that it ended within it, and past it: the clients' objective for
@@ -77,6 +80,12 @@ class BackendState:
     def max_concurrency(self, slots: int) -> None:
         self.known_slots = slots
 
+    @property
+    def grpc_target(self) -> str:
+        """Where its gRPC port listens, as grpc names it: host:port (of `url`'s host)."""
+        host = urlsplit(self.url).hostname or "127.0.0.1"
+        return f"[{host}]:{self.grpc_port}" if ":" in host else f"{host}:{self.grpc_port}"
+
     @classmethod
     def from_settings(cls, model: Model, backend: Backend, *, origin: str = "") -> BackendState:
         return cls(
@@ -91,6 +100,7 @@ class BackendState:
             origin=origin or backend.url,
             on_abandon=OnAbandon(backend.abandon_mode),
             forward_priority=backend.forward_priority,
+            grpc_port=backend.grpc_port,
             connection=ConnectionOptions(
                 keepalive_s=backend.keepalive_ms / 1000,
                 max_head_bytes=backend.max_answer_head_bytes,
@@ -121,6 +131,8 @@ class ModelPool:
     pins_sequences: bool = True
     """Its requests' sequences are read and pinned (policies.sequences): where it may have more than
     one backend. One fixed backend needs no pin, and its bodies no scan for one."""
+    decoupled: bool = False
+    """Its requests may get several responses each: served on gRPC streams, upstream over gRPC."""
 
     @property
     def batch_limits(self) -> BatchLimits | None:
@@ -169,6 +181,7 @@ class ModelPool:
             batching=model.batching,
             token_costs=_token_costs(model),
             pins_sequences=len(model.backends) > 1 or any(b.discover != "none" for b in model.backends),
+            decoupled=model.decoupled,
         )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable, Sequence
 
@@ -30,6 +31,7 @@ from anyio.abc import TaskStatus
 
 from gateway.settings import Health
 from gateway.upstream.backends import BackendState, ModelPool
+from gateway.upstream.origin import TlsOptions
 from gateway.upstream.reply import BackendStalled
 from policies.circuit import (
     Cause,
@@ -77,6 +79,8 @@ class HealthChecker:
         self._clock = clock
         # A stall is found, and a cool-down noticed, at most this late.
         self.look_s = max(0.01, min(1.0, stall_timeout_s / 4, circuit.cooldown_s / 4))
+        self._tls: dict[TlsOptions, ssl.SSLContext] = {}
+        """Each https backend's TLS settings, as the probes use them (made once: they read files)."""
 
     def ready_again_in_s(self, pool: ModelPool) -> float:
         """When a backend of `pool`, none of which is ready, may be ready again at the soonest: an
@@ -191,8 +195,12 @@ class HealthChecker:
     async def _check(self, session: aiohttp.ClientSession, pool: ModelPool, backend: BackendState) -> None:
         refused = False
         url = backend.url + backend.health_path
+        context: ssl.SSLContext | bool = True
+        if url.startswith("https://"):  # its CAs and client certificate, as its requests go
+            options = backend.connection.tls
+            context = self._tls.get(options) or self._tls.setdefault(options, options.context())
         try:
-            async with session.get(url, timeout=self._timeout) as reply:
+            async with session.get(url, timeout=self._timeout, ssl=context) as reply:
                 ready, reason = reply.status == 200, f"{url} answered {reply.status}"
         except aiohttp.ClientConnectorError as error:
             ready, refused = False, True  # nothing listens there: down at once

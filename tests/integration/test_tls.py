@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 import yaml
 
-from tests.eventually import eventually
+from tests.eventually import eventually, eventually_blocking
 from tests.integration.servers import gateway_config, http_get
 from tests.integration.test_backpressure import clear_the_fault, hang_the_backend, wait_for_hanging
 
@@ -137,3 +137,34 @@ async def test_sigterm_drains_a_tls_gateway_and_its_plain_admin_listener_answers
         async with await held as reply:
             assert reply.status == 200
     assert await asyncio.to_thread(gateway.wait, 15) == 0
+
+
+def test_a_decoupled_models_requests_go_up_over_tls_to_the_backends_grpc_port(
+    start_sim, start_gateway, tls_cert
+):
+    """A gateway whose backend (here another gateway, any KServe v2 gRPC server does) serves https:
+    its decoupled model's calls go to the backend's gRPC port over TLS, trusting the backend's CA."""
+    cert, key = tls_cert
+    sim = start_sim(slots=2, base_ms=5)
+    backend = start_gateway(tls_config(sim, cert, key))
+    eventually_blocking(lambda: "grpc listening on" in backend.log(), what="the backend's gRPC listener")
+    grpc_port = int(backend.grpc_target.rsplit(":", 1)[1])
+    config = gateway_config([(backend.url, 2)])
+    config["models"][0]["decoupled"] = True
+    config["models"][0]["backends"][0].update(grpc_port=grpc_port, tls={"ca_file": str(cert)})
+    config["grpc_listen"] = {"host": "127.0.0.1", "port": 0}
+    gateway = start_gateway(config)
+    client = triton_grpc.InferenceServerClient(gateway.grpc_target)
+    answers: list = []
+    try:
+        client.start_stream(callback=lambda result, error: answers.append((result, error)))
+        data = np.array([[1.5, 2.5]], dtype=np.float32)
+        tensor = triton_grpc.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(data)
+        client.async_stream_infer("sim", [tensor], request_id="over-tls")
+        client.stop_stream()  # waits for the stream's answers
+    finally:
+        client.close()
+    assert len(answers) == 1 and answers[0][1] is None, answers
+    np.testing.assert_array_equal(answers[0][0].as_numpy("OUTPUT0"), data)
+    assert backend.metric("gateway_requests_total", model="sim", outcome="ok") == 1

@@ -15,6 +15,11 @@ from tests.eventually import eventually_blocking
 from tests.integration.servers import http_get
 from tests.redis_server import IN_CI, free_port
 
+COUNT_UP_RESPONSES = 3
+"""How many responses the decoupled model `count_up` sends to each request (tests/triton_model.py)."""
+COUNT_UP_INSTANCES = 4
+"""How many of its requests the server runs at once."""
+
 
 class TritonServer:
     def __init__(

@@ -91,6 +91,31 @@ def test_defaults_fill_the_rest():
             "forward_priority names no class ['gold']",
         ),
         ({"models": [{"name": "m", "cost": "words", "backends": []}]}, "models[0].cost"),
+        (
+            {
+                "models": [
+                    {
+                        "name": "m",
+                        "decoupled": True,
+                        "backends": [{"url": "http://b:8000", "max_concurrency": 1}],
+                    }
+                ]
+            },
+            "decoupled: every backend needs grpc_port",
+        ),
+        (
+            {
+                "models": [
+                    {
+                        "name": "m",
+                        "decoupled": True,
+                        "batching": {"max_batch_size": 4},
+                        "backends": [{"url": "http://b:8000", "max_concurrency": 1, "grpc_port": 8001}],
+                    }
+                ]
+            },
+            "are not batched by the gateway",
+        ),
         ({"admission": {"safety_sigmas": -1}}, "admission.safety_sigmas"),
     ],
 )

@@ -244,6 +244,8 @@ class GrpcInference:
         admission.metrics.observe_cost(pool.name, cost)
         work = StreamedExchange(self._forwarder, self._channels, pool, request, meta.budget_s)
         work.trace = trace
+        if record is not None:
+            work.request_id = record.request_id
         clock = self._forwarder.clock
         answer = StreamedAnswer(request, work, write, admission.drain, admission.no_backend_retry_s, clock)
         call = AdmittedCall(

@@ -98,6 +98,7 @@ class StreamedExchange:
         "budget_at",
         "elapsed_s",
         "on_done",
+        "request_id",
         "responses",
         "started_at",
         "trace",
@@ -122,6 +123,8 @@ class StreamedExchange:
         self._task: asyncio.Task[None] | None = None
         self.on_done: Callable[[float | None], None] | None = None
         self.trace: UpstreamTrace | None = None
+        self.request_id = ""
+        """The request's id, sent to the backend as `x-request-id` ("": none)."""
         self.responses: asyncio.Queue[Any] = asyncio.Queue()
         self.started_at = 0.0
         self.elapsed_s: float | None = None
@@ -152,7 +155,8 @@ class StreamedExchange:
         request.CopyFrom(self._request)
         request.model_name = backend.served_model or backend.model
         request.parameters[EMPTY_FINAL].bool_param = True
-        metadata: list[tuple[str, str]] = []
+        # The backend's log names the request as the gateway's does.
+        metadata = [("x-request-id", self.request_id)] if self.request_id else []
         if self.trace is not None:
             attributes: dict[str, object] = {"rpc.system": "grpc", "server.address": backend.grpc_target}
             metadata.append(("traceparent", self.trace.upstream_started(attributes)))

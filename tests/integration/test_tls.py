@@ -157,7 +157,10 @@ def test_a_decoupled_models_requests_go_up_over_tls_to_the_backends_grpc_port(
     client = triton_grpc.InferenceServerClient(gateway.grpc_target)
     answers: list = []
     try:
-        client.start_stream(callback=lambda result, error: answers.append((result, error)))
+        client.start_stream(
+            callback=lambda result, error: answers.append((result, error)),
+            headers={"x-request-id": "up-over-tls"},
+        )
         data = np.array([[1.5, 2.5]], dtype=np.float32)
         tensor = triton_grpc.InferInput("INPUT0", [1, 2], "FP32")
         tensor.set_data_from_numpy(data)
@@ -168,3 +171,4 @@ def test_a_decoupled_models_requests_go_up_over_tls_to_the_backends_grpc_port(
     assert len(answers) == 1 and answers[0][1] is None, answers
     np.testing.assert_array_equal(answers[0][0].as_numpy("OUTPUT0"), data)
     assert backend.metric("gateway_requests_total", model="sim", outcome="ok") == 1
+    assert "up-over-tls" in backend.log()  # the backend's access line names the client's request id

@@ -73,6 +73,7 @@ def main() -> None:
             server.stop()
         sim.stop()
     tracing, total = tracing_share(profile.read_text())
+    print(f"profile: {profile}")
     print(f"{len(outcomes)} requests; {total} samples of the gateway's threads, {tracing} in tracing:")
     print(f"tracing's share of the gateway's CPU: {100 * tracing / max(total, 1):.1f}%")
 

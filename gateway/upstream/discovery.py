@@ -30,6 +30,8 @@ class TritonModel:
     instances: int
     max_batch_size: int
     dynamic_batching: bool
+    decoupled: bool = False
+    """Its transaction policy is decoupled: several responses to a request, over gRPC streams only."""
 
     @property
     def slots(self) -> int:
@@ -45,6 +47,7 @@ class TritonModel:
             instances=sum(int(group.get("count", 1) or 1) for group in groups),
             max_batch_size=int(config.get("max_batch_size", 0) or 0),
             dynamic_batching="dynamic_batching" in config,
+            decoupled=bool((config.get("model_transaction_policy") or {}).get("decoupled")),
         )
 
 
@@ -61,6 +64,8 @@ class TritonDiscovery:
         self._on_change = on_change
         self._interval_s = interval_s
         self._timeout_s = timeout_s
+        self._told: set[tuple[str, str]] = set()
+        """(model, backend URL) of the decoupled models served as if they were not, said once."""
 
     async def discover_all(self) -> None:
         # Backends may come and go (endpoint discovery): take the list as it is now.
@@ -89,6 +94,14 @@ class TritonDiscovery:
             return
         backend.max_batch_size = model.max_batch_size
         backend.dynamic_batching = model.dynamic_batching
+        if model.decoupled and not pool.decoupled and (pool.name, backend.url) not in self._told:
+            self._told.add((pool.name, backend.url))
+            log.warning(
+                "model %s is decoupled on %s (several responses to a request): its requests fail until"
+                " the model is configured decoupled: true, with the backend's grpc_port",
+                pool.name,
+                backend.url,
+            )
         if not backend.configured_slots and model.ready and model.slots != backend.known_slots:
             log.info(
                 "backend %s: model %s has %d instance(s), max_batch_size %d%s: %d slots",

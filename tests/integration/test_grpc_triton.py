@@ -21,8 +21,11 @@ pytestmark = [pytest.mark.triton]
 @pytest.fixture(scope="module")
 def tritonserver(tmp_path_factory):
     server = TritonServer(tmp_path_factory.mktemp("triton"), sleep_ms=5, max_batch_size=4)
-    ready = server.url + "/v2/models/typed_echo/ready"  # Triton's own wait is for sleep_ms
-    eventually_blocking(lambda: http_get(ready)[0] == 200, timeout_s=60, what="typed_echo to be ready")
+    for model in ("typed_echo", "count_up"):  # Triton's own wait is for sleep_ms
+        ready = f"{server.url}/v2/models/{model}/ready"
+        eventually_blocking(
+            lambda url=ready: http_get(url)[0] == 200, timeout_s=60, what=f"{model} to be ready"
+        )
     yield server
     server.stop()
 
@@ -252,3 +255,14 @@ def test_a_decoupled_models_backend_whose_grpc_port_is_closed_is_told_in_band_an
     finally:
         client.stop_stream()
         client.close()
+
+
+def test_a_decoupled_model_not_configured_so_is_named_in_the_log(tritonserver, start_gateway):
+    config = grpc_triton_config(tritonserver)
+    config["models"].append({**config["models"][0], "name": "count_up"})
+    gateway = start_gateway(config)
+    eventually_blocking(
+        lambda: "model count_up is decoupled on" in gateway.log() and "decoupled: true" in gateway.log(),
+        what="the gateway to say what to configure",
+    )
+    assert gateway.log().count("is decoupled on") == 1  # said once, though discovery reads it again

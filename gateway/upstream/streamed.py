@@ -165,9 +165,11 @@ class StreamedExchange:
             # The hard upstream timeout only: a budget that runs out ends the client's wait, and the
             # call then ends as the backend's on_abandon says (`close`), as an HTTP exchange does.
             call = self._call = self._channels.stub(backend).ModelStreamInfer(
-                iter((request,)), timeout=self._pool.upstream_timeout_s, metadata=metadata
+                timeout=self._pool.upstream_timeout_s, metadata=metadata
             )
-            async for response in call:
+            await call.write(request)  # written here: a request iterator would cost a task of its own
+            await call.done_writing()
+            while (response := await call.read()) is not grpc.aio.EOF:
                 self.responses.put_nowait(response)
         except grpc.aio.AioRpcError as error:
             code = error.code()

@@ -37,6 +37,7 @@ _FAILED_CALLS = {
     Code.UNAVAILABLE: Outcome.NO_BACKEND,
     Code.DEADLINE_EXCEEDED: Outcome.UPSTREAM_TIMEOUT,
     Code.CANCELLED: Outcome.UPSTREAM_ERROR,
+    Code.UNKNOWN: Outcome.UPSTREAM_ERROR,  # a backend's unhandled failure, or no call could be made
 }
 
 

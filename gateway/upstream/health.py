@@ -195,11 +195,8 @@ class HealthChecker:
     async def _check(self, session: aiohttp.ClientSession, pool: ModelPool, backend: BackendState) -> None:
         refused = False
         url = backend.url + backend.health_path
-        context: ssl.SSLContext | bool = True
-        if url.startswith("https://"):  # its CAs and client certificate, as its requests go
-            options = backend.connection.tls
-            context = self._tls.get(options) or self._tls.setdefault(options, options.context())
         try:
+            context = self._tls_of(backend)
             async with session.get(url, timeout=self._timeout, ssl=context) as reply:
                 ready, reason = reply.status == 200, f"{url} answered {reply.status}"
         except aiohttp.ClientConnectorError as error:
@@ -209,9 +206,21 @@ class HealthChecker:
             ready, reason = False, f"{url} did not answer within {self._timeout.total} s"
         except aiohttp.ClientError as error:
             ready, reason = False, f"{url} failed: {type(error).__name__}"
+        except (OSError, ssl.SSLError) as error:  # its CA or certificate files cannot be read
+            ready, reason = False, f"its tls settings cannot be used: {error}"
         backend.failed_probes = 0 if ready else backend.failed_probes + 1
         if ready or refused or backend.failed_probes >= self._failures_to_down or not backend.probed_ready:
             self._set(pool, backend, ready, reason)
+
+    def _tls_of(self, backend: BackendState) -> ssl.SSLContext | bool:
+        """How a probe of `backend` checks its certificate: as its requests do, over https."""
+        if not backend.url.startswith("https://"):
+            return True
+        options = backend.connection.tls
+        context = self._tls.get(options)
+        if context is None:
+            context = self._tls[options] = options.context()
+        return context
 
     def _set(self, pool: ModelPool, backend: BackendState, ready: bool, reason: str) -> None:
         """What the probes say; the backend is ready only if its circuit agrees."""

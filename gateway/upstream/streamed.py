@@ -8,7 +8,8 @@ response (`triton_enable_empty_final_response`) and half-closes at once: the bac
 when it is done with the request, which is when the slot goes back. The rules are the exchange's
 (gateway.upstream.exchange):
 - the call starts inside the grant; `on_done` runs once, when the backend is done (its call ended,
-  or was cut by the budget or the upstream timeout), with the service time to learn from;
+  or was cut: by the upstream timeout, or by `close` on an `abort` backend), with the service time
+  to learn from;
 - a backend that cannot be reached is marked so before its slot goes back; how the call ended is
   judged for passive health (policies.circuit);
 - `close` leaves the call to end as the backend's `on_abandon` says: `abort` cancels it (Triton
@@ -18,6 +19,7 @@ when it is done with the request, which is when the slot goes back. The rules ar
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,9 @@ _ENDINGS = {
 }
 _STATUSES = {grpc.StatusCode.OK: 200, grpc.StatusCode.INTERNAL: 500, grpc.StatusCode.UNKNOWN: 500}
 """A call's code as the HTTP status passive health judges (any other is the client's: 400)."""
+_NONE = grpc.aio.Metadata()
+
+log = logging.getLogger("gateway.grpc")
 
 
 class GrpcChannels:
@@ -85,11 +90,12 @@ class StreamedExchange:
     """One decoupled request's call to the backend its slot is on; see the module docstring.
 
     `responses` gets each `ModelStreamInferResponse` as it comes, then the call's end: None when it
-    ended OK, else its `grpc.aio.AioRpcError` (or a `TimeoutError` for the budget)."""
+    ended OK, else its `grpc.aio.AioRpcError`."""
 
     __slots__ = (
         "_backend",
         "_call",
+        "_cancelled",
         "_channels",
         "_forwarder",
         "_pool",
@@ -120,6 +126,8 @@ class StreamedExchange:
         """When the client's budget runs out (the forwarder's clock): its reader stops waiting then."""
         self._backend: BackendState | None = None
         self._call: Any = None
+        self._cancelled = False
+        """Abandoned on an `abort` backend before its call was made: cancelled as soon as it is."""
         self._task: asyncio.Task[None] | None = None
         self.on_done: Callable[[float | None], None] | None = None
         self.trace: UpstreamTrace | None = None
@@ -142,12 +150,11 @@ class StreamedExchange:
         calls `on_done`); False when none was started, so no `on_done` will come."""
         if self._task is None:
             return False
-        if (
-            self._backend is not None
-            and self._backend.on_abandon is OnAbandon.ABORT
-            and self._call is not None
-        ):
-            self._call.cancel()
+        if self._backend is not None and self._backend.on_abandon is OnAbandon.ABORT:
+            # Not the task: one cancelled before its first step never runs its `finally`.
+            self._cancelled = True
+            if self._call is not None:
+                self._call.cancel()
         return True
 
     async def _run(self, backend: BackendState) -> None:
@@ -167,6 +174,8 @@ class StreamedExchange:
             call = self._call = self._channels.stub(backend).ModelStreamInfer(
                 timeout=self._pool.upstream_timeout_s, metadata=metadata
             )
+            if self._cancelled:
+                call.cancel()
             await call.write(request)  # written here: a request iterator would cost a task of its own
             await call.done_writing()
             while (response := await call.read()) is not grpc.aio.EOF:
@@ -177,13 +186,16 @@ class StreamedExchange:
         except asyncio.CancelledError:  # cancelled by `close` (abort), or the gateway exits
             code = grpc.StatusCode.CANCELLED
             raise
+        except Exception as error:  # no call could be made (a TLS file gone): the gateway's failure
+            log.exception("a decoupled request's call to %s could not be made", backend.grpc_target)
+            code = grpc.StatusCode.UNKNOWN
+            details = f"the gateway could not call the backend: {type(error).__name__}"
+            self.responses.put_nowait(grpc.aio.AioRpcError(code, _NONE, _NONE, details))
         finally:
             if code is grpc.StatusCode.OK:
                 self.responses.put_nowait(None)
             elif code is grpc.StatusCode.CANCELLED:
-                self.responses.put_nowait(
-                    grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata())
-                )
+                self.responses.put_nowait(grpc.aio.AioRpcError(code, _NONE, _NONE))
             self._finished(backend, code)
 
     def _finished(self, backend: BackendState, code: grpc.StatusCode) -> None:

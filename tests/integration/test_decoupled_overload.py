@@ -106,7 +106,11 @@ async def test_decoupled_tenants_weighted_3_to_1_flooding_are_served_3_to_1_in_t
     counted = [tenant for at, tenant, _ in served if COUNTED_FROM_S <= at <= SEND_S]
     share_b = counted.count("team-b") / len(counted)
     assert share_b == pytest.approx(0.25, rel=0.10), (counted.count("team-a"), counted.count("team-b"))
-    assert len(counted) >= busy_share(store_section) * SLOTS * 1000 / SERVICE_MS * (SEND_S - COUNTED_FROM_S)
+    # A slot is held for the way through the second gateway too, some 5% of each 50 ms alone; beside
+    # the suite's other load tests the memory store served 0.83 of the simulator's capacity once.
+    # Still, a slot lost for good (0.75 at most) fails it.
+    busy = 0.92 * busy_share(store_section)
+    assert len(counted) >= busy * SLOTS * 1000 / SERVICE_MS * (SEND_S - COUNTED_FROM_S)
     assert sum(who == "team-b" for _, who, _ in refused) > 0.5 * PER_TENANT_RATE * SEND_S  # overloaded
     check_admitted_served_in_time(served, refused)
     await eventually(

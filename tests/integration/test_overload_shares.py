@@ -223,13 +223,12 @@ ONE_TWO_FOUR = {"team-a": 1, "team-b": 2, "team-c": 4}
 # On Redis at 5:1 and 8:1 the lighter tenant lost about 3% of its admitted requests to expiry (4-7
 # of ~152 over six runs at 5:1), and 8:1 handed it 4% less than its share, while fair queuing
 # tagged requests on arrival: each expiry cost its flow a turn. Tagged as heads: 0-1 of ~150 and
-# ~100 (policies.fairness). 5:1 runs on neither store any more: 8:1 is the harder case of the same
-# rule (one run is 13 s of the suite's 10 minutes).
+# ~100 (policies.fairness). 5:1 runs no more: 8:1 is the harder case of the same rule, on Redis where
+# it failed; the memory store floods at 3:1 and 1:2:4 (one run is 13 s of the suite's 10 minutes).
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("store", "weights"),
     [
-        pytest.param("memory", EIGHT_TO_ONE, id="memory-8:1"),
         pytest.param("memory", ONE_TWO_FOUR, id="memory-1:2:4"),
         pytest.param("redis", EIGHT_TO_ONE, id="redis-8:1", marks=pytest.mark.redis),
         pytest.param("redis", ONE_TWO_FOUR, id="redis-1:2:4", marks=pytest.mark.redis),

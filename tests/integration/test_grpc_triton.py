@@ -266,3 +266,34 @@ def test_a_decoupled_model_not_configured_so_is_named_in_the_log(tritonserver, s
         what="the gateway to say what to configure",
     )
     assert gateway.log().count("is decoupled on") == 1  # said once, though discovery reads it again
+
+
+def test_a_decoupled_models_own_error_comes_in_band_as_tritons_and_the_stream_goes_on(
+    tritonserver, start_gateway
+):
+    gateway = start_gateway(count_up_config(tritonserver, slots=2))
+    direct = triton_grpc.InferenceServerClient(f"127.0.0.1:{tritonserver.grpc_port}")
+    through = triton_grpc.InferenceServerClient(gateway.grpc_target)
+    wrong = triton_grpc.InferInput("INPUT0", [2], "INT32")  # count_up takes FP32
+    wrong.set_data_from_numpy(np.array([1, 2], dtype=np.int32))
+    try:
+        errors = []
+        for client in (direct, through):
+            answers: queue.Queue = queue.Queue()
+            client.start_stream(callback=lambda result, error, answers=answers: answers.put((result, error)))
+            client.async_stream_infer("count_up", [wrong], request_id="wrong")
+            _, error = answers.get(timeout=20)
+            errors.append(error.message())
+            client.async_stream_infer("count_up", count_up_input([1.0]), request_id="right")
+            for _ in range(COUNT_UP_RESPONSES):  # the stream goes on
+                result, error = answers.get(timeout=20)
+                assert error is None and result.get_response().id == "right", error
+            client.stop_stream()
+        assert errors[1] == errors[0] and "INT32" in errors[0], errors
+        outcome = "backend_server_error"
+        assert (
+            gateway.metric("gateway_requests_total", model="count_up", priority="low", outcome=outcome) == 1
+        )
+    finally:
+        direct.close()
+        through.close()

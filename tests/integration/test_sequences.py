@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import yaml
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.eventually import eventually
 from tests.integration.servers import gateway_config
@@ -209,3 +211,52 @@ async def test_replicas_sharing_a_redis_send_a_sequence_to_one_backend(
             status, answer = await post(http, gateway, infer(11))
             assert status == 200, answer
     assert a.stats()["sequences"] == {} and b.stats()["sequences"] == {"11": 4}
+
+
+async def test_a_decoupled_models_sequence_is_pinned_as_a_unary_ones(start_sim, start_gateway):
+    """A decoupled model's requests go up on calls of their own, to the backend of the slot they get:
+    a sequence's to its pinned one. Its two backends are gateways in front of one simulator each
+    (any KServe v2 gRPC server can be one); the store is the memory one (pins on Redis are held to
+    it elsewhere, and the decoupled path takes what the store grants)."""
+    a, b = two_backends(start_sim)
+    fronts = [
+        start_gateway(gateway_config([(sim.url, 1)], grpc_listen={"host": "127.0.0.1", "port": 0}))
+        for sim in (a, b)
+    ]
+    for front in fronts:
+        await eventually(
+            lambda front=front: "grpc listening on" in front.log(), what="a backend's gRPC listener"
+        )
+    config = sequence_config(*fronts, grpc_listen={"host": "127.0.0.1", "port": 0})
+    config["models"][0]["decoupled"] = True
+    for backend, front in zip(config["models"][0]["backends"], fronts, strict=True):
+        backend["grpc_port"] = int(front.grpc_target.rsplit(":", 1)[1])
+    gateway = start_gateway(config)
+    await eventually(lambda: "grpc listening on" in gateway.log(), what="the gateway's gRPC listener")
+
+    def request(request_id: str, sequence_id: int | None = None, **flags: bool):
+        message = service_pb2.ModelInferRequest(model_name="sim", id=request_id)
+        message.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 1]).contents.fp32_contents.append(1)
+        if sequence_id is not None:
+            message.parameters["sequence_id"].int64_param = sequence_id
+        for flag, value in flags.items():
+            message.parameters[flag].bool_param = value
+        return message
+
+    async with grpc.aio.insecure_channel(gateway.grpc_target) as channel:
+        stream = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+        await hang_the_backend(a)
+        await stream.write(request("held"))  # both free: the first listed, A, which holds it
+        await wait_for_hanging(a, 1)
+        await stream.write(request("start", 5, sequence_start=True))  # A is busy: pinned to B
+        assert (await stream.read()).infer_response.id == "start"
+        await clear_the_fault(a)
+        assert (await stream.read()).infer_response.id == "held"
+        for i, end in enumerate((False, False, True)):  # both free now: the first listed would be A
+            await stream.write(request(f"next-{i}", 5, sequence_end=end))
+            response = await stream.read()
+            assert (response.error_message, response.infer_response.id) == ("", f"next-{i}")
+        await stream.done_writing()
+        assert await stream.read() is grpc.aio.EOF
+    assert (completed(a), completed(b)) == (1, 4)
+    assert b.stats()["sequences"] == {"5": 4}

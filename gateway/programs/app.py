@@ -104,7 +104,14 @@ def build_runtime(
         clock=clock,
         jitter=jitter,
     )
-    health = HealthChecker.from_settings(pool_list, store.backends_changed, settings.health, clock=clock)
+    grpc_channels = None
+    if any(model.decoupled for model in settings.models):
+        from gateway.upstream.streamed import GrpcChannels
+
+        grpc_channels = GrpcChannels()
+    health = HealthChecker.from_settings(
+        pool_list, store.backends_changed, settings.health, clock=clock, grpc_channels=grpc_channels
+    )
 
     def backends_moved(model: str) -> None:
         store.backends_changed(model)
@@ -158,6 +165,7 @@ def build_runtime(
         clock=clock,
         tracing=tracing_from_environment(),
         windows=windows,
+        grpc_channels=grpc_channels,
     )
 
 
@@ -261,7 +269,7 @@ def grpc_listener_of(settings: Settings, rt: Runtime, intake: Intake) -> GrpcLis
     from gateway.upstream.streamed import GrpcChannels
 
     assert settings.grpc_listen is not None
-    channels = GrpcChannels()
+    channels = rt.grpc_channels or GrpcChannels()
     inference = GrpcInference(
         rt.pools,
         intake.classifier,

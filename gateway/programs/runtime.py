@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from gateway.flow.admitted import Admission
 from gateway.flow.controller import AdmissionController
@@ -36,6 +36,9 @@ from gateway.upstream.endpoints import EndpointDiscovery
 from gateway.upstream.exchange import Forwarder
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.http1 import UpstreamClient
+
+if TYPE_CHECKING:  # grpc: imported where a model is decoupled, not by every gateway
+    from gateway.upstream.streamed import GrpcChannels
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,6 +66,8 @@ class Runtime:
     """The time windows, and the tenants' weights a reload may change."""
     tracing: Tracing | None = None
     """Traces, where the environment names an OTLP endpoint (gateway.telemetry.tracing)."""
+    grpc_channels: GrpcChannels | None = None
+    """To the backends' gRPC ports, where a model is decoupled (gateway.upstream.streamed)."""
 
     @property
     def ready(self) -> bool:

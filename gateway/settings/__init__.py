@@ -130,6 +130,11 @@ class Settings(Frozen):
         taken = {self.listen.port, *([admin.port] if admin is not None else [])}
         if self.grpc_listen is not None and self.grpc_listen.port != 0 and self.grpc_listen.port in taken:
             raise ValueError("grpc_listen must use another port than listen and admin_listen")
+        decoupled = [m.name for m in self.models if m.decoupled]
+        if decoupled and self.grpc_listen is None:
+            raise ValueError(
+                f"models {decoupled} are decoupled: their requests come on gRPC, set grpc_listen"
+            )
         if self.default_priority not in class_names:
             raise ValueError(f"default_priority {self.default_priority!r} is not one of {class_names}")
         for level, name in self.priority_levels.items():

@@ -24,6 +24,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import aiohttp
 import anyio
@@ -33,6 +34,9 @@ from gateway.settings import Health
 from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.origin import TlsOptions
 from gateway.upstream.reply import BackendStalled
+
+if TYPE_CHECKING:  # grpc is imported where a model is decoupled, not by every gateway
+    from gateway.upstream.streamed import GrpcChannels
 from policies.circuit import (
     Cause,
     Circuit,
@@ -67,7 +71,11 @@ class HealthChecker:
         circuit: CircuitRules = _DEFAULT_RULES,
         stall_timeout_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        grpc_channels: GrpcChannels | None = None,
     ) -> None:
+        """`grpc_channels`: where a decoupled model's backends are also asked over gRPC, the port
+        its requests go to (gateway.upstream.streamed)."""
+        self._grpc_channels = grpc_channels
         self._pools = pools
         self._on_change = on_change
         self._interval_s = interval_s
@@ -99,6 +107,7 @@ class HealthChecker:
         health: Health,
         *,
         clock: Callable[[], float] = time.monotonic,
+        grpc_channels: GrpcChannels | None = None,
     ) -> HealthChecker:
         return cls(
             pools,
@@ -109,6 +118,7 @@ class HealthChecker:
             circuit=CircuitRules(health.passive_failures_to_open, health.cooldown_ms / 1000),
             stall_timeout_s=health.stall_timeout_ms / 1000,
             clock=clock,
+            grpc_channels=grpc_channels,
         )
 
     async def check_all(self, session: aiohttp.ClientSession) -> None:
@@ -208,9 +218,33 @@ class HealthChecker:
             ready, reason = False, f"{url} failed: {type(error).__name__}"
         except (OSError, ssl.SSLError) as error:  # its CA or certificate files cannot be read
             ready, reason = False, f"its tls settings cannot be used: {error}"
+        if ready and pool.decoupled and self._grpc_channels is not None:
+            ready, refused, reason = await self._grpc_ready(backend, self._grpc_channels)
         backend.failed_probes = 0 if ready else backend.failed_probes + 1
         if ready or refused or backend.failed_probes >= self._failures_to_down or not backend.probed_ready:
             self._set(pool, backend, ready, reason)
+
+    async def _grpc_ready(self, backend: BackendState, channels: GrpcChannels) -> tuple[bool, bool, str]:
+        """A decoupled model's backend asked on its gRPC port, where its requests go: (ready,
+        refused, why)."""
+        import grpc
+        from tritonclient.grpc import service_pb2
+
+        target, model = backend.grpc_target, backend.served_model or backend.model
+        try:
+            stub = channels.stub(backend)
+            request = service_pb2.ModelReadyRequest(name=model)
+            answer = await stub.ModelReady(request, timeout=self._timeout.total)
+        except grpc.aio.AioRpcError as error:
+            refused = error.code() is grpc.StatusCode.UNAVAILABLE  # nothing listens there: down at once
+            return False, refused, f"its gRPC port {target} failed: {error.code().name}"
+        except (OSError, ValueError) as error:  # no channel could be made (its TLS files)
+            return False, False, f"its gRPC port {target} cannot be called: {error}"
+        return (
+            answer.ready,
+            False,
+            f"its gRPC port {target} says {model} is {'' if answer.ready else 'not '}ready",
+        )
 
     def _tls_of(self, backend: BackendState) -> ssl.SSLContext | bool:
         """How a probe of `backend` checks its certificate: as its requests do, over https."""

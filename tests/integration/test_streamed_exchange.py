@@ -15,6 +15,7 @@ from gateway.upstream.exchange import Forwarder
 from gateway.upstream.origin import OnAbandon
 from gateway.upstream.streamed import GrpcChannels, StreamedExchange
 from tests.eventually import eventually
+from tests.redis_server import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -59,8 +60,11 @@ class OnBackend:
 
 
 def exchange_to(
-    port: int, on_abandon: OnAbandon, done: list
+    port: int, on_abandon: OnAbandon, done: list, unreachable: list | None = None
 ) -> tuple[StreamedExchange, OnBackend, GrpcChannels]:
+    """A request's exchange with the backend at `port`; `done` gets its slot's release, `unreachable`
+    the backends it marked so."""
+    unreachable = [] if unreachable is None else unreachable
     backend = BackendState(
         model="m",
         url="http://127.0.0.1:1",
@@ -70,7 +74,11 @@ def exchange_to(
         grpc_port=port,
     )
     pool = ModelPool(name="m", backends=[backend], upstream_timeout_s=30.0)
-    forwarder = Forwarder(None, on_unreachable=lambda *_: None, observe_upstream_s=lambda *_: None)  # type: ignore[arg-type]
+    forwarder = Forwarder(
+        None,  # type: ignore[arg-type]  # no HTTP here
+        on_unreachable=lambda pool, backend: unreachable.append(backend.grpc_target),
+        observe_upstream_s=lambda *_: None,
+    )
     channels = GrpcChannels()
     request = service_pb2.ModelInferRequest(model_name="m", id="held")
     exchange = StreamedExchange(forwarder, channels, pool, request, budget_s=None)
@@ -119,5 +127,19 @@ async def test_a_drain_backends_request_abandoned_keeps_its_slot_till_the_backen
         backend.release.set()
         await eventually(lambda: len(done) == 1, what="the slot back once answered")
         assert done[0] is not None and done[0] > 0  # a whole answer: its service time is learned
+    finally:
+        await channels.close()
+
+
+async def test_a_call_to_a_port_where_nothing_listens_marks_the_backend_and_frees_the_slot():
+    done: list = []
+    unreachable: list = []
+    exchange, slot, channels = exchange_to(free_port(), OnAbandon.DRAIN, done, unreachable)
+    try:
+        exchange.start_at_grant(slot)
+        end = await asyncio.wait_for(exchange.responses.get(), timeout=10)
+        assert isinstance(end, grpc.aio.AioRpcError) and end.code() is grpc.StatusCode.UNAVAILABLE
+        await eventually(lambda: len(done) == 1, what="the slot back")
+        assert done == [None] and unreachable == [slot.backend.grpc_target]
     finally:
         await channels.close()

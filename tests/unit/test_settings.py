@@ -109,6 +109,18 @@ def test_defaults_fill_the_rest():
                     {
                         "name": "m",
                         "decoupled": True,
+                        "backends": [{"url": "http://b:8000", "max_concurrency": 1, "grpc_port": 8001}],
+                    }
+                ]
+            },
+            "models ['m'] are decoupled: their requests come on gRPC, set grpc_listen",
+        ),
+        (
+            {
+                "models": [
+                    {
+                        "name": "m",
+                        "decoupled": True,
                         "batching": {"max_batch_size": 4},
                         "backends": [{"url": "http://b:8000", "max_concurrency": 1, "grpc_port": 8001}],
                     }

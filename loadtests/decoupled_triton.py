@@ -29,7 +29,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from loadtests.bench import cpu_seconds
 from tests.eventually import eventually_blocking
-from tests.integration.servers import Gateway, gateway_config, http_get
+from tests.integration.servers import Gateway, gateway_config
 from tests.integration.triton import COUNT_UP_INSTANCES, COUNT_UP_RESPONSES, TritonServer
 
 
@@ -95,8 +95,6 @@ def main() -> None:
     gateway = None
     results: dict[str, dict[str, Any]] = {}
     try:
-        ready = triton.url + "/v2/models/count_up/ready"
-        eventually_blocking(lambda: http_get(ready)[0] == 200, timeout_s=60, what="count_up to be ready")
         gateway = gateway_in_front(log_dir, triton, args.sleep_ms)
         for target, address in (
             ("triton", f"127.0.0.1:{triton.grpc_port}"),

@@ -217,7 +217,9 @@ class HealthChecker:
         except aiohttp.ClientError as error:
             ready, reason = False, f"{url} failed: {type(error).__name__}"
         except (OSError, ssl.SSLError) as error:  # its CA or certificate files cannot be read
-            ready, reason = False, f"its tls settings cannot be used: {error}"
+            tls = backend.connection.tls
+            files = ", ".join(f for f in (tls.ca_file, tls.cert_file, tls.key_file) if f)
+            ready, reason = False, f"its tls settings cannot be used ({files}): {error}"
         if ready and pool.decoupled and self._grpc_channels is not None:
             ready, refused, reason = await self._grpc_ready(backend, self._grpc_channels)
         backend.failed_probes = 0 if ready else backend.failed_probes + 1

@@ -5,6 +5,7 @@ follows the backend when the request is abandoned, at every moment."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -12,7 +13,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.upstream.backends import BackendState, ModelPool
 from gateway.upstream.exchange import Forwarder
-from gateway.upstream.origin import OnAbandon
+from gateway.upstream.origin import OnAbandon, TlsOptions
 from gateway.upstream.streamed import GrpcChannels, StreamedExchange
 from tests.eventually import eventually
 from tests.redis_server import free_port
@@ -141,5 +142,25 @@ async def test_a_call_to_a_port_where_nothing_listens_marks_the_backend_and_free
         assert isinstance(end, grpc.aio.AioRpcError) and end.code() is grpc.StatusCode.UNAVAILABLE
         await eventually(lambda: len(done) == 1, what="the slot back")
         assert done == [None] and unreachable == [slot.backend.grpc_target]
+    finally:
+        await channels.close()
+
+
+async def test_a_call_that_cannot_be_made_fails_its_request_alone_and_frees_the_slot(tmp_path):
+    """An https backend whose CA file is gone: no channel can be made, the request is told so, and
+    its slot comes back."""
+    done: list = []
+    exchange, slot, channels = exchange_to(free_port(), OnAbandon.DRAIN, done)
+    slot.backend.url = "https://127.0.0.1:1"
+    slot.backend.connection = replace(
+        slot.backend.connection, tls=TlsOptions(ca_file=str(tmp_path / "gone.pem"))
+    )
+    try:
+        exchange.start_at_grant(slot)
+        end = await asyncio.wait_for(exchange.responses.get(), timeout=10)
+        assert isinstance(end, grpc.aio.AioRpcError) and end.code() is grpc.StatusCode.UNKNOWN
+        assert "FileNotFoundError" in end.details()
+        await eventually(lambda: len(done) == 1, what="the slot back")
+        assert done == [None]
     finally:
         await channels.close()

@@ -174,35 +174,18 @@ def test_a_decoupled_models_requests_go_up_over_tls_to_the_backends_grpc_port(
     assert "up-over-tls" in backend.log()  # the backend's access line names the client's request id
 
 
-def test_a_decoupled_backends_ca_file_gone_after_the_start_fails_the_request_alone(
+def test_a_backend_whose_ca_file_cannot_be_read_is_not_ready_and_the_log_says_why(
     start_sim, start_gateway, tls_cert, tmp_path
 ):
-    """The probes read the CA file at the start; the gRPC channel, at the first request: gone by
-    then, the request is told in-band, the stream goes on, and no slot stays held."""
     cert, key = tls_cert
     sim = start_sim(slots=2, base_ms=5)
     backend = start_gateway(tls_config(sim, cert, key))
-    eventually_blocking(lambda: "grpc listening on" in backend.log(), what="the backend's gRPC listener")
-    ca_file = tmp_path / "ca.pem"
-    ca_file.write_bytes(cert.read_bytes())
+    missing = tmp_path / "gone.pem"
     config = gateway_config([(backend.url, 2)])
-    config["models"][0]["decoupled"] = True
-    grpc_port = int(backend.grpc_target.rsplit(":", 1)[1])
-    config["models"][0]["backends"][0].update(grpc_port=grpc_port, tls={"ca_file": str(ca_file)})
-    config["grpc_listen"] = {"host": "127.0.0.1", "port": 0}
-    gateway = start_gateway(config)
-    ca_file.unlink()
-    client = triton_grpc.InferenceServerClient(gateway.grpc_target)
-    answers: list = []
-    try:
-        client.start_stream(callback=lambda result, error: answers.append((result, error)))
-        tensor = triton_grpc.InferInput("INPUT0", [1, 2], "FP32")
-        tensor.set_data_from_numpy(np.array([[1.5, 2.5]], dtype=np.float32))
-        client.async_stream_infer("sim", [tensor], request_id="no-ca")
-        client.stop_stream()
-    finally:
-        client.close()
-    assert len(answers) == 1 and answers[0][1] is not None, answers
-    assert gateway.metric("gateway_requests_total", model="sim", outcome="upstream_error") == 1
-    assert gateway.metric("gateway_inflight_requests", model="sim") == 0
-    assert "could not be made" in gateway.log()
+    config["models"][0]["backends"][0]["tls"] = {"ca_file": str(missing)}
+    gateway = start_gateway(config, wait_ready=False)
+    eventually_blocking(
+        lambda: "its tls settings cannot be used" in gateway.log() and str(missing) in gateway.log(),
+        what="the gateway to say why the backend is not ready",
+    )
+    assert gateway.metric("gateway_backend_ready", model="sim") == 0

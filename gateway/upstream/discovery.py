@@ -20,6 +20,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from gateway.upstream.backends import BackendState, ModelPool
+from gateway.upstream.origin import tls_context
 
 log = logging.getLogger("gateway.discovery")
 
@@ -119,8 +120,10 @@ class TritonDiscovery:
         import tritonclient.http.aio as triton
 
         parts = urlsplit(backend.url)
+        # Its CAs and client certificate, as its requests and probes go.
+        tls = tls_context(backend.connection.tls) if parts.scheme == "https" else None
         client = triton.InferenceServerClient(
-            parts.netloc, ssl=parts.scheme == "https", conn_timeout=self._timeout_s
+            parts.netloc, ssl=tls is not None, ssl_context=tls, conn_timeout=self._timeout_s
         )
         try:
             ready = await client.is_model_ready(backend.served_model)

@@ -32,7 +32,7 @@ from anyio.abc import TaskStatus
 
 from gateway.settings import Health
 from gateway.upstream.backends import BackendState, ModelPool
-from gateway.upstream.origin import TlsOptions
+from gateway.upstream.origin import tls_context
 from gateway.upstream.reply import BackendStalled
 
 if TYPE_CHECKING:  # grpc is imported where a model is decoupled, not by every gateway
@@ -87,8 +87,6 @@ class HealthChecker:
         self._clock = clock
         # A stall is found, and a cool-down noticed, at most this late.
         self.look_s = max(0.01, min(1.0, stall_timeout_s / 4, circuit.cooldown_s / 4))
-        self._tls: dict[TlsOptions, ssl.SSLContext] = {}
-        """Each https backend's TLS settings, as the probes use them (made once: they read files)."""
 
     def ready_again_in_s(self, pool: ModelPool) -> float:
         """When a backend of `pool`, none of which is ready, may be ready again at the soonest: an
@@ -250,13 +248,7 @@ class HealthChecker:
 
     def _tls_of(self, backend: BackendState) -> ssl.SSLContext | bool:
         """How a probe of `backend` checks its certificate: as its requests do, over https."""
-        if not backend.url.startswith("https://"):
-            return True
-        options = backend.connection.tls
-        context = self._tls.get(options)
-        if context is None:
-            context = self._tls[options] = options.context()
-        return context
+        return tls_context(backend.connection.tls) if backend.url.startswith("https://") else True
 
     def _set(self, pool: ModelPool, backend: BackendState, ready: bool, reason: str) -> None:
         """What the probes say; the backend is ready only if its circuit agrees."""

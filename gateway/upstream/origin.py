@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ssl
 from dataclasses import dataclass
 from enum import StrEnum
@@ -39,6 +40,13 @@ class TlsOptions:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         return context
+
+
+@functools.cache
+def tls_context(options: TlsOptions) -> ssl.SSLContext:
+    """`options` as a context, made once per process (it reads files): for the probes and the model
+    config reads, which come back every few seconds. A context that fails is not kept: tried again."""
+    return options.context()
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ synchronous launcher, say); its methods may be called from any thread.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
@@ -20,7 +21,10 @@ from typing import Any
 
 
 class CuttableProxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, *, tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: the proxy's own server side, ending TLS in front of a plain server (as a TLS
+        proxy does in front of a Triton, whose HTTP port has none)."""
+        self._tls = tls
         self._target = (target_host, target_port)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tcp-proxy", daemon=True)
@@ -37,7 +41,7 @@ class CuttableProxy:
         self._thread.start()
 
         async def listen() -> None:
-            self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
+            self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0, ssl=self._tls)
 
         self._call(listen).result(timeout=10)
         return self

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import ssl
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -15,6 +16,7 @@ import tritonclient.http as triton
 import tritonclient.http.aio as triton_aio
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.adversarial.tcp_proxy import CuttableProxy
 from tests.eventually import eventually
 from tests.integration.servers import gateway_config, http_get
 from tests.integration.test_loadtest import loadtest, read_report
@@ -310,3 +312,21 @@ def test_a_triton_model_with_its_own_dynamic_batcher_is_left_to_it(tritonserver,
     client.close()
     assert 'gateway_batch_size_count{model="sim"}' not in gateway.metrics()
     assert gateway.metric("gateway_requests_total", model="sim", priority="low", outcome="ok") == 1
+
+
+def test_a_triton_behind_tls_is_read_and_probed_with_the_backends_ca(tritonserver, start_gateway, tls_cert):
+    """Triton's HTTP port has no TLS of its own: behind a proxy that ends TLS, its model config is
+    read (the slots) and its readiness probed with the CA the backend's `tls` names."""
+    cert, key = tls_cert
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(cert), str(key))
+    proxy = CuttableProxy("127.0.0.1", tritonserver.http_port, tls=context).start()
+    try:
+        config = triton_config(tritonserver)
+        backend = config["models"][0]["backends"][0]
+        backend.update(url=f"https://127.0.0.1:{proxy.port}", tls={"ca_file": str(cert)})
+        gateway = start_gateway(config)
+        assert gateway.metric("gateway_backend_slots") == 4  # its model config, read over TLS
+        assert gateway.metric("gateway_backend_ready") == 1
+    finally:
+        proxy.close()

@@ -1,10 +1,13 @@
 """A decoupled model's requests flooding one pool on both stores, at a default-sized budget: two
-tenants weighted 3:1, each on a gRPC stream of its own at 1.25x the backend's capacity, with a 3 s
-queue wait. Each request goes up on a call of its own to the backend's gRPC port (here another
-gateway in front of the simulator: any KServe v2 gRPC server can be the backend) and holds its
-slot until that call ends. The backend never runs more than its slots (the simulator's count), the
-work is split by weight, what admission lets in is served in time, and every refusal comes in-band
-on the open stream, RESOURCE_EXHAUSTED with pushback."""
+tenants weighted 3:1, each on a gRPC stream of its own, the heavier at 1x the backend's capacity and
+the lighter at 0.5x, both past their shares (1.5x in all: each request crosses two gateways here, and
+at 2.5x beside the suite's other load tests on two cores the lighter tenant's admitted requests
+expired, 8 of 198, as the machine stalled), with a 3 s queue wait. Each request goes up on a call
+of its own to the backend's gRPC port (here another gateway in front of the simulator: any KServe
+v2 gRPC server can be the backend) and holds its slot until that call ends. The backend never runs
+more than its slots (the simulator's count), the work is split by weight, what admission lets in
+is served in time, and every refusal comes in-band on the open stream, RESOURCE_EXHAUSTED with
+pushback."""
 
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ from tests.integration.servers import gateway_config
 from tests.integration.test_overload_shares import (
     ALLOWED_MS,
     COUNTED_FROM_S,
-    PER_TENANT_RATE,
     SEND_S,
     SERVICE_MS,
     SLOTS,
@@ -30,6 +32,8 @@ from tests.integration.test_overload_shares import (
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+RATES = {"team-a": 80.0, "team-b": 40.0}
+"""Each tenant's requests a second (the simulator serves 80): 1.33x and 2x their shares."""
 
 
 def decoupled_request(request_id: str):
@@ -62,7 +66,7 @@ async def stream_open_loop(target: str, tenant: str, seed: int, started: float, 
                     served.append((now - started, tenant, waited_ms))
 
         reading = asyncio.ensure_future(read())
-        for i, due in enumerate(schedule(seed)):
+        for i, due in enumerate(schedule(seed, RATES[tenant])):
             await asyncio.sleep(max(0.0, started + due - time.monotonic()))
             sent_at[str(i)] = time.monotonic()
             await stream.write(decoupled_request(str(i)))
@@ -111,7 +115,7 @@ async def test_decoupled_tenants_weighted_3_to_1_flooding_are_served_3_to_1_in_t
     # Still, a slot lost for good (0.75 at most) fails it.
     busy = 0.92 * busy_share(store_section)
     assert len(counted) >= busy * SLOTS * 1000 / SERVICE_MS * (SEND_S - COUNTED_FROM_S)
-    assert sum(who == "team-b" for _, who, _ in refused) > 0.5 * PER_TENANT_RATE * SEND_S  # overloaded
+    assert sum(who == "team-b" for _, who, _ in refused) > 0.3 * RATES["team-b"] * SEND_S  # overloaded
     check_admitted_served_in_time(served, refused)
     await eventually(
         lambda: gateway.metric("gateway_inflight_requests", model="sim") == 0, what="no slot held"

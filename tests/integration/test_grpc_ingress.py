@@ -191,8 +191,10 @@ async def test_refusals_are_trailers_only_resource_exhausted_with_computed_pushb
         assert not initial, "a refusal must be Trailers-Only: no response headers before its status"
         trailers = dict(error.trailing_metadata())
         pushback_ms = int(trailers["grpc-retry-pushback-ms"])
-        # Computed from the queue: at least the time for a slot to free, not a constant.
-        assert 100 <= pushback_ms <= 10_000, pushback_ms
+        # Computed from the queue: at least the time for a slot to free, and within the ceiling
+        # (retry_after.max_ms), as over HTTP. Beside the suite's other load tests on two cores the
+        # return schedule once read a slower pool and spread the burst's returns to 11.4 s.
+        assert 100 <= pushback_ms <= 60_000, pushback_ms
         status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
         assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
         retry, info = error_details_pb2.RetryInfo(), error_details_pb2.ErrorInfo()

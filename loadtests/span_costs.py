@@ -30,7 +30,7 @@ def main() -> None:
 
     tracing = tracing_from_environment()
     assert tracing is not None
-    processor = tracing._provider._active_span_processor._span_processors[0]  # type: ignore[attr-defined]
+    processor = tracing.processor
     queue = processor._batch_processor._queue
 
     def timed(shape: Callable[[RequestTrace, int], None]) -> tuple[float, float, int]:

@@ -152,7 +152,7 @@ class AdmittedEndpoint:
         intake.admission.metrics.observe_cost(pool.name, cost)
         trace = scope.get(TRACE)
         in_body = self.style is ErrorStyle.OPENAI
-        if in_body and trace is not None and trace.sampled:  # the GenAI conventions' token counts
+        if in_body and trace is not None:  # the GenAI conventions' token counts
             observe = _noting_usage(trace, observe)
         request = partial(
             upstream_request, scope, body, intake.header_rules, model_in_body=in_body, priority=meta.priority

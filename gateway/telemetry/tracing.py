@@ -14,7 +14,7 @@ of the gateway's call rather than of the client's request.
 
 Context is passed explicitly, never through context variables: a grant and its upstream send run
 inside another request's callback (the one that freed the slot), where the current context is
-that other request's. Every span here is started with its parent given, and its times where they
+that other request's. Every span here is recorded with its parent given, and its times where they
 were measured elsewhere (the queue wait is known once it is over).
 """
 
@@ -28,8 +28,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from opentelemetry.context import Context
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.sdk.trace.sampling import Sampler
+    from opentelemetry.trace import Link, SpanContext, SpanKind
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 SERVICE_NAME = "inference-gateway"
@@ -51,18 +53,13 @@ def tracing_from_environment() -> Tracing | None:
     # Imported only here: a gateway without tracing never loads the SDK.
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.sampling import _get_from_env_or_default
 
     resource = Resource.create({} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": SERVICE_NAME})
     sampler = _get_from_env_or_default()  # OTEL_TRACES_SAMPLER, as the SDK reads it
-    ids = PresampledIds()
-    # PresampledIds has IdGenerator's methods (it is not its subclass: the SDK loads only here).
-    provider = TracerProvider(resource=resource, sampler=sampler, id_generator=ids)  # type: ignore[arg-type]
     batch = None if os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") else EXPORT_BATCH_SPANS
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), max_export_batch_size=batch))
-    return Tracing(provider.get_tracer("inference-gateway"), provider, ids, root_ratio_bound(sampler))
+    return Tracing(sampler, BatchSpanProcessor(OTLPSpanExporter(), max_export_batch_size=batch), resource)
 
 
 def root_ratio_bound(sampler: Any) -> int | None:
@@ -74,28 +71,6 @@ def root_ratio_bound(sampler: Any) -> int | None:
     return root.bound if isinstance(root, TraceIdRatioBased) else None
 
 
-class PresampledIds:
-    """The SDK's random ids, but a trace id drawn ahead (`next_trace_id`) when there is one: the
-    gateway draws a root's trace id, sees whether the ratio samples it, and asks the SDK for a span
-    only when it does, which then gets that id and makes the same decision."""
-
-    def __init__(self) -> None:
-        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-
-        self._random = RandomIdGenerator()
-        self.next_trace_id: int | None = None
-
-    def generate_span_id(self) -> int:
-        return self._random.generate_span_id()
-
-    def generate_trace_id(self) -> int:
-        drawn, self.next_trace_id = self.next_trace_id, None
-        return drawn if drawn is not None else self._random.generate_trace_id()
-
-    def is_trace_id_random(self) -> bool:
-        return True
-
-
 @functools.cache
 def _api() -> Any:
     """The OpenTelemetry API's names, imported once, when the first trace needs them: a gateway
@@ -105,9 +80,28 @@ def _api() -> Any:
     return trace
 
 
-def _error(span: Span, description: str) -> None:
+def _empty_context() -> Any:
+    from opentelemetry.context import Context
+
+    return Context()
+
+
+@functools.cache
+def _readable_span() -> Any:
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    return ReadableSpan
+
+
+_SAMPLED = 0x01
+_RANDOM_TRACE_ID = 0x02
+"""W3C trace flags: the trace is sampled; its id is random (trace context level 2, set by the SDK on
+the roots it draws)."""
+
+
+def _status(error: str | None) -> Any:
     api = _api()
-    span.set_status(api.Status(api.StatusCode.ERROR, description))
+    return api.Status(api.StatusCode.UNSET) if error is None else api.Status(api.StatusCode.ERROR, error)
 
 
 _GENAI_OPERATIONS = {
@@ -129,19 +123,26 @@ def upstream_attributes(method: str, url: str, path: str, served_model: str) -> 
 
 
 class Tracing:
-    """Starts each request's trace; `shutdown` sends what is left."""
+    """Starts each request's trace; `shutdown` sends what is left.
 
-    def __init__(
-        self, tracer: Tracer, provider: Any, ids: PresampledIds | None = None, root_bound: int | None = None
-    ) -> None:
+    Spans are recorded here and handed to the span processor as the SDK's `ReadableSpan`s when
+    they end, not made by the SDK's tracer: its live spans (a lock, bounded attributes, the
+    processor's start hook) cost 55-100 us for a refusal's trace and 230-270 us for an admitted
+    one's (three spans) on the 2-core machine of docs/benchmarks, against 17 and 57 us recorded so;
+    tracing's share of the gateway's CPU fell from 4.3% to 2.7% (loadtests/trace_share.py). The
+    SDK still samples (the configured sampler, asked as the tracer would), batches, encodes and
+    exports; the processor is the gateway's own, so no other processor misses a start."""
+
+    def __init__(self, sampler: Sampler, processor: SpanProcessor, resource: Resource) -> None:
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        self._server_kind = _api().SpanKind.SERVER
-        self._tracer = tracer
-        self._provider = provider
-        self._propagator = TraceContextTextMapPropagator()
-        self._ids = ids
-        self._root_bound = root_bound
+        self.sampler = sampler
+        self.processor = processor
+        self.resource = _hashed_once(resource)
+        self.scope = InstrumentationScope(SERVICE_NAME)
+        self.propagator = TraceContextTextMapPropagator()
+        self._root_bound = root_ratio_bound(sampler)
         """Where roots are sampled by ratio: the bound their trace id's low 64 bits must be under."""
 
     def request(
@@ -155,64 +156,137 @@ class Tracing:
                 carrier["traceparent"] = value.decode("latin-1")
                 carrier.update((k.decode(), v.decode("latin-1")) for k, v in headers if k == b"tracestate")
                 break
-        if not carrier and self._root_bound is not None and self._ids is not None:
-            # A root sampled by ratio: the SDK's own rule on an id drawn here, so that the requests
-            # left out (most of them) cost a draw and never reach the SDK.
+        api = _api()
+        if not carrier and self._root_bound is not None:
+            # A root sampled by ratio: the sampler's own rule, so that the requests left out (most
+            # of them) cost a draw and nothing more.
             trace_id = random.getrandbits(128) or 1
             if trace_id & _LOW_64_BITS >= self._root_bound:
                 return None
-            self._ids.next_trace_id = trace_id
-        parent = self._propagator.extract(carrier) if carrier else None
-        span = self._tracer.start_span(name, context=parent, kind=self._server_kind, attributes=attributes)
-        if not span.is_recording():
-            # Not sampled: nothing more is made for it (what tracing costs is the sampled share's),
-            # and the backend gets the client's own `traceparent`, if it sent one, as it came.
-            return None
-        return RequestTrace(self._tracer, self._propagator, span)
+            parent, flags, state = None, _SAMPLED | _RANDOM_TRACE_ID, None
+        else:
+            # An empty context, never the current one (see the module): no carrier is a root.
+            context = self.propagator.extract(carrier) if carrier else _empty_context()
+            parent = api.get_current_span(context).get_span_context()
+            if parent.is_valid:
+                trace_id, random_id = parent.trace_id, parent.trace_flags & _RANDOM_TRACE_ID
+            else:
+                parent, trace_id, random_id = None, random.getrandbits(128) or 1, _RANDOM_TRACE_ID
+            kind = api.SpanKind.SERVER
+            decided = self.sampler.should_sample(context, trace_id, name, kind, attributes, ())
+            if not decided.decision.is_sampled():  # type: ignore[no-untyped-call]
+                # Nothing is made for it (what tracing costs is the sampled share's), and the
+                # backend gets the client's own `traceparent`, if it sent one, as it came.
+                return None
+            if decided.attributes:
+                attributes = {**attributes, **decided.attributes}
+            flags, state = _SAMPLED | random_id, decided.trace_state
+        own = api.SpanContext(
+            trace_id, _span_id(), is_remote=False, trace_flags=api.TraceFlags(flags), trace_state=state
+        )
+        return RequestTrace(self, own, parent, name, api.SpanKind.SERVER, attributes)
 
     def shutdown(self) -> None:
-        self._provider.shutdown()
+        self.processor.shutdown()
+
+
+def _hashed_once(resource: Resource) -> Resource:
+    """The resource, hashing as it does but computed once: the OTLP encoder groups every span by its
+    resource, and a Resource hashes by writing its attributes as JSON (10-20 us a span here, a
+    fifth of the span's encoding)."""
+    from opentelemetry.sdk.resources import Resource
+
+    class HashedOnce(Resource):
+        def __init__(self) -> None:
+            super().__init__(resource.attributes, resource.schema_url)
+            self._hash = super().__hash__()
+
+        def __hash__(self) -> int:
+            return self._hash
+
+    return HashedOnce()
+
+
+def _span_id() -> int:
+    return random.getrandbits(64) or 1
 
 
 class RequestTrace:
-    """One request's spans (see the module); each method is called at most once, in order."""
+    """One request's spans (see the module); each method is called at most once, in order. Its
+    server span is sent when it ends, each child as it ends."""
 
-    __slots__ = ("_parent", "_propagator", "_server", "_tracer", "_upstream")
+    def __init__(
+        self,
+        tracing: Tracing,
+        context: SpanContext,
+        parent: SpanContext | None,
+        name: str,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        started_ns: int | None = None,
+        links: Sequence[Link] = (),
+    ) -> None:
+        self._tracing = tracing
+        self.context = context
+        """Its span's context (opentelemetry.trace.SpanContext)."""
+        self.trace_id = format(context.trace_id, "032x")
+        self._parent = parent
+        self._name = name
+        self._kind = kind
+        self._attributes = dict(attributes)
+        self._links = links
+        self._started_ns = time.time_ns() if started_ns is None else started_ns
+        self._error: str | None = None
+        self._upstream: RequestTrace | None = None
 
-    def __init__(self, tracer: Tracer, propagator: Any, server: Span) -> None:
-        self._tracer = tracer
-        self._propagator = propagator
-        self._server = server
-        self._parent: Context | None = None
-        self._upstream: Span | None = None
+    def _child(
+        self, name: str, kind: SpanKind, attributes: dict[str, Any], started_ns: int | None = None
+    ) -> RequestTrace:
+        api = _api()
+        own = api.SpanContext(
+            self.context.trace_id,
+            _span_id(),
+            is_remote=False,
+            trace_flags=self.context.trace_flags,
+            trace_state=self.context.trace_state,
+        )
+        return RequestTrace(self._tracing, own, self.context, name, kind, attributes, started_ns)
 
-    @property
-    def _context(self) -> Context:
-        """The server span as its children's parent, made for the first of them (a refusal has none)."""
-        if self._parent is None:
-            self._parent = _api().set_span_in_context(self._server)
-        return self._parent
-
-    @property
-    def sampled(self) -> bool:
-        return bool(self._server.get_span_context().trace_flags.sampled)
+    def _send(self, ended_ns: int | None = None) -> None:
+        """Its span, ended at `ended_ns` (now when not given), to the span processor."""
+        tracing = self._tracing
+        span = _readable_span()(
+            name=self._name,
+            context=self.context,
+            parent=self._parent,
+            resource=tracing.resource,
+            # The SDK drops None values (with a warning); the OTLP encoder refuses them.
+            attributes={k: v for k, v in self._attributes.items() if v is not None},
+            links=self._links,
+            kind=self._kind,
+            status=_status(self._error),
+            start_time=self._started_ns,
+            end_time=time.time_ns() if ended_ns is None else ended_ns,
+            instrumentation_scope=tracing.scope,
+        )
+        tracing.processor.on_end(span)
 
     def admission(
         self, attributes: dict[str, Any], *, refused: bool, started_ns: int, ended_ns: int | None = None
     ) -> None:
         """The admission decision, from `started_ns` to `ended_ns` (now when not given), as
-        attributes of the server span. Not a span of its own: a span costs about 40 us of CPU
-        (the SDK's and its OTLP encoding's), and under overload most sampled requests are refusals,
-        whose trace is then one span instead of two."""
+        attributes of the server span. Not a span of its own: a span costs its OTLP encoding
+        (about 30 us), and under overload most sampled requests are refusals, whose trace is then
+        one span instead of two."""
         ended_ns = time.time_ns() if ended_ns is None else max(started_ns, ended_ns)
-        self._server.set_attributes({**attributes, "gateway.admission_ms": (ended_ns - started_ns) / 1e6})
+        self._attributes.update(attributes)
+        self._attributes["gateway.admission_ms"] = (ended_ns - started_ns) / 1e6
         if refused:
-            _error(self._server, str(attributes.get("gateway.reason", "refused")))
+            self._error = str(attributes.get("gateway.reason", "refused"))
 
     def queued(self, started_ns: int, ended_ns: int) -> None:
         """The wait for a slot, from `started_ns` to its grant at `ended_ns`."""
-        span = self._tracer.start_span("queue wait", context=self._context, start_time=started_ns)
-        span.end(end_time=ended_ns)
+        self._child("queue wait", _api().SpanKind.INTERNAL, {}, started_ns)._send(ended_ns)
 
     def upstream_started(self, attributes: dict[str, object]) -> str:
         """The upstream call starts now: its client span, and the `traceparent` its backend gets."""
@@ -223,57 +297,48 @@ class RequestTrace:
             if operation
             else f"{attributes.get('http.request.method', 'POST')} upstream"
         )
-        span = self._upstream = self._tracer.start_span(
-            name,
-            context=self._context,
-            kind=api.SpanKind.CLIENT,
-            attributes=attributes,  # type: ignore[arg-type]  # values are strings and numbers
-        )
+        call = self._upstream = self._child(name, api.SpanKind.CLIENT, attributes)
         carrier: dict[str, str] = {}
-        self._propagator.inject(carrier, context=api.set_span_in_context(span))
+        context = api.set_span_in_context(api.NonRecordingSpan(call.context), _empty_context())
+        self._tracing.propagator.inject(carrier, context=context)
         return carrier.get("traceparent", "")
 
     def upstream_ended(self, status: int | None, error: str | None = None) -> None:
-        span = self._upstream
-        if span is None:
+        call = self._upstream
+        if call is None:
             return
         if status:
-            span.set_attribute("http.response.status_code", status)
+            call._attributes["http.response.status_code"] = status
         if error is not None or (status is not None and status >= 500):
-            _error(span, error or str(status))
-        span.end()
+            call._error = error or str(status)
+        call._send()
         self._upstream = None
 
     def usage(self, input_tokens: float, output_tokens: float) -> None:
         """The tokens the engine counted (an OpenAI answer's `usage`), as the GenAI semantic
         conventions name them, on the server span: the upstream call's has ended by then."""
-        self._server.set_attribute("gen_ai.usage.input_tokens", int(input_tokens))
-        self._server.set_attribute("gen_ai.usage.output_tokens", int(output_tokens))
+        self._attributes["gen_ai.usage.input_tokens"] = int(input_tokens)
+        self._attributes["gen_ai.usage.output_tokens"] = int(output_tokens)
 
     def status(self, code: int) -> None:
         """The answer's HTTP status, as it starts (a 5xx is an error of the server span)."""
-        self._server.set_attribute("http.response.status_code", code)
+        self._attributes["http.response.status_code"] = code
         if code >= 500:
-            _error(self._server, str(code))
+            self._error = str(code)
 
     def end(self, attributes: dict[str, Any], *, error: str | None = None) -> None:
         """The answer is out (or the request ended without one)."""
         self.upstream_ended(None, "abandoned")  # a call still open was cut short
-        if attributes:
-            self._server.set_attributes(attributes)
+        self._attributes.update(attributes)
         if error is not None:
-            _error(self._server, error)
-        self._server.end()
+            self._error = error
+        self._send()
 
     @property
-    def trace_id(self) -> str:
-        return format(self._server.get_span_context().trace_id, "032x")
-
-    @property
-    def exemplar(self) -> dict[str, str] | None:
-        """The trace id as a histogram's exemplar (OpenMetrics), where the trace is sampled: a slow
-        bucket on a dashboard leads to a trace that was kept."""
-        return {"trace_id": self.trace_id} if self.sampled else None
+    def exemplar(self) -> dict[str, str]:
+        """The trace id as a histogram's exemplar (OpenMetrics): a slow bucket on a dashboard
+        leads to a trace that was kept."""
+        return {"trace_id": self.trace_id}
 
 
 class BatchTrace:
@@ -281,32 +346,27 @@ class BatchTrace:
     end, in the first traced member's trace and linked to every traced member's server span (one
     call serves them all); and the upstream call as its child, whose context the backend gets."""
 
-    __slots__ = ("_batch", "_calls")
+    __slots__ = ("_batch",)
 
     def __init__(self, members: Sequence[RequestTrace], started_ns: int, attributes: dict[str, Any]) -> None:
+        api = _api()
         first = members[0]
-        self._batch = first._tracer.start_span(
-            "batch",
-            context=first._context,
-            links=[_api().Link(m._server.get_span_context()) for m in members],
-            attributes=attributes,
-            start_time=started_ns,
-        )
-        self._calls = RequestTrace(first._tracer, first._propagator, self._batch)
+        self._batch = first._child("batch", api.SpanKind.INTERNAL, attributes, started_ns)
+        self._batch._links = [api.Link(m.context) for m in members]
 
     @property
-    def exemplar(self) -> dict[str, str] | None:
-        return self._calls.exemplar
+    def exemplar(self) -> dict[str, str]:
+        return self._batch.exemplar
 
     def upstream_started(self, attributes: dict[str, object]) -> str:
-        return self._calls.upstream_started(attributes)
+        return self._batch.upstream_started(attributes)
 
     def upstream_ended(self, status: int | None, error: str | None = None) -> None:
-        self._calls.upstream_ended(status, error)
-        self._batch.end()
+        self._batch.upstream_ended(status, error)
+        self._batch._send()
 
 
 def batch_trace(members: Sequence[object], started_ns: int, attributes: dict[str, Any]) -> BatchTrace | None:
-    """The merged call's trace, where any of its members' is sampled (None otherwise)."""
-    traced = [m for m in members if isinstance(m, RequestTrace) and m.sampled]
+    """The merged call's trace, where any of its members' is traced (None otherwise)."""
+    traced = [m for m in members if isinstance(m, RequestTrace)]
     return BatchTrace(traced, started_ns, attributes) if traced else None

@@ -1,22 +1,21 @@
 """Tracing's own sampling shortcut holds to the SDK's sampler: the requests it leaves out are the
-ones the SDK would, and the ones it keeps get the trace id it drew."""
+ones the SDK would, and the ones it keeps get the trace id it drew; the spans it records reach the
+SDK's processor as the SDK's own would, with their parents, flags and attributes."""
 
 from __future__ import annotations
 
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBasedTraceIdRatio, TraceIdRatioBased
 
-from gateway.telemetry.tracing import PresampledIds, Tracing, root_ratio_bound
+from gateway.telemetry.tracing import Tracing, batch_trace, root_ratio_bound
 
 
 def tracing(sampler) -> tuple[Tracing, InMemorySpanExporter]:
-    ids = PresampledIds()
-    provider = TracerProvider(sampler=sampler, id_generator=ids)
     exported = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    return Tracing(provider.get_tracer("t"), provider, ids, root_ratio_bound(sampler)), exported
+    return Tracing(sampler, SimpleSpanProcessor(exported), Resource.create({"service.name": "t"})), exported
 
 
 def test_roots_are_sampled_at_the_configured_ratio_and_every_kept_one_is_recorded():
@@ -24,8 +23,8 @@ def test_roots_are_sampled_at_the_configured_ratio_and_every_kept_one_is_recorde
     kept = [traced.request("r", [], {}) for _ in range(4000)]
     sampled = [t for t in kept if t is not None]
     assert 850 <= len(sampled) <= 1150  # 1000 expected: 25% of 4000, within 4.5 sigma
-    for trace in sampled:
-        assert trace.sampled
+    for trace in sampled:  # each one the SDK's own sampler keeps too
+        assert TraceIdRatioBased(0.25).should_sample(None, trace.context.trace_id, "r").decision.is_sampled()
         trace.end({})
     assert len(exported.get_finished_spans()) == len(sampled)
 
@@ -92,11 +91,50 @@ def test_spans_are_exported_in_batches_short_enough_not_to_stall_requests_unless
     def batch_size() -> int:
         traced = tracing_from_environment()
         assert traced is not None
-        (processor,) = traced._provider._active_span_processor._span_processors
         traced.shutdown()
-        return processor._batch_processor._max_export_batch_size
+        return traced.processor._batch_processor._max_export_batch_size
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/v1/traces")
     assert batch_size() == EXPORT_BATCH_SPANS == 128
     monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "300")
     assert batch_size() == 300
+
+
+def test_an_admitted_requests_spans_are_one_trace_parented_as_the_sdks_would_be_and_encode():
+    traced, exported = tracing(ALWAYS_ON)
+    trace = traced.request("POST infer", [], {"http.request.method": "POST", "gateway.tenant": None})
+    assert trace is not None
+    trace.admission({"gateway.decision": "admitted"}, refused=False, started_ns=1, ended_ns=2)
+    trace.queued(2, 3)
+    traceparent = trace.upstream_started({"http.request.method": "POST", "url.full": "http://b/x"})
+    trace.upstream_ended(503)
+    trace.end({"gateway.outcome": "upstream_error"})
+    queue, call, server = exported.get_finished_spans()
+    assert server.parent is None and queue.parent == call.parent == server.context
+    assert {queue.context.trace_id, call.context.trace_id} == {server.context.trace_id}
+    assert len({queue.context.span_id, call.context.span_id, server.context.span_id}) == 3
+    # The backend is told the upstream call as its parent, sampled, the trace id random.
+    version, trace_id, span_id, flags = traceparent.split("-")
+    assert version == "00" and int(trace_id, 16) == server.context.trace_id
+    assert int(span_id, 16) == call.context.span_id
+    assert flags == "03" and server.context.trace_flags == 0x03
+    assert (queue.start_time, queue.end_time) == (2, 3)
+    assert call.attributes["http.response.status_code"] == 503 and call.status.status_code.name == "ERROR"
+    assert "gateway.tenant" not in server.attributes  # None is left out, as the SDK does
+    assert server.status.status_code.name == "UNSET" and server.end_time >= server.start_time > 0
+    (resource_spans,) = encode_spans([queue, call, server]).resource_spans  # one resource, hashed once
+    assert {a.key: a.value.string_value for a in resource_spans.resource.attributes}["service.name"] == "t"
+    assert len(resource_spans.scope_spans[0].spans) == 3
+
+
+def test_a_batchs_span_links_its_members_and_parents_its_call():
+    traced, exported = tracing(ALWAYS_ON)
+    members = [traced.request("r", [], {}) for _ in range(2)]
+    batch = batch_trace([*members, None], 5, {"gateway.batch_size": 2})
+    assert batch is not None
+    batch.upstream_started({"http.request.method": "POST"})
+    batch.upstream_ended(200)
+    call, span = exported.get_finished_spans()
+    assert span.name == "batch" and span.start_time == 5 and call.parent == span.context
+    assert [link.context for link in span.links] == [m.context for m in members if m is not None]
+    assert span.parent == members[0].context

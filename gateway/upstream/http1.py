@@ -29,7 +29,6 @@ The client's rules, held to h11's standard:
 from __future__ import annotations
 
 import asyncio
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ import httptools
 
 from gateway.fields import decimal
 from gateway.upstream.client import RawHeaders
-from gateway.upstream.origin import OnAbandon, Origin, TlsOptions
+from gateway.upstream.origin import OnAbandon, Origin, tls_context
 from gateway.upstream.reply import BackendGone, ConnectFailed, Reply, UpstreamBroken
 
 CLOSED_AS_WRITTEN_S = 0.25
@@ -288,7 +287,6 @@ class UpstreamClient:
     clock: Callable[[], float] = time.monotonic
     _idle: dict[Origin, list[_Connection]] = field(default_factory=dict)
     _open: set[_Connection] = field(default_factory=set)
-    _tls: dict[TlsOptions, ssl.SSLContext] = field(default_factory=dict)
     _retries: set[asyncio.Task[None]] = field(default_factory=set)
 
     def try_send(self, origin: Origin, request: bytes, make_reply: Callable[[], Reply]) -> Reply | None:
@@ -327,7 +325,7 @@ class UpstreamClient:
                     lambda: _Connection(self, origin),
                     origin.host,
                     origin.port,
-                    ssl=self._tls_context(origin.options.tls) if origin.tls else None,
+                    ssl=tls_context(origin.options.tls) if origin.tls else None,
                 )
         except TimeoutError:
             raise
@@ -355,12 +353,6 @@ class UpstreamClient:
         task = asyncio.ensure_future(again())
         self._retries.add(task)
         task.add_done_callback(self._retries.discard)
-
-    def _tls_context(self, options: TlsOptions) -> ssl.SSLContext:
-        context = self._tls.get(options)
-        if context is None:
-            context = self._tls[options] = options.context()
-        return context
 
     def _put_back(self, connection: _Connection) -> None:
         connection.idle_since = self.clock()

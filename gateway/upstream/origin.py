@@ -44,8 +44,8 @@ class TlsOptions:
 
 @functools.cache
 def tls_context(options: TlsOptions) -> ssl.SSLContext:
-    """`options` as a context, made once per process (it reads files): for the probes and the model
-    config reads, which come back every few seconds. A context that fails is not kept: tried again."""
+    """`options` as a context, made once per process (it reads files), for every connection to a
+    backend: requests, probes, model config reads. A context that fails is not kept: tried again."""
     return options.context()
 
 

@@ -1,3 +1,5 @@
+import fcntl
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,3 +27,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _uses_redis(item: pytest.Item) -> bool:
     return any("redis" in name or name == "cluster" for name in getattr(item, "fixturenames", ()))
+
+
+@pytest.fixture(autouse=True)
+def _one_flood_at_a_time(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A test marked `flood` runs while no other does, across the suite's workers: a flood measures
+    shares and deadlines with the backend as the bottleneck, and two at once (five or more
+    processes each) on two cores make the machine the bottleneck instead, the gateway's own CPU
+    late on its predictions. Taken before the test's servers start (autouse fixtures come first)."""
+    if request.node.get_closest_marker("flood") is None:
+        yield
+        return
+    # The workers' temporary folders share one parent per session (popen-gw0, popen-gw1).
+    with open(tmp_path_factory.getbasetemp().parent / "flood.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -104,6 +104,7 @@ async def open_loop(
     return in_time
 
 
+@pytest.mark.flood
 async def test_two_models_on_two_masters_are_served_at_capacity_by_three_replicas(start_sim, start_gateway):
     with cluster_servers() as servers:
         prefix = unique_prefix()

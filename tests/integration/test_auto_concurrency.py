@@ -95,6 +95,7 @@ async def test_the_limit_rises_to_what_the_engine_runs_and_stays_under_the_cap(s
     assert set(load.statuses) == {200}
 
 
+@pytest.mark.flood
 async def test_with_every_default_it_climbs_to_the_knee_under_overload_from_clients_with_deadlines(
     start_sim, start_gateway
 ):

@@ -31,7 +31,7 @@ from tests.integration.test_overload_shares import (
     schedule,
 )
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.flood]
 RATES = {"team-a": 80.0, "team-b": 40.0}
 """Each tenant's requests a second (the simulator serves 80): 1.33x and 2x their shares."""
 

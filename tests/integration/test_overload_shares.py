@@ -25,7 +25,7 @@ from gateway.tools.simulate.workload import Arrival
 from policies.calibration import CalibrationConfig
 from tests.integration.servers import gateway_config
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.flood]
 INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
 PATH = "/v2/models/sim/infer"
 SLOTS, SERVICE_MS = 4, 50  # 80 requests a second

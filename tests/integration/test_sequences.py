@@ -144,6 +144,7 @@ async def test_a_malformed_sequence_is_a_bad_request(start_sim, start_gateway):
     assert completed(a) + completed(b) == 0
 
 
+@pytest.mark.flood
 @pytest.mark.parametrize("store", STORES)
 async def test_under_open_loop_overload_each_sequence_stays_on_one_backend_and_the_pool_serves(
     start_sim, start_gateway, store_section, tmp_path

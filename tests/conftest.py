@@ -30,20 +30,24 @@ def _uses_redis(item: pytest.Item) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _one_flood_at_a_time(
+def _floods_run_alone(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:
-    """A test marked `flood` runs while no other does, across the suite's workers: a flood measures
-    shares and deadlines with the backend as the bottleneck, and two at once (five or more
-    processes each) on two cores make the machine the bottleneck instead, the gateway's own CPU
-    late on its predictions. Taken before the test's servers start (autouse fixtures come first)."""
-    if request.node.get_closest_marker("flood") is None:
-        yield
-        return
+    """A test marked `flood` runs while no other test does, across the suite's workers: a flood
+    measures shares and deadlines with the backend as the bottleneck, and beside another test's
+    processes on two cores the machine becomes the bottleneck instead (the gateway's loop late on
+    its hand-overs, admitted requests expiring). Other tests share the suite; a flood waiting for
+    its turn holds a turnstile that keeps new ones from starting meanwhile (else one worker's
+    stream of short tests could keep it waiting). Taken before the test's servers start: autouse
+    fixtures come first."""
     # The workers' temporary folders share one parent per session (popen-gw0, popen-gw1).
-    with open(tmp_path_factory.getbasetemp().parent / "flood.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    folder = tmp_path_factory.getbasetemp().parent
+    alone = request.node.get_closest_marker("flood") is not None
+    with open(folder / "tests.lock", "a") as running, open(folder / "turnstile.lock", "a") as turnstile:
+        fcntl.flock(turnstile, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:
             yield
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(running, fcntl.LOCK_UN)

@@ -129,7 +129,7 @@ class Tracing:
     they end, not made by the SDK's tracer: its live spans (a lock, bounded attributes, the
     processor's start hook) cost 55-100 us for a refusal's trace and 230-270 us for an admitted
     one's (three spans) on the 2-core machine of docs/benchmarks, against 17 and 57 us recorded so;
-    tracing's share of the gateway's CPU fell from 4.3% to 2.7% (loadtests/trace_share.py). The
+    tracing's share of the gateway's CPU at 10% sampling fell from 4.3-5.0% to 2.2-2.6%. The
     SDK still samples (the configured sampler, asked as the tracer would), batches, encodes and
     exports; the processor is the gateway's own, so no other processor misses a start."""
 

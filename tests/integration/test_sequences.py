@@ -149,13 +149,13 @@ async def test_a_malformed_sequence_is_a_bad_request(start_sim, start_gateway):
 async def test_under_open_loop_overload_each_sequence_stays_on_one_backend_and_the_pool_serves(
     start_sim, start_gateway, store_section, tmp_path
 ):
-    """1.5x the pool's 200 requests/s for 3 s, a third of it in ten sequences: each sequence's
+    """1.5x the pool's 100 requests/s for 3 s, a third of it in ten sequences: each sequence's
     requests all reach one backend, no backend goes above its slots, the pool keeps serving."""
-    a, b = start_sim(slots=4, base_ms=40), start_sim(slots=4, base_ms=40)
+    a, b = start_sim(slots=4, base_ms=80), start_sim(slots=4, base_ms=80)
     classes = [{"name": "high", "max_wait_ms": 250}, {"name": "low", "max_wait_ms": 1000}]
     store = {} if store_section is None else {"store": store_section}
     gateway = start_gateway(
-        gateway_config([(a.url, 4), (b.url, 4)], priorities=classes, expected_service_ms=40, **store)
+        gateway_config([(a.url, 4), (b.url, 4)], priorities=classes, expected_service_ms=80, **store)
     )
     tensor = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}
     traffic = [
@@ -166,7 +166,7 @@ async def test_under_open_loop_overload_each_sequence_stays_on_one_backend_and_t
     scenario = tmp_path / "sequences.yaml"
     scenario.write_text(yaml.safe_dump({"traffic": traffic}))
     ran = await asyncio.to_thread(
-        loadtest, "--target", gateway.url, "--model", "sim", "--scenario", str(scenario), "--rate", "300",
+        loadtest, "--target", gateway.url, "--model", "sim", "--scenario", str(scenario), "--rate", "150",
         "--duration", "3", "--out", str(tmp_path / "run"),
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
@@ -175,11 +175,12 @@ async def test_under_open_loop_overload_each_sequence_stays_on_one_backend_and_t
     assert len(on_a["sequences"]) + len(on_b["sequences"]) == 10
     assert on_a["peak_inflight"] <= 4 and on_b["peak_inflight"] <= 4
     overall = read_report(tmp_path / "run")["runs"][0]["overall"]
-    # The pool's 200/s, less what sequences wait for: alone 177-187/s in memory, 166-171/s on Redis;
-    # beside the rest of the suite on two cores a Redis run fell below 150. A pinned head holding
-    # back its class (the first try) took it far lower.
-    assert overall["goodput_rps"] > 140, overall
-    assert on_a["completed"] > 150 and on_b["completed"] > 150  # both backends serve
+    # The pool's 100/s, less what sequences wait for: alone 91/s in memory, 86/s on Redis. At 200/s
+    # (8 slots x 40 ms) a Redis run alone served 166-171/s on an earlier machine, 130/s on one half
+    # as fast: the gateway's CPU, not the pool, set the pace. A pinned head holding back its class
+    # (the first try) took it far lower.
+    assert overall["goodput_rps"] > 70, overall
+    assert on_a["completed"] > 75 and on_b["completed"] > 75  # both backends serve
 
 
 async def test_one_fixed_backend_pins_nothing_and_its_bodies_pass_unread(start_sim, start_gateway):

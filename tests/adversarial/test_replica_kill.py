@@ -31,7 +31,7 @@ from tests.eventually import eventually
 from tests.integration.servers import Gateway
 from tests.redis_server import redis_url_or_skip, unique_prefix
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.flood]
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
 PATH = "/v2/models/sim/infer"
 SLOTS = 4

@@ -160,7 +160,7 @@ class Tracing:
         if not carrier and self._root_bound is not None:
             # A root sampled by ratio: the sampler's own rule, so that the requests left out (most
             # of them) cost a draw and nothing more.
-            trace_id = random.getrandbits(128) or 1
+            trace_id = _trace_id()
             if trace_id & _LOW_64_BITS >= self._root_bound:
                 return None
             parent, flags, state = None, _SAMPLED | _RANDOM_TRACE_ID, None
@@ -171,7 +171,7 @@ class Tracing:
             if parent.is_valid:
                 trace_id, random_id = parent.trace_id, parent.trace_flags & _RANDOM_TRACE_ID
             else:
-                parent, trace_id, random_id = None, random.getrandbits(128) or 1, _RANDOM_TRACE_ID
+                parent, trace_id, random_id = None, _trace_id(), _RANDOM_TRACE_ID
             kind = api.SpanKind.SERVER
             decided = self.sampler.should_sample(context, trace_id, name, kind, attributes, ())
             if not decided.decision.is_sampled():  # type: ignore[no-untyped-call]
@@ -207,6 +207,10 @@ def _hashed_once(resource: Resource) -> Resource:
     return HashedOnce()
 
 
+def _trace_id() -> int:
+    return random.getrandbits(128) or 1  # 0 is the invalid id
+
+
 def _span_id() -> int:
     return random.getrandbits(64) or 1
 
@@ -240,7 +244,12 @@ class RequestTrace:
         self._upstream: RequestTrace | None = None
 
     def _child(
-        self, name: str, kind: SpanKind, attributes: dict[str, Any], started_ns: int | None = None
+        self,
+        name: str,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        started_ns: int | None = None,
+        links: Sequence[Link] = (),
     ) -> RequestTrace:
         api = _api()
         own = api.SpanContext(
@@ -250,7 +259,7 @@ class RequestTrace:
             trace_flags=self.context.trace_flags,
             trace_state=self.context.trace_state,
         )
-        return RequestTrace(self._tracing, own, self.context, name, kind, attributes, started_ns)
+        return RequestTrace(self._tracing, own, self.context, name, kind, attributes, started_ns, links)
 
     def _send(self, ended_ns: int | None = None) -> None:
         """Its span, ended at `ended_ns` (now when not given), to the span processor."""
@@ -351,8 +360,8 @@ class BatchTrace:
     def __init__(self, members: Sequence[RequestTrace], started_ns: int, attributes: dict[str, Any]) -> None:
         api = _api()
         first = members[0]
-        self._batch = first._child("batch", api.SpanKind.INTERNAL, attributes, started_ns)
-        self._batch._links = [api.Link(m.context) for m in members]
+        links = [api.Link(m.context) for m in members]
+        self._batch = first._child("batch", api.SpanKind.INTERNAL, attributes, started_ns, links)
 
     @property
     def exemplar(self) -> dict[str, str]:

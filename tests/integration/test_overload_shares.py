@@ -28,8 +28,12 @@ from tests.integration.servers import gateway_config
 pytestmark = [pytest.mark.anyio, pytest.mark.flood]
 INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
 PATH = "/v2/models/sim/infer"
-SLOTS, SERVICE_MS = 4, 50  # 80 requests a second
-PER_TENANT_RATE = 100.0  # 2.5x the backend's capacity between them
+# 40 requests a second: slots of 100 ms, not 50, so that the gateway's own CPU never sets the pace. At
+# 80 a second (2.5x: 200 requests a second through one gateway, the load generator beside it), the
+# machine running twice slower now and then than its usual pace left slots idle and admitted
+# requests late, floods running alone included.
+SLOTS, SERVICE_MS = 4, 100
+PER_TENANT_RATE = 50.0  # 2.5x the backend's capacity between them
 SEND_S = 9.0
 ALLOWED_MS = 3000  # the class's max_wait_ms
 # A grant's way from Redis to its replica and the slot's to the request, at most: 50 ms alone; with
@@ -261,10 +265,10 @@ async def test_a_tenant_of_8_item_batches_flooding_beside_single_items_is_handed
     """The issue's first report, in work: priced by batch items, team-b's batches of 8 against
     team-a's single items, weighted 3:1, both at 2x their share: team-b was handed 6.7 times less
     work where 3 was asked. Its share of the items is its weight's, and what admission lets in of
-    either is served in time. (A backend of 40 ms + 5 ms per item, and 14 s of it: a window of 10 s
-    holds some 35 of team-b's batches, each 3% of its share.)"""
-    base_ms, per_item_ms, send_s = 40.0, 5.0, 14.0
-    # The pool's items per second, split 3:1: team-a's take 45 ms each, team-b's 8 take 80 ms.
+    either is served in time. (A backend of 80 ms + 10 ms per item, and 14 s of it: a window of 10 s
+    holds some 17 of team-b's batches, each 6% of its share.)"""
+    base_ms, per_item_ms, send_s = 80.0, 10.0, 14.0
+    # The pool's items per second, split 3:1: team-a's take 90 ms each, team-b's 8 take 160 ms.
     items_per_s = SLOTS / (0.75 * (base_ms + per_item_ms) + 0.25 / 8 * (base_ms + 8 * per_item_ms)) * 1000
     sends = {"team-a": (2 * 0.75 * items_per_s, INFER), "team-b": (2 * 0.25 * items_per_s / 8, BATCH_OF_8)}
     served, refused = await flood(

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.scheduling import FLOOD_FILES, FloodsFirst
+
 SLOW_ROOMS = {"integration", "adversarial", "deploy"}
 """Test folders whose tests start real servers: the fast tier (`-m "not slow"`) leaves them out."""
 
@@ -18,11 +20,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     every test run against the Redis store. What stays is the fast tier: units, the policies'
     and the simulator's properties, and the contract suites on the memory store."""
     for item in items:
-        room = Path(item.path).relative_to(Path(__file__).parent).parts[0]
+        room = _room(item)
         params = getattr(item, "callspec", None)
         on_redis = params is not None and "redis" in map(str, params.params.values())
         if room in SLOW_ROOMS or on_redis or item.get_closest_marker("redis") or _uses_redis(item):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("flood") is not None:
+            assert item.nodeid.split("::")[0] in FLOOD_FILES, f"{item.nodeid}: a flood outside FLOOD_FILES"
+            assert item.get_closest_marker("slow") is not None, f"{item.nodeid}: a flood in the fast tier"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> FloodsFirst | None:
+    """The floods' files first, on one worker, beside the fast rooms' on the other (tests/scheduling.py)."""
+    return FloodsFirst(config, log) if config.getvalue("dist") == "loadfile" else None
+
+
+def _room(item: pytest.Item) -> str:
+    return Path(item.path).relative_to(Path(__file__).parent).parts[0]
 
 
 def _uses_redis(item: pytest.Item) -> bool:
@@ -33,16 +47,21 @@ def _uses_redis(item: pytest.Item) -> bool:
 def _floods_run_alone(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:
-    """A test marked `flood` runs while no other test does, across the suite's workers: a flood
-    measures shares and deadlines with the backend as the bottleneck, and beside another test's
-    processes on two cores the machine becomes the bottleneck instead (the gateway's loop late on
-    its hand-overs, admitted requests expiring). Other tests share the suite; a flood waiting for
-    its turn holds a turnstile that keeps new ones from starting meanwhile (else one worker's
-    stream of short tests could keep it waiting). Taken before the test's servers start: autouse
-    fixtures come first."""
+    """A test marked `flood` runs while no other test of real servers (SLOW_ROOMS) runs, across the
+    suite's workers: a flood measures shares and deadlines with the backend as the bottleneck, and
+    beside another test's gateways and load on two cores the machine becomes the bottleneck
+    instead (the gateway's loop late on its hand-overs, admitted requests expiring). Other tests of
+    real servers share the suite; a flood waiting for its turn holds a turnstile that keeps new ones
+    from starting meanwhile (else one worker's stream of short tests could keep it waiting). Tests
+    in one process (units, properties, the stores' contracts, on Redis too) take no lock and run
+    beside a flood: the floods passed beside two processes spinning on both cores. Taken before the
+    test's servers start: autouse fixtures come first."""
+    alone = request.node.get_closest_marker("flood") is not None
+    if not alone and _room(request.node) not in SLOW_ROOMS:
+        yield
+        return
     # The workers' temporary folders share one parent per session (popen-gw0, popen-gw1).
     folder = tmp_path_factory.getbasetemp().parent
-    alone = request.node.get_closest_marker("flood") is not None
     with open(folder / "tests.lock", "a") as running, open(folder / "turnstile.lock", "a") as turnstile:
         fcntl.flock(turnstile, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         fcntl.flock(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)

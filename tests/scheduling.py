@@ -16,6 +16,7 @@ FLOOD_FILES = frozenset(
         "tests/adversarial/test_redis_cluster.py",
         "tests/integration/test_auto_concurrency.py",
         "tests/integration/test_decoupled_overload.py",
+        "tests/integration/test_grpc_overload.py",
         "tests/integration/test_overload_shares.py",
         "tests/integration/test_sequences.py",
     }

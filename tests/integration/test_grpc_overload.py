@@ -28,7 +28,7 @@ from tests.integration.test_overload_shares import (
     schedule,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.flood]
 
 
 def grpc_request():

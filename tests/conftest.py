@@ -4,10 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scheduling import FLOOD_FILES, FloodsFirst
-
-SLOW_ROOMS = {"integration", "adversarial", "deploy"}
-"""Test folders whose tests start real servers: the fast tier (`-m "not slow"`) leaves them out."""
+from tests.scheduling import FLOOD_FILES, SLOW_ROOMS, FloodsFirst
 
 
 @pytest.fixture

@@ -23,14 +23,16 @@ FLOOD_FILES = frozenset(
 )
 """Every file with a test marked `flood` (checked at collection: tests/conftest.py)."""
 FLOODS = "floods"
-FAST_ROOMS = ("tests/unit/", "tests/contract/")
-"""Folders of tests in one process, free to run beside a flood."""
+SLOW_ROOMS = frozenset({"integration", "adversarial", "deploy"})
+"""Test folders whose tests start real servers: the fast tier (`-m "not slow"`) leaves them out,
+and the tests of the others, in one process, may run beside a flood."""
 
 
 def rank(scope: str) -> int:
+    """Floods first, then the files of tests in one process, then those of real servers."""
     if scope == FLOODS:
         return 0
-    return 1 if scope.startswith(FAST_ROOMS) else 2
+    return 2 if scope.split("/")[1] in SLOW_ROOMS else 1
 
 
 class FloodsFirst(LoadFileScheduling):

@@ -33,6 +33,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.flaky(reruns=1))
 
 
+_RERUNS: list[pytest.TestReport] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.outcome == "rerun":
+        _RERUNS.append(report)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Why each rerun flood failed the first time: a rerun that passed still tells something."""
+    for report in _RERUNS:
+        terminalreporter.write_sep("-", f"failed once, then run again: {report.nodeid}")
+        terminalreporter.write_line(report.longreprtext[-3000:])
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> FloodsFirst | None:
     """The floods' files first, on one worker, beside the fast rooms' on the other (tests/scheduling.py)."""
     return FloodsFirst(config, log) if config.getvalue("dist") == "loadfile" else None

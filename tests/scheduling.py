@@ -18,6 +18,7 @@ FLOOD_FILES = frozenset(
         "tests/integration/test_decoupled_overload.py",
         "tests/integration/test_grpc_overload.py",
         "tests/integration/test_overload_shares.py",
+        "tests/integration/test_request_kinds_overload.py",
         "tests/integration/test_sequences.py",
     }
 )
